@@ -1,0 +1,551 @@
+"""Exact budget allocation over roots (prompts) and prefixes (intermediate turns).
+
+Stage 1 (``allocate_roots``) chooses integer group sizes m_i, each 0 or in [min_group, max_group],
+summing to the budget M and maximising sum_i mixed(v_i, m_i). Stage 2 (``allocate_prefixes``) chooses
+continuation counts k_a >= 0 per non-terminal prefix, summing to each prompt's budget m_i N and
+maximising sum_a flip(v_a, r_a, k_a) (PAPER.md, "The algorithm").
+
+How the root problem is solved exactly
+--------------------------------------
+Write F_i(m) for the utility of giving prompt i a group of m. F_i is concave on [L, U] (L = min_group,
+U = max_group) but the feasible set {0} U [L, U] is not an interval and F_i(1) = 0: a greedy pass over
+marginal gains is not exact. We solve it in three steps:
+
+1. **Lagrangian relaxation.** Replace each F_i by its concave envelope: a block of m^_i units each worth
+   rho_i = max_m F_i(m) / m, then the remaining marginal gains. The relaxation is a concave problem whose
+   optimum takes every unit worth more than lambda*, the budget-th largest unit value. Call that
+   allocation x0; it spends Delta = budget - sum(x0) >= 0 less than the budget.
+2. **Zero-loss repair.** For any feasible m, sum F_i(m_i) = lambda* budget + sum_i phi_i(x0_i) -
+   sum_i loss_i(m_i), where phi_i(m) = F_i(m) - lambda* m and loss_i(m) = phi_i(x0_i) - phi_i(m) >= 0.
+   The units worth exactly lambda* are free: if Delta can be spent on them (whole activation blocks
+   included), the result is optimal, because no allocation has negative loss.
+3. **Loss-bounded dynamic programme.** Otherwise, we search for the cheapest way to move the total by
+   Delta. Every allocation whose total loss is at most eps uses, at each prompt, only counts whose own
+   loss is at most eps; a DP over the (few) prompts with such alternative counts finds the best of them.
+   Starting from a small eps and enlarging it, the first eps for which the DP finds a solution of total
+   loss <= eps certifies that solution as optimal.
+
+The DP only ever sees prompts whose utility sits close to lambda*, so the whole solve costs little more
+than one ``np.partition`` of the unit values. Equal-value optima are broken towards lower prompt indices
+(``ties favour earlier prompts``); permuting the prompts can change which optimum is returned, never its
+value. Values are compared with an absolute tolerance of 1e-12, so "exact" means exact up to
+floating-point rounding of the utilities.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _checks
+
+__all__ = ["allocate_roots", "allocate_prefixes", "root_utility", "PrefixAllocation", "check_root_budget"]
+
+_TIE = 1e-12  # values closer than this are treated as equal
+
+
+# ---------------------------------------------------------------------------------------------------
+# Utility tables: F_i(m) for m = L .. L + K, per prompt
+# ---------------------------------------------------------------------------------------------------
+
+
+def _mixed_table(v: np.ndarray, L: int, K: int) -> np.ndarray:
+    """F[i, j] = mixed(v_i, L + j) for j = 0..K.
+
+    F(L) comes from the expm1 form (accurate for tiny v); the rest is F(L) plus running sums of the
+    gains v^m (1 - v) + (1 - v)^m v, whose powers are running products (cheaper than ``np.power``).
+    """
+    from .contrast import mixed_probability
+
+    n = len(v)
+    table = np.empty((n, K + 1))
+    table[:, 0] = mixed_probability(v, L)
+    if K:
+        w = 1.0 - v
+        pv = np.cumprod(np.broadcast_to(v[:, None], (n, K)), axis=1) * (v ** (L - 1))[:, None]
+        pw = np.cumprod(np.broadcast_to(w[:, None], (n, K)), axis=1) * (w ** (L - 1))[:, None]
+        gains = pv * w[:, None] + pw * v[:, None]  # gain from m = L + j to L + j + 1, j = 0..K-1
+        np.cumsum(gains, axis=1, out=table[:, 1:])
+        table[:, 1:] += table[:, :1]
+    return table
+
+
+def _beta_mixed_table(v: np.ndarray, kappa: np.ndarray, L: int, K: int) -> np.ndarray:
+    """F[i, j] = E[mixed(p, L + j)] for p ~ Beta(v_i kappa_i, (1 - v_i) kappa_i).
+
+    E[p^m] = prod_{j<m} (a + j) / (a + b + j); the running product also covers v in {0, 1}
+    (a point mass), where the Beta function form is undefined.
+    """
+    a, b = (v * kappa)[:, None], ((1.0 - v) * kappa)[:, None]
+    j = np.arange(L + K)[None, :]
+    ratio_a = (a + j) / (a + b + j)
+    ratio_b = (b + j) / (a + b + j)
+    ones = np.ones((len(v), 1))
+    ea = np.cumprod(np.concatenate([ones, ratio_a], axis=1), axis=1)[:, L:]  # E[p^m], m = L..L+K
+    eb = np.cumprod(np.concatenate([ones, ratio_b], axis=1), axis=1)[:, L:]
+    m = L + np.arange(K + 1)
+    table = 1.0 - ea - eb
+    table[:, m < 2] = 0.0
+    return np.maximum(table, 0.0)
+
+
+def root_utility(v, m, *, concentration=None):
+    """The objective of ``allocate_roots`` for one allocation: sum_i mixed(v_i, m_i) (or its Beta mean).
+
+    Parameters
+    ----------
+    v : array_like
+        Predicted success probabilities.
+    m : array_like of int
+        Group sizes.
+    concentration : array_like, optional
+        Beta posterior strength kappa; the posterior is Beta(v kappa, (1 - v) kappa).
+
+    Returns
+    -------
+    float
+        The total expected number of mixed groups.
+    """
+    v = _checks.probabilities("v", np.atleast_1d(v))
+    m = _checks.counts("m", np.atleast_1d(m))
+    v, m = np.broadcast_arrays(v, m)
+    if concentration is None:
+        from .contrast import mixed_probability
+
+        return float(mixed_probability(v, m).sum())
+    kappa = np.broadcast_to(_checks.positive("concentration", concentration), v.shape)
+    total = 0.0
+    for vi, ki, mi in zip(v.ravel(), kappa.ravel(), m.ravel()):
+        total += float(_beta_mixed_table(np.array([vi]), np.array([ki]), 0, int(mi))[0, -1])
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------
+# Root allocation
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_root_budget(n: int, budget: int, min_group: int, max_group: int) -> None:
+    """Raise ValueError unless ``budget`` splits into groups of ``min_group..max_group`` over n prompts."""
+    if budget == 0:
+        return
+    s_min = -(-budget // max_group)  # fewest groups that can hold the budget
+    s_max = min(n, budget // min_group)  # most groups the budget can fill
+    if s_min > s_max:
+        raise ValueError(
+            f"`budget` {budget} cannot be split over {n} prompts into groups of size 0 or "
+            f"{min_group}..{max_group}; change the budget, `min_group` or `max_group`"
+        )
+
+
+def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None):
+    """Exactly optimal integer group sizes for the prompts of a candidate pool.
+
+    Parameters
+    ----------
+    v : array_like, shape (n,)
+        Predicted success probability of each prompt, in [0, 1].
+    budget : int
+        Total number of root rollouts M; the result sums to exactly this.
+    min_group : int, default 2
+        Smallest non-zero group (a prompt gets 0 or at least this many rollouts). 2 is the smallest group
+        that can be mixed.
+    max_group : int, optional
+        Largest group per prompt (default: no cap beyond the budget).
+    concentration : array_like, optional
+        Strength kappa > 0 of a Beta posterior on each prompt's pass rate, Beta(v kappa, (1 - v) kappa)
+        (kappa = a + b, for example 2 + the number of rewards seen). When given, the objective is the
+        posterior expectation of the mixed probability (``beta_mixed_probability``), which discounts
+        predictions backed by little evidence.
+
+    Returns
+    -------
+    ndarray of int64, shape (n,)
+        m_i in {0} U [min_group, max_group], summing to ``budget``, maximising sum_i mixed(v_i, m_i).
+
+    Raises
+    ------
+    ValueError
+        If an argument is malformed or the budget cannot be split (for example ``budget=1`` with
+        ``min_group=2``, or ``max_group`` too small for the budget).
+
+    Notes
+    -----
+    PAPER.md, "Global root allocation"; the method is described in the module docstring. Prompts whose
+    prediction is 0 or 1 have zero utility and receive rollouts only when the budget cannot be placed
+    elsewhere (for example because of ``max_group``).
+
+    Examples
+    --------
+    Budget goes to prompts with mixed outcomes likely; certain successes and failures are filtered out:
+
+    >>> allocate_roots([0.0, 0.5, 0.97, 1.0, 0.3], 12).tolist()
+    [0, 5, 0, 0, 7]
+    >>> allocate_roots([0.5, 0.5, 0.5], 5).tolist()  # 2 + 3 beats 5 on one prompt
+    [3, 2, 0]
+    """
+    v = _checks.vector("v", v)
+    v = _checks.probabilities("v", v)
+    n = len(v)
+    budget = _checks.count("budget", budget)
+    min_group = _checks.count("min_group", min_group)
+    if min_group < 1:
+        raise ValueError(f"`min_group` must be at least 1, got {min_group}")
+    if max_group is None:
+        max_group = max(budget, min_group)
+    else:
+        max_group = _checks.count("max_group", max_group)
+        if max_group < min_group:
+            raise ValueError(f"`max_group` ({max_group}) must be at least `min_group` ({min_group})")
+    kappa = None
+    if concentration is not None:
+        kappa = np.broadcast_to(_checks.positive("concentration", concentration), v.shape).astype(float)
+    check_root_budget(n, budget, min_group, max_group)
+    if budget == 0:
+        return np.zeros(n, dtype=np.int64)
+    U = min(max_group, budget)
+    if kappa is None:
+        table = lambda K: _mixed_table(v, min_group, K)  # noqa: E731
+    else:
+        table = lambda K: _beta_mixed_table(v, kappa, min_group, K)  # noqa: E731
+    return _solve_threshold_problem(table, n, budget, min_group, U)
+
+
+def _solve_threshold_problem(table, n: int, B: int, L: int, U: int) -> np.ndarray:
+    """max sum F_i(m_i) s.t. sum m_i = B, m_i in {0} U [L, U], F_i concave on [L, U], F_i(0) = 0.
+
+    ``table(K)`` returns F_i(L + j) for j = 0..K. We start with a short table (a few times the mean
+    group) and double it in the rare case that the answer could lie beyond its end.
+    """
+    K = min(U - L, max(16, 4 * -(-B // n)))
+    while True:
+        solution = _solve_with_table(table(K), B, L, U)
+        if solution is not None:
+            return solution
+        K = min(U - L, 2 * K)
+
+
+def _solve_with_table(F: np.ndarray, B: int, L: int, U: int) -> np.ndarray | None:
+    """Solve from F[i, j] = F_i(L + j), j = 0..K; None when the table is too short to be sure."""
+    n, W = F.shape
+    complete = L + W - 1 == U
+    m_col = L + np.arange(W)
+    gains = np.diff(F, axis=1)  # gains[:, j] = F(L + j + 1) - F(L + j)
+    # Beyond the table a row gains at most its last tabulated gain; a zero gain stays zero for ever.
+    last_gain = gains[:, -1] if W > 1 else np.zeros(n)
+
+    lam = _relaxed_threshold(F, gains, L, B, complete)
+    if lam is None:
+        return None
+
+    # Start from the exact maximiser x0 of phi_i(m) = F_i(m) - lam m over {0} U [L, L + K]: the smallest
+    # count within _TIE of the maximum (0 unless the maximum is positive), so every loss is >= 0.
+    phi = F - lam * m_col
+    phi_best = np.maximum(phi.max(axis=1), 0.0)
+    near_best = phi >= phi_best[:, None] - _TIE
+    active = phi_best > _TIE
+    x0 = np.where(active, L + np.argmax(near_best, axis=1), 0)
+    if not complete and (active & near_best[:, -1] & (last_gain > lam + _TIE)).any():
+        return None  # phi may keep rising past the table
+    delta = B - int(x0.sum())
+    if delta == 0:
+        return x0.astype(np.int64)
+    if delta > 0:
+        filled = _zero_loss_fill(phi, near_best, active, x0, last_gain, lam, delta, L, U, complete)
+        if filled is not None:
+            return filled
+    return _loss_bounded_dp(phi, phi_best, x0, last_gain, lam, delta, L, U, complete)
+
+
+def _relaxed_threshold(F, gains, L: int, B: int, complete: bool) -> float | None:
+    """lambda*: the B-th largest unit value of the concave-envelope relaxation (None: table too short)."""
+    n, W = F.shape
+    block = _envelope_block(F, L)
+    if block is None:
+        if not complete:
+            return None  # the chord F(m) / m may still rise beyond the table
+        block = W - 1 - np.argmax((F / (L + np.arange(W)))[:, ::-1], axis=1)
+    rho = F[np.arange(n), block] / (L + block)
+    tails = np.where(np.arange(W - 1)[None, :] >= block[:, None], gains, -np.inf)
+    values = np.concatenate([np.repeat(rho, L + block), tails.ravel()])
+    n_units = values.size - int(np.isneginf(tails).sum())
+    if n_units < B:
+        return None
+    lam = float(np.partition(values, values.size - B)[values.size - B])
+    if not complete and W > 1 and (gains[:, -1] > lam).any():
+        return None  # untabulated units could outrank lambda*
+    return lam
+
+
+def _envelope_block(F: np.ndarray, L: int) -> np.ndarray | None:
+    """Column of the maximum of the chord F(m) / m per row, or None if some row still rises at the end.
+
+    The chord of a function concave on [L, U] with F(0) = 0 rises, then falls; we take its first descent.
+    Rounding can make a flat chord wobble; any column near the top is good enough here because it only
+    sets lambda*, and the repair that follows is exact for any lambda*.
+    """
+    n, W = F.shape
+    head = min(W, 8)
+    chord = F[:, :head] / (L + np.arange(head))
+    falls = chord[:, 1:] < chord[:, :-1] * (1.0 - 1e-9)
+    has_fall = falls.any(axis=1) if head > 1 else np.ones(n, bool)
+    block = np.where(has_fall, np.argmax(falls, axis=1) if head > 1 else 0, head - 1)
+    rest = np.flatnonzero(~has_fall)
+    if rest.size and head < W:
+        chord = F[rest] / (L + np.arange(W))
+        falls = chord[:, 1:] < chord[:, :-1] * (1.0 - 1e-9)
+        found = falls.any(axis=1)
+        if (~found & (chord[:, -1] > chord[:, -2] * (1.0 + 1e-9))).any():
+            return None
+        block[rest] = np.where(found, np.argmax(falls, axis=1), W - 1)
+    return block
+
+
+def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+    return np.cumsum(x) - x
+
+
+def _zero_loss_fill(phi, near_best, active, x0, last_gain, lam, delta, L, U, complete):
+    """Spend ``delta`` on counts that cost nothing (phi stays at its maximum); optimal when it succeeds.
+
+    Free moves are (a) extra units for an active prompt while phi stays at its maximum, and
+    (b) activating an inactive prompt at a count where phi is 0, its value when off. Both sets are
+    intervals, because phi is concave on [L, U]. Ties go to lower prompt indices.
+    """
+    n, W = phi.shape
+    # Rows whose table ends on a flat stretch at lam = 0 stay flat up to U (gains never rise again).
+    endless = (not complete) & (lam <= _TIE) & (np.abs(last_gain) <= _TIE) & near_best[:, -1]
+    top = np.where(endless, U, L + W - 1 - np.argmax(near_best[:, ::-1], axis=1))  # last free count
+    free_units = np.where(active, top - x0, 0)
+    jump = ~active & near_best.any(axis=1)
+    lo = np.where(jump, L + np.argmax(near_best, axis=1), 0)
+    hi = np.where(jump, top, 0)
+
+    m = x0.copy()
+    need = delta - int(free_units.sum())
+    if need > 0:  # free units alone do not suffice: activate free prompts in index order
+        order = np.flatnonzero(jump)
+        k = int(np.searchsorted(np.cumsum(hi[order]), need)) + 1
+        if k > len(order):
+            return None
+        chosen = order[:k]
+        if int(lo[chosen].sum()) > delta:
+            return None
+        room = hi[chosen] - lo[chosen]
+        extra = need - int(lo[chosen].sum())
+        m[chosen] = lo[chosen] + np.clip(extra - _exclusive_cumsum(room), 0, room)
+    rest = delta - int((m - x0).sum())
+    m += np.clip(rest - _exclusive_cumsum(free_units), 0, free_units)
+    if int(m.sum()) != int(x0.sum()) + delta:
+        return None
+    return m.astype(np.int64)
+
+
+def _loss_bounded_dp(phi, phi_best, x0, last_gain, lam, delta, L, U, complete):
+    """Cheapest deviation from x0 that moves the total by ``delta``; exact (see the module docstring)."""
+    n, W = phi.shape
+    m_col = L + np.arange(W)
+    loss = phi_best[:, None] - phi  # >= 0: the loss of giving prompt i the count L + j
+    loss_off = phi_best  # the loss of giving it 0
+    positive = loss[loss > _TIE]
+    eps = float(positive.min()) if positive.size else _TIE
+    while True:
+        cheap = loss <= eps + _TIE
+        cheap_off = loss_off <= eps + _TIE
+        grows_past = (~complete) & cheap[:, -1] & (last_gain > 0)
+        if grows_past.any():
+            return None  # cheap counts may continue past the end of the table
+        flat_past = (~complete) & cheap[:, -1] & (last_gain <= 0)  # beyond: loss rises by lam per unit
+        rows = np.flatnonzero(cheap.sum(axis=1) + cheap_off + flat_past > 1)
+        options = []
+        for i in rows.tolist():
+            opts = [(int(m_col[j]), float(loss[i, j])) for j in np.flatnonzero(cheap[i])]
+            if cheap_off[i]:
+                opts.append((0, float(loss_off[i])))
+            if flat_past[i]:
+                # Zero gains beyond the table: count c costs loss_last + lam (c - last); keep the
+                # counts within eps, and never more than the whole deviation could need.
+                last = L + W - 1
+                reach = U if lam <= _TIE else min(U, last + int((eps - loss[i, -1]) / lam))
+                reach = min(reach, int(x0[i]) + abs(delta) + int(x0.sum()))
+                opts += [(c, float(loss[i, -1] + lam * (c - last))) for c in range(last + 1, reach + 1)]
+            opts = [(c - int(x0[i]), max(cost, 0.0)) for c, cost in opts]
+            options.append((i, sorted(opts, key=lambda o: (o[1], abs(o[0]), o[0]))))
+        best = _min_loss_combination(options, delta)
+        if best is not None and best[0] <= eps + _TIE:
+            m = x0.copy()
+            for i, d in best[1].items():
+                m[i] = x0[i] + d
+            return m.astype(np.int64)
+        if best is not None:
+            eps = best[0]  # every better allocation uses only counts within this loss: one more pass
+        elif eps > float(loss.max(initial=0.0)) + float(loss_off.max(initial=0.0)) + 1.0:
+            raise AssertionError("no feasible allocation found; check_root_budget should have caught this")
+        else:
+            eps = 4.0 * eps
+
+
+def _min_loss_combination(options, delta):
+    """Min-loss choice of one option per item with deviations summing to ``delta`` (a small DP)."""
+    if not options:
+        return None if delta else (0.0, {})
+    lo_suffix = np.cumsum([min(d for d, _ in opts) for _, opts in options][::-1])[::-1].tolist() + [0]
+    hi_suffix = np.cumsum([max(d for d, _ in opts) for _, opts in options][::-1])[::-1].tolist() + [0]
+    states = {0: 0.0}
+    back = []
+    for k, (_, opts) in enumerate(options):
+        nxt: dict[int, float] = {}
+        choice: dict[int, tuple[int, int]] = {}
+        lo_rest, hi_rest = lo_suffix[k + 1], hi_suffix[k + 1]
+        for s, acc in states.items():
+            for d, c in opts:
+                t = s + d
+                if not (delta - hi_rest <= t <= delta - lo_rest):
+                    continue
+                total = acc + c
+                if t not in nxt or total < nxt[t] - _TIE:
+                    nxt[t] = total
+                    choice[t] = (s, d)
+        states = nxt
+        back.append(choice)
+        if not states:
+            return None
+    if delta not in states:
+        return None
+    picks, s = {}, delta
+    for k in range(len(options) - 1, -1, -1):
+        s_prev, d = back[k][s]
+        if d:
+            picks[options[k][0]] = d
+        s = s_prev
+    return states[delta], picks
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prefix allocation
+# ---------------------------------------------------------------------------------------------------
+
+
+class PrefixAllocation(NamedTuple):
+    """Continuation counts per anchor, and the part of each prompt's budget that could not be placed.
+
+    Attributes
+    ----------
+    k : ndarray of int64, shape (n_anchors,)
+        Continuations to sample from each anchor.
+    unspent : ndarray of int64, shape (n_prompts,)
+        Budget of each prompt left over: all of it when the prompt has no anchors (every rollout ended
+        after one turn), or what exceeds the anchors' caps. The caller decides where it goes (for
+        equal-budget comparisons it must be spent elsewhere, for example as extra root rollouts).
+    """
+
+    k: np.ndarray
+    unspent: np.ndarray
+
+
+def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
+    """Exactly optimal continuation counts per prefix, within each prompt's budget.
+
+    Parameters
+    ----------
+    v : array_like, shape (n_anchors,)
+        Predicted success probability at each anchor (a non-terminal prefix of a bare rollout).
+    r : array_like, shape (n_anchors,)
+        Reward of the factual rollout through each anchor.
+    prompt : array_like of int, shape (n_anchors,)
+        Prompt id of each anchor, in [0, len(budget)).
+    budget : array_like of int, shape (n_prompts,)
+        Continuation budget of each prompt (m_i N in the paper).
+    max_per_anchor : int, optional
+        Cap on continuations per anchor.
+
+    Returns
+    -------
+    PrefixAllocation
+        ``k`` maximising sum_a flip(v_a, r_a, k_a) subject to sum of k over each prompt's anchors =
+        budget minus ``unspent``; ``unspent`` is non-zero only for prompts without anchors or whose
+        anchors are all capped.
+
+    Notes
+    -----
+    PAPER.md, "Local prefix expansion". flip is concave in k from k = 0 (gain q^k (1 - q) with
+    q = r v + (1 - r)(1 - v)), so taking the largest marginal gains is exact. Per prompt we find the
+    water level t = log lambda by vectorised bisection across all prompts at once, with the count
+    below a level in closed form, #{k : q^k (1 - q) > lambda} = ceil(log(lambda / (1 - q)) / log q);
+    the last units are the ties at the level, which go to lower anchor indices first.
+
+    Examples
+    --------
+    A failed rollout through a promising prefix is the best place to branch:
+
+    >>> out = allocate_prefixes([0.9, 0.9, 0.5], [0, 1, 1], [0, 0, 0], [3])
+    >>> out.k.tolist(), out.unspent.tolist()
+    ([1, 0, 2], [0])
+    """
+    v = _checks.probabilities("v", _checks.vector("v", v))
+    r = _checks.probabilities("r", _checks.vector("r", r))
+    prompt = _checks.counts("prompt", _checks.vector("prompt", prompt, dtype=None))
+    budget = _checks.counts("budget", _checks.vector("budget", budget, dtype=None))
+    _checks.same_length(v=v, r=r, prompt=prompt)
+    n_prompts = len(budget)
+    if prompt.size and prompt.max() >= n_prompts:
+        raise ValueError(f"`prompt` ids must lie in [0, {n_prompts - 1}] (one budget per prompt), got {int(prompt.max())}")
+    cap = None if max_per_anchor is None else _checks.count("max_per_anchor", max_per_anchor)
+    q = r * v + (1.0 - r) * (1.0 - v)
+    return _water_fill(q, prompt, budget, cap)
+
+
+_FLOOR = -800.0  # log of a level below every positive double
+_BISECTIONS = 64
+
+
+def _units_above(log_lam: np.ndarray, lq: np.ndarray, l1q: np.ndarray, cap: float) -> np.ndarray:
+    """#{k >= 0 : q^k (1 - q) > lambda}, capped, for each anchor (log-space closed form)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # q^k (1 - q) > lambda  <=>  k log q > log lambda - log(1 - q)  <=>  k < (log lambda - l1q) / lq
+        bound = (log_lam - l1q) / lq
+        n = np.ceil(bound)
+    n = np.where(l1q > log_lam, n, 0.0)  # the first gain, 1 - q, is already too small (or q = 1)
+    n = np.where(np.isneginf(lq), np.where(l1q > log_lam, 1.0, 0.0), n)  # q = 0: one unit worth 1
+    # At log_lam = -inf (count units of any gain >= 0) every anchor offers units up to its cap.
+    n = np.where(np.isneginf(log_lam), np.inf, np.where(np.isnan(n), 0.0, n))
+    return np.clip(n, 0.0, cap)
+
+
+def _water_fill(q: np.ndarray, group: np.ndarray, budget: np.ndarray, cap: int | None) -> PrefixAllocation:
+    """Per group, take the ``budget`` largest gains q^k (1 - q) (k = 0, 1, ...; at most ``cap`` each)."""
+    n_groups = len(budget)
+    capf = np.inf if cap is None else float(cap)
+    with np.errstate(divide="ignore"):
+        lq, l1q = np.log(q), np.log1p(-q)
+    size = np.bincount(group, minlength=n_groups)
+    target = np.where(size > 0, np.minimum(budget, size * capf), 0.0)
+    # Bisection on t = log(lambda), all groups at once. Invariant: at least `target` units are worth
+    # more than e^lo, fewer than `target` are worth more than e^hi. e^-800 is below every positive
+    # double, so a group that cannot fill its target at lo = -800 needs zero-gain units (handled below).
+    lo = np.full(n_groups, _FLOOR)
+    hi = np.full(n_groups, 1.0)  # every gain is at most 1 < e
+    for _ in range(_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        taken = np.bincount(group, weights=_units_above(mid[group], lq, l1q, capf), minlength=n_groups)
+        enough = taken >= target
+        lo, hi = np.where(enough, mid, lo), np.where(enough, hi, mid)
+    k = _units_above(hi[group], lq, l1q, capf)  # every unit worth more than e^hi is taken
+    # The units between the two levels are ties (equal up to rounding); at the floor, so are all units
+    # of zero gain, up to the cap.
+    tie_level = np.where(lo[group] <= _FLOOR, -np.inf, lo[group])
+    room = _units_above(tie_level, lq, l1q, capf) - k
+    missing = target - np.bincount(group, weights=k, minlength=n_groups)
+    room = np.minimum(room, missing[group])  # no anchor takes more than its group still needs
+    # Hand out the missing units to the ties in anchor order within each group.
+    order = np.argsort(group, kind="stable")
+    g, rs = group[order], room[order]
+    before = np.cumsum(rs) - rs  # exclusive running total over all anchors ...
+    first = np.searchsorted(g, g)  # ... minus the running total where the anchor's group starts
+    before = before - before[first]
+    give = np.clip(missing[g] - before, 0.0, rs)
+    k[order] += give
+    k = np.rint(k).astype(np.int64)
+    spent = np.bincount(group, weights=k, minlength=n_groups).astype(np.int64)
+    return PrefixAllocation(k=k, unspent=budget - spent)

@@ -1,0 +1,663 @@
+"""The rollout forest: one batch of rollout trees in struct-of-arrays form.
+
+A node is a turn boundary. The root of a tree is the prompt (depth 0); the edge parent -> node is one
+agent turn (model tokens plus the observation that followed), so a node's ``depth`` is the number of
+turns taken. Leaves are terminal and carry the reward; every other node has reward NaN.
+
+Conventions the rest of the project relies on:
+
+* **Topological order.** ``parent[i] < i`` for every non-root node: parents come first, so bottom-up
+  passes run from the last node to the first and appending nodes never breaks an existing forest.
+* **Children in creation order.** A non-root node's first child continues that node's own rollout (the
+  *primary* child); later children are *branches*: continuations sampled from that prefix after the
+  first rollout through it was seen. A root's children are all primary (one per bare rollout).
+* **Origin.** ``ROOT`` for roots, ``BARE`` for turns of the rollouts allocated at the root (stage 1),
+  ``CONTINUATION`` for turns of rollouts branched from a prefix (stage 2 or later).
+* **Cost.** What it cost to create the node: tokens generated for its turn in the trainer, 1 per turn in
+  the simulator, 0 for a root.
+
+``trace_theory`` never sees text or tensors; the trainer keys its payloads by node id.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _checks
+
+__all__ = ["Origin", "RolloutForest", "ForestBuilder"]
+
+
+class Origin(enum.IntEnum):
+    """How a node came to be (stored as int8 in ``RolloutForest.origin``)."""
+
+    ROOT = 0
+    BARE = 1
+    CONTINUATION = 2
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr = np.array(arr, copy=True)
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class RolloutForest:
+    """A batch of rollout trees as parallel NumPy arrays indexed by node id.
+
+    Build one with :meth:`from_parents`, :meth:`from_nested` or :class:`ForestBuilder`; the constructor
+    checks every invariant (see :meth:`validate`) and stores read-only copies of the arrays.
+
+    Attributes
+    ----------
+    parent : ndarray of int64
+        Parent node id, -1 for a root. ``parent[i] < i``.
+    prompt : ndarray of int64
+        Prompt (data set row) of the node's tree; one root per prompt.
+    depth : ndarray of int64
+        Turns taken to reach the node; 0 for a root.
+    reward : ndarray of float64
+        Terminal reward for leaves, NaN elsewhere.
+    is_leaf : ndarray of bool
+        True exactly for nodes without children.
+    origin : ndarray of int8
+        :class:`Origin` code.
+    cost : ndarray of float64
+        Cost of creating the node (tokens, or 1 per turn in the simulator).
+    binary_rewards : bool
+        Whether rewards are declared to be 0/1 (checked).
+    """
+
+    parent: np.ndarray
+    prompt: np.ndarray
+    depth: np.ndarray
+    reward: np.ndarray
+    is_leaf: np.ndarray
+    origin: np.ndarray
+    cost: np.ndarray
+    binary_rewards: bool = True
+
+    def __post_init__(self):
+        arrays = {
+            "parent": _checks.vector("parent", self.parent, dtype=np.int64)
+            if np.issubdtype(np.asarray(self.parent).dtype, np.integer)
+            else self._integral("parent", self.parent),
+            "prompt": self._integral("prompt", self.prompt),
+            "depth": self._integral("depth", self.depth),
+            "reward": _checks.vector("reward", self.reward, dtype=float),
+            "is_leaf": _checks.vector("is_leaf", self.is_leaf, dtype=bool),
+            "origin": self._integral("origin", self.origin).astype(np.int8),
+            "cost": _checks.vector("cost", self.cost, dtype=float),
+        }
+        _checks.same_length(**arrays)
+        for name, arr in arrays.items():
+            object.__setattr__(self, name, _readonly(arr))
+        self.validate()
+
+    @staticmethod
+    def _integral(name: str, x) -> np.ndarray:
+        arr = np.asarray(x)
+        if arr.ndim != 1:
+            raise ValueError(f"`{name}` must be one-dimensional, got shape {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.integer):
+            as_float = arr.astype(float)
+            bad = ~(np.isfinite(as_float) & (as_float == np.round(as_float)))
+            if bad.any():
+                raise ValueError(f"`{name}` must hold integers, got {as_float[bad][0]!r}")
+        return arr.astype(np.int64)
+
+    # -----------------------------------------------------------------------------------------------
+    # Validation
+    # -----------------------------------------------------------------------------------------------
+
+    def validate(self) -> "RolloutForest":
+        """Check every invariant; raise ValueError naming the first offending node. Returns ``self``."""
+        n = len(self.parent)
+        parent = self.parent
+        if n == 0:
+            return self
+        _check_parent_links(parent)
+        is_root = parent == -1
+        nonroot = np.flatnonzero(~is_root)
+        p = parent[nonroot]
+
+        wrong_depth = np.flatnonzero(is_root & (self.depth != 0))
+        if wrong_depth.size:
+            raise ValueError(f"root {int(wrong_depth[0])} has depth {int(self.depth[wrong_depth[0]])}, expected 0")
+        bad = self.depth[nonroot] != self.depth[p] + 1
+        if bad.any():
+            i = int(nonroot[bad][0])
+            raise ValueError(
+                f"node {i} has depth {int(self.depth[i])} but its parent {int(parent[i])} has depth "
+                f"{int(self.depth[parent[i]])}; a child is one turn deeper than its parent"
+            )
+
+        bad = self.prompt[nonroot] != self.prompt[p]
+        if bad.any():
+            i = int(nonroot[bad][0])
+            raise ValueError(
+                f"node {i} has prompt {int(self.prompt[i])} but its parent {int(parent[i])} has prompt "
+                f"{int(self.prompt[parent[i]])}"
+            )
+        root_prompts = self.prompt[is_root]
+        if (root_prompts < 0).any():
+            raise ValueError(f"prompt ids must be non-negative, got {int(root_prompts[root_prompts < 0][0])}")
+        uniq, first, cnt = np.unique(root_prompts, return_index=True, return_counts=True)
+        if (cnt > 1).any():
+            raise ValueError(f"prompt {int(uniq[cnt > 1][0])} has {int(cnt[cnt > 1][0])} roots; expected one per prompt")
+
+        n_children = np.bincount(p, minlength=n)
+        has_children = n_children > 0
+        bad = self.is_leaf == has_children
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            state = "is marked as a leaf but has children" if self.is_leaf[i] else "is not marked as a leaf but has no children"
+            raise ValueError(f"node {i} {state}")
+        empty_roots = np.flatnonzero(is_root & ~has_children)
+        if empty_roots.size:
+            i = int(empty_roots[0])
+            raise ValueError(f"root {i} (prompt {int(self.prompt[i])}) has no rollouts")
+
+        leaf_reward = self.reward[self.is_leaf]
+        bad = ~np.isfinite(leaf_reward)
+        if bad.any():
+            i = int(np.flatnonzero(self.is_leaf)[bad][0])
+            raise ValueError(f"leaf {i} has no reward (got {float(self.reward[i])!r})")
+        if self.binary_rewards:
+            bad = ~((leaf_reward == 0.0) | (leaf_reward == 1.0))
+            if bad.any():
+                i = int(np.flatnonzero(self.is_leaf)[bad][0])
+                raise ValueError(
+                    f"leaf {i} has reward {float(self.reward[i])!r}, but rewards are declared binary (0 or 1); "
+                    "pass binary_rewards=False for other rewards"
+                )
+        bad = ~np.isnan(self.reward[~self.is_leaf])
+        if bad.any():
+            i = int(np.flatnonzero(~self.is_leaf)[bad][0])
+            raise ValueError(f"internal node {i} has reward {float(self.reward[i])!r}; only leaves carry rewards (NaN elsewhere)")
+
+        valid_origin = np.isin(self.origin, [int(o) for o in Origin])
+        if not valid_origin.all():
+            i = int(np.flatnonzero(~valid_origin)[0])
+            raise ValueError(f"node {i} has origin code {int(self.origin[i])}, not one of {[int(o) for o in Origin]}")
+        bad = (self.origin == Origin.ROOT) != is_root
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"node {i}: origin ROOT is for exactly the nodes without a parent")
+        bad = (self.origin[nonroot] == Origin.BARE) & (self.origin[p] == Origin.CONTINUATION)
+        if bad.any():
+            i = int(nonroot[bad][0])
+            raise ValueError(f"node {i} has origin BARE but its parent {int(parent[i])} is a CONTINUATION turn")
+
+        bad = ~(np.isfinite(self.cost) & (self.cost >= 0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"node {i} has cost {float(self.cost[i])!r}; costs must be finite and non-negative")
+        return self
+
+    # -----------------------------------------------------------------------------------------------
+    # Builders
+    # -----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_parents(cls, parent, reward, *, prompt=None, origin=None, cost=None, binary_rewards=True):
+        """Build a forest from parent links and leaf rewards, deriving depth, leaves and defaults.
+
+        Parameters
+        ----------
+        parent : array_like of int
+            Parent of each node, -1 for roots; parents before children.
+        reward : array_like of float
+            Reward of each leaf; entries of internal nodes must be NaN.
+        prompt : array_like of int, optional
+            Prompt id of each **root**, in root order (default 0, 1, 2, ...). Other nodes inherit it.
+        origin : array_like of int, optional
+            :class:`Origin` code per node. By default a root's children are BARE, a BARE node's first
+            child is BARE, and every other child is a CONTINUATION (see the module conventions).
+        cost : array_like of float, optional
+            Cost per node; default 1 per turn and 0 per root.
+        binary_rewards : bool, default True
+            Declare (and check) that rewards are 0 or 1.
+
+        Examples
+        --------
+        One prompt, two rollouts; the second branched at its first turn into a success and a failure:
+
+        >>> f = RolloutForest.from_parents([-1, 0, 0, 2, 2], [float("nan"), 1, float("nan"), 1, 0])
+        >>> f.depth.tolist(), f.is_leaf.tolist()
+        ([0, 1, 1, 2, 2], [False, True, False, True, True])
+        >>> [Origin(o).name for o in f.origin]
+        ['ROOT', 'BARE', 'BARE', 'BARE', 'CONTINUATION']
+        """
+        parent = cls._integral("parent", parent)
+        n = len(parent)
+        reward = _checks.vector("reward", reward, dtype=float)
+        _checks.same_length(parent=parent, reward=reward)
+        _check_parent_links(parent)
+        depth = _depths(parent)
+        is_root = parent == -1
+        if prompt is None:
+            root_prompt = np.arange(int(is_root.sum()))
+        else:
+            root_prompt = cls._integral("prompt", prompt)
+            if len(root_prompt) != is_root.sum():
+                raise ValueError(f"`prompt` gives {len(root_prompt)} ids for {int(is_root.sum())} roots")
+        root_of = _roots(parent, depth)
+        root_rank = np.cumsum(is_root) - 1
+        node_prompt = root_prompt[root_rank[root_of]] if n else np.zeros(0, np.int64)
+        is_leaf = np.bincount(parent[~is_root], minlength=n) == 0 if n else np.zeros(0, bool)
+        if origin is None:
+            origin = _default_origin(parent, depth)
+        if cost is None:
+            cost = np.where(is_root, 0.0, 1.0)
+        return cls(parent, node_prompt, depth, reward, is_leaf, origin, cost, binary_rewards)
+
+    @classmethod
+    def from_nested(cls, trees: Sequence, *, prompt=None, binary_rewards=True):
+        """Build a forest from nested lists: a node is a list of its children, a leaf is its reward.
+
+        ``trees[i]`` is the root of prompt ``i`` (or ``prompt[i]``): a list whose items are its bare
+        rollouts. Inside a rollout the first item of a list continues the rollout and later items are
+        branches (continuations from that prefix).
+
+        Examples
+        --------
+        Prompt 0 has a one-turn success and a two-turn rollout that failed but whose branch succeeded:
+
+        >>> f = RolloutForest.from_nested([[1, [0, 1]]])
+        >>> f.parent.tolist(), f.reward.tolist()[1:2], f.n_leaves
+        ([-1, 0, 0, 2, 2], [1.0], 3)
+        """
+        parent: list[int] = []
+        reward: list[float] = []
+        stack: list[tuple[object, int, str]] = []
+        if isinstance(trees, (str, bytes)) or not isinstance(trees, Sequence):
+            raise ValueError(f"`trees` must be a sequence of nested lists, got {type(trees).__name__}")
+        for t, tree in enumerate(trees):
+            if not isinstance(tree, (list, tuple)):
+                raise ValueError(f"`trees[{t}]` must be a list of rollouts (a root cannot be a leaf), got {tree!r}")
+            stack.append((tree, -1, f"trees[{t}]"))
+            while stack:
+                item, par, where = stack.pop()
+                node = len(parent)
+                parent.append(par)
+                if isinstance(item, (list, tuple)):
+                    if not item:
+                        raise ValueError(f"{where} is an empty list: a node needs children or a reward")
+                    reward.append(np.nan)
+                    # Push in reverse so that children get increasing ids in list order.
+                    for j in range(len(item) - 1, -1, -1):
+                        stack.append((item[j], node, f"{where}[{j}]"))
+                else:
+                    try:
+                        reward.append(float(item))
+                    except (TypeError, ValueError):
+                        raise ValueError(f"{where} must be a list or a reward, got {item!r}") from None
+        # The stack visits depth-first, so ids are in topological order with children in list order.
+        return cls.from_parents(np.asarray(parent, dtype=np.int64), np.asarray(reward), prompt=prompt,
+                                binary_rewards=binary_rewards)
+
+    def append(self, parent, reward, *, origin, cost=1.0) -> "RolloutForest":
+        """A new forest with turns appended below existing trees (ids continue from ``len(self)``).
+
+        ``parent`` may point at existing nodes or at earlier appended ones, never -1 (start new prompts
+        with :meth:`from_parents`). An existing leaf cannot gain children: validation rejects it.
+        """
+        parent = self._integral("parent", parent)
+        reward = _checks.vector("reward", reward, dtype=float)
+        _checks.same_length(parent=parent, reward=reward)
+        if (parent == -1).any():
+            raise ValueError("`parent` of an appended node must be an existing or appended node, not -1")
+        old = parent[(parent >= 0) & (parent < len(self))]
+        if self.is_leaf[old].any():
+            i = int(old[self.is_leaf[old]][0])
+            raise ValueError(f"node {i} is a finished leaf (reward {float(self.reward[i])!r}) and cannot get children")
+        return RolloutForest.from_parents(
+            np.concatenate([self.parent, parent]),
+            np.concatenate([self.reward, reward]),
+            prompt=self.prompt[self.roots],
+            origin=np.concatenate([self.origin, np.broadcast_to(origin, parent.shape)]),
+            cost=np.concatenate([self.cost, np.broadcast_to(np.asarray(cost, float), parent.shape)]),
+            binary_rewards=self.binary_rewards,
+        )
+
+    # -----------------------------------------------------------------------------------------------
+    # Sizes and simple views
+    # -----------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutForest(prompts={self.n_prompts}, nodes={len(self)}, leaves={self.n_leaves}, "
+            f"max_depth={int(self.depth.max(initial=0))})"
+        )
+
+    @property
+    def n_leaves(self) -> int:
+        return int(self.is_leaf.sum())
+
+    @cached_property
+    def roots(self) -> np.ndarray:
+        """Node ids of the roots, in order."""
+        return np.flatnonzero(self.parent == -1)
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.roots)
+
+    @cached_property
+    def leaves(self) -> np.ndarray:
+        return np.flatnonzero(self.is_leaf)
+
+    @cached_property
+    def root_of(self) -> np.ndarray:
+        """Root node id of every node's tree."""
+        return _roots(self.parent, self.depth)
+
+    @cached_property
+    def tree_index(self) -> np.ndarray:
+        """Position of every node's tree in :attr:`roots` (0 .. n_prompts - 1): a dense group id."""
+        rank = np.cumsum(self.parent == -1) - 1
+        return rank[self.root_of]
+
+    @cached_property
+    def _levels(self) -> list[np.ndarray]:
+        """Node ids grouped by depth (index d holds the nodes at depth d)."""
+        if len(self) == 0:
+            return []
+        order = np.argsort(self.depth, kind="stable")
+        bounds = np.searchsorted(self.depth[order], np.arange(int(self.depth.max()) + 2))
+        return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
+
+    @cached_property
+    def _child_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """CSR layout of children: children of i are ``order[ptr[i]:ptr[i+1]]``, in creation order."""
+        nonroot = np.flatnonzero(self.parent != -1)
+        order = nonroot[np.argsort(self.parent[nonroot], kind="stable")]
+        ptr = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.parent[nonroot], minlength=len(self)), out=ptr[1:])
+        return ptr, order
+
+    @property
+    def n_children(self) -> np.ndarray:
+        ptr, _ = self._child_index
+        return np.diff(ptr)
+
+    # -----------------------------------------------------------------------------------------------
+    # Traversal
+    # -----------------------------------------------------------------------------------------------
+
+    def _check_node(self, node) -> int:
+        node = _checks.count("node", node)
+        if node >= len(self):
+            raise ValueError(f"`node` must be a node id in [0, {len(self) - 1}], got {node}")
+        return node
+
+    def children(self, node: int) -> np.ndarray:
+        """Children of ``node`` in creation order (the first continues the node's own rollout)."""
+        node = self._check_node(node)
+        ptr, order = self._child_index
+        return order[ptr[node]:ptr[node + 1]]
+
+    def path_to_root(self, node: int) -> np.ndarray:
+        """Node ids from ``node`` up to its root, inclusive."""
+        node = self._check_node(node)
+        path = [node]
+        while self.parent[path[-1]] != -1:
+            path.append(int(self.parent[path[-1]]))
+        return np.asarray(path, dtype=np.int64)
+
+    def descendants(self, node: int) -> np.ndarray:
+        """All nodes of the subtree under ``node`` (itself included), in increasing id order."""
+        node = self._check_node(node)
+        ptr, order = self._child_index
+        out, frontier = [node], [node]
+        while frontier:
+            nxt = np.concatenate([order[ptr[i]:ptr[i + 1]] for i in frontier]).tolist()
+            out.extend(nxt)
+            frontier = nxt
+        return np.sort(np.asarray(out, dtype=np.int64))
+
+    def leaves_under(self, node: int) -> np.ndarray:
+        """Leaf ids of the subtree under ``node``."""
+        sub = self.descendants(node)
+        return sub[self.is_leaf[sub]]
+
+    def iter_levels(self, *, bottom_up: bool = False) -> Iterator[np.ndarray]:
+        """Yield node ids one depth level at a time (roots first, or deepest first)."""
+        levels = self._levels
+        yield from (reversed(levels) if bottom_up else levels)
+
+    def subtree_sum(self, values) -> np.ndarray:
+        """For every node, the sum of ``values`` over its subtree (itself included). Vectorised by level.
+
+        Summing an indicator of leaves gives leaf counts; summing rewards placed on leaves gives the
+        total reward under each node.
+        """
+        out = np.array(_checks.vector("values", values, dtype=float), copy=True)
+        _checks.same_length(values=out, parent=self.parent)
+        for level in list(self.iter_levels(bottom_up=True))[:-1]:  # every level but the roots
+            out += np.bincount(self.parent[level], weights=out[level], minlength=len(self))
+        return out
+
+    @cached_property
+    def leaf_count(self) -> np.ndarray:
+        """n_y: number of leaves under each node (1 for a leaf)."""
+        return self.subtree_sum(self.is_leaf.astype(float)).astype(np.int64)
+
+    @cached_property
+    def first_child(self) -> np.ndarray:
+        """Each node's first (primary) child, -1 for leaves."""
+        ptr, order = self._child_index
+        out = np.full(len(self), -1, dtype=np.int64)
+        has = ptr[1:] > ptr[:-1]
+        out[has] = order[ptr[:-1][has]]
+        return out
+
+    @cached_property
+    def starts_rollout(self) -> np.ndarray:
+        """True for a node that begins a rollout: a child of a root, or a non-first child (a branch)."""
+        out = np.zeros(len(self), dtype=bool)
+        nonroot = self.parent != -1
+        p = self.parent[nonroot]
+        out[nonroot] = (self.parent[p] == -1) | (self.first_child[p] != np.flatnonzero(nonroot))
+        return out
+
+    @cached_property
+    def rollout_anchor(self) -> np.ndarray:
+        """For every non-root node, the node its rollout was sampled from (a root or a branched prefix).
+
+        -1 for roots. A bare turn's anchor is its root; a continuation's anchor is the prefix it was
+        branched from.
+        """
+        anchor = np.full(len(self), -1, dtype=np.int64)
+        for level in list(self.iter_levels())[1:]:
+            p = self.parent[level]
+            anchor[level] = np.where(self.starts_rollout[level], p, anchor[p])
+        return anchor
+
+    @cached_property
+    def factual_leaf(self) -> np.ndarray:
+        """For every non-root node, the leaf reached by following first children (its own rollout's end).
+
+        -1 for roots, which have one primary child per bare rollout.
+        """
+        out = np.where(self.is_leaf, np.arange(len(self)), -1)
+        for level in list(self.iter_levels(bottom_up=True))[:-1]:
+            internal = level[~self.is_leaf[level]]
+            out[internal] = out[self.first_child[internal]]
+        out[self.parent == -1] = -1
+        return out
+
+    def prefix_anchors(self) -> np.ndarray:
+        """Non-terminal, non-root nodes of bare rollouts: where stage-2 continuations may branch from."""
+        return np.flatnonzero((self.origin == Origin.BARE) & ~self.is_leaf)
+
+
+def _check_parent_links(parent: np.ndarray) -> None:
+    """Parent ids in range and before their children; name a cycle when there is one."""
+    n = len(parent)
+    bad = (parent < -1) | (parent >= n)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"node {i} has parent {int(parent[i])}, outside [-1, {n - 1}]")
+    offenders = np.flatnonzero(parent >= np.arange(n))
+    reaches_root: set[int] = set()  # every cycle contains an offender, so walking from each finds it
+    for start in offenders.tolist():
+        path, on_path, node = [], set(), start
+        while node != -1 and node not in reaches_root and node not in on_path:
+            path.append(node)
+            on_path.add(node)
+            node = int(parent[node])
+        if node in on_path:
+            raise ValueError(f"the parent links form a cycle through nodes {path[path.index(node):]}")
+        reaches_root.update(path)
+    if offenders.size:
+        i = int(offenders[0])
+        raise ValueError(
+            f"node {i} comes before its parent {int(parent[i])}; nodes must be in topological order "
+            "(every parent before its children)"
+        )
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Depth of every node from topologically ordered parent links (a Python-free fixed point)."""
+    n = len(parent)
+    depth = np.zeros(n, dtype=np.int64)
+    nonroot = np.flatnonzero(parent != -1)
+    if nonroot.size == 0:
+        return depth
+    # Pointer jumping: after j rounds `hop` points 2^j ancestors up and `dist` counts the hops taken.
+    hop = parent.copy()
+    dist = (parent != -1).astype(np.int64)
+    while True:
+        alive = hop != -1
+        if not alive.any():
+            break
+        nxt = hop[alive]
+        dist[alive] += dist[nxt]
+        hop[alive] = hop[nxt]
+    return dist
+
+
+def _roots(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """Root of every node, by pointer jumping."""
+    root = np.where(parent == -1, np.arange(len(parent)), parent)
+    while True:
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            return root
+        root = nxt
+
+
+def _default_origin(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """ROOT / BARE / CONTINUATION by the first-child convention of the module docstring."""
+    n = len(parent)
+    origin = np.full(n, int(Origin.CONTINUATION), dtype=np.int8)
+    origin[parent == -1] = Origin.ROOT
+    nonroot = np.flatnonzero(parent != -1)
+    first = np.full(n, -1, dtype=np.int64)
+    # The minimum child id of each parent is its first child; reversed assignment keeps the minimum.
+    first[parent[nonroot[::-1]]] = nonroot[::-1]
+    order = np.argsort(depth, kind="stable")
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        level = order[depth[order] == d]
+        p = parent[level]
+        bare = (origin[p] == Origin.ROOT) | ((origin[p] == Origin.BARE) & (first[p] == level))
+        origin[level[bare]] = Origin.BARE
+    return origin
+
+
+class ForestBuilder:
+    """Grow a forest one node at a time, then freeze it with :meth:`build`.
+
+    The rollout engine uses it to record turns as they are generated: roots first, then turns, then the
+    reward of each finished rollout.
+
+    Examples
+    --------
+    >>> b = ForestBuilder()
+    >>> root = b.add_root(prompt=7)
+    >>> t1 = b.add_turn(root, cost=12)
+    >>> t2 = b.add_turn(t1, cost=30)
+    >>> b.finish(t2, 1.0)
+    >>> branch = b.add_turn(t1, origin=Origin.CONTINUATION, cost=25)
+    >>> b.finish(branch, 0.0)
+    >>> f = b.build()
+    >>> f.prompt.tolist(), f.leaf_count[root].item()
+    ([7, 7, 7, 7], 2)
+    """
+
+    def __init__(self, *, binary_rewards: bool = True):
+        self.binary_rewards = binary_rewards
+        self._parent: list[int] = []
+        self._prompt: list[int] = []
+        self._origin: list[int] = []
+        self._cost: list[float] = []
+        self._reward: dict[int, float] = {}
+        self._has_children: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def add_root(self, prompt: int, *, cost: float = 0.0) -> int:
+        prompt = _checks.count("prompt", prompt)
+        self._parent.append(-1)
+        self._prompt.append(prompt)
+        self._origin.append(int(Origin.ROOT))
+        self._cost.append(float(cost))
+        return len(self._parent) - 1
+
+    def add_turn(self, parent: int, *, origin: Origin | None = None, cost: float = 1.0) -> int:
+        """Add one turn below ``parent``. By default a root's or bare node's first child is BARE."""
+        parent = _checks.count("parent", parent)
+        if parent >= len(self._parent):
+            raise ValueError(f"`parent` must be an existing node id in [0, {len(self._parent) - 1}], got {parent}")
+        if parent in self._reward:
+            raise ValueError(f"node {parent} is a finished leaf (it has a reward) and cannot get children")
+        if origin is None:
+            po = self._origin[parent]
+            first = parent not in self._has_children
+            origin = Origin.BARE if po == Origin.ROOT or (po == Origin.BARE and first) else Origin.CONTINUATION
+        self._has_children.add(parent)
+        self._parent.append(parent)
+        self._prompt.append(self._prompt[parent])
+        self._origin.append(int(origin))
+        self._cost.append(float(cost))
+        return len(self._parent) - 1
+
+    def finish(self, node: int, reward: float) -> None:
+        """Record the terminal reward of a leaf."""
+        node = _checks.count("node", node)
+        if node >= len(self._parent) or self._parent[node] == -1:
+            raise ValueError(f"`node` must be an existing non-root node, got {node}")
+        if node in self._has_children:
+            raise ValueError(f"node {node} has children; only leaves carry rewards")
+        if node in self._reward:
+            raise ValueError(f"node {node} already has reward {self._reward[node]!r}")
+        self._reward[node] = float(reward)
+
+    def build(self) -> RolloutForest:
+        n = len(self._parent)
+        reward = np.full(n, np.nan)
+        if self._reward:
+            idx = np.fromiter(self._reward.keys(), dtype=np.int64)
+            reward[idx] = np.fromiter(self._reward.values(), dtype=float)
+        parent = np.asarray(self._parent, dtype=np.int64)
+        roots = parent == -1
+        return RolloutForest.from_parents(
+            parent,
+            reward,
+            prompt=np.asarray(self._prompt, dtype=np.int64)[roots],
+            origin=np.asarray(self._origin, dtype=np.int8),
+            cost=np.asarray(self._cost),
+            binary_rewards=self.binary_rewards,
+        )
