@@ -63,9 +63,11 @@ def _mixed_table(v: np.ndarray, L: int, K: int) -> np.ndarray:
     table[:, 0] = mixed_probability(v, L)
     if K:
         w = 1.0 - v
-        pv = np.cumprod(np.broadcast_to(v[:, None], (n, K)), axis=1) * (v ** (L - 1))[:, None]
-        pw = np.cumprod(np.broadcast_to(w[:, None], (n, K)), axis=1) * (w ** (L - 1))[:, None]
-        gains = pv * w[:, None] + pw * v[:, None]  # gain from m = L + j to L + j + 1, j = 0..K-1
+        gains = np.cumprod(np.broadcast_to(v[:, None], (n, K)), axis=1)  # v^(j+1)
+        gains *= (v ** (L - 1) * w)[:, None]  # v^m (1 - v), m = L + j
+        other = np.cumprod(np.broadcast_to(w[:, None], (n, K)), axis=1)
+        other *= (w ** (L - 1) * v)[:, None]  # (1 - v)^m v
+        gains += other
         np.cumsum(gains, axis=1, out=table[:, 1:])
         table[:, 1:] += table[:, :1]
     return table
@@ -218,7 +220,7 @@ def _solve_threshold_problem(table, n: int, B: int, L: int, U: int) -> np.ndarra
     ``table(K)`` returns F_i(L + j) for j = 0..K. We start with a short table (a few times the mean
     group) and double it in the rare case that the answer could lie beyond its end.
     """
-    K = min(U - L, max(16, 4 * -(-B // n)))
+    K = min(U - L, 2 * -(-B // n) + 8)
     while True:
         solution = _solve_with_table(table(K), B, L, U)
         if solution is not None:
@@ -267,12 +269,16 @@ def _relaxed_threshold(F, gains, L: int, B: int, complete: bool) -> float | None
             return None  # the chord F(m) / m may still rise beyond the table
         block = W - 1 - np.argmax((F / (L + np.arange(W)))[:, ::-1], axis=1)
     rho = F[np.arange(n), block] / (L + block)
-    tails = np.where(np.arange(W - 1)[None, :] >= block[:, None], gains, -np.inf)
-    values = np.concatenate([np.repeat(rho, L + block), tails.ravel()])
-    n_units = values.size - int(np.isneginf(tails).sum())
+    # Unit values: each block repeated, then the tail gains (gains inside a block are not units).
+    values = np.concatenate([np.repeat(rho, L + block), gains.ravel()])
+    tails = values[rho.size and int((L + block).sum()):].reshape(gains.shape)
+    inside = np.arange(min(W - 1, int(block.max(initial=0))))
+    tails[:, inside] = np.where(inside[None, :] < block[:, None], -np.inf, tails[:, inside])
+    n_units = values.size - int((block.clip(max=W - 1)).sum())
     if n_units < B:
         return None
-    lam = float(np.partition(values, values.size - B)[values.size - B])
+    values.partition(values.size - B)
+    lam = float(values[values.size - B])
     if not complete and W > 1 and (gains[:, -1] > lam).any():
         return None  # untabulated units could outrank lambda*
     return lam
@@ -496,56 +502,73 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
     return _water_fill(q, prompt, budget, cap)
 
 
-_FLOOR = -800.0  # log of a level below every positive double
-_BISECTIONS = 64
-
-
-def _units_above(log_lam: np.ndarray, lq: np.ndarray, l1q: np.ndarray, cap: float) -> np.ndarray:
-    """#{k >= 0 : q^k (1 - q) > lambda}, capped, for each anchor (log-space closed form)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # q^k (1 - q) > lambda  <=>  k log q > log lambda - log(1 - q)  <=>  k < (log lambda - l1q) / lq
-        bound = (log_lam - l1q) / lq
-        n = np.ceil(bound)
-    n = np.where(l1q > log_lam, n, 0.0)  # the first gain, 1 - q, is already too small (or q = 1)
-    n = np.where(np.isneginf(lq), np.where(l1q > log_lam, 1.0, 0.0), n)  # q = 0: one unit worth 1
-    # At log_lam = -inf (count units of any gain >= 0) every anchor offers units up to its cap.
-    n = np.where(np.isneginf(log_lam), np.inf, np.where(np.isnan(n), 0.0, n))
-    return np.clip(n, 0.0, cap)
+_FLOOR = -800.0  # a log-gain below every positive double: units under it count as worthless
+_BISECTIONS = 40  # brackets the water level to ~1e-9 in log space; the bracket is then sorted exactly
 
 
 def _water_fill(q: np.ndarray, group: np.ndarray, budget: np.ndarray, cap: int | None) -> PrefixAllocation:
-    """Per group, take the ``budget`` largest gains q^k (1 - q) (k = 0, 1, ...; at most ``cap`` each)."""
-    n_groups = len(budget)
+    """Per group, take the ``budget`` largest gains q^k (1 - q), k = 0, 1, ... (at most ``cap`` per anchor).
+
+    Gains are compared on the log scale, log gain = k log q + log(1 - q), so nothing underflows.
+    """
+    n_groups, n = len(budget), len(q)
     capf = np.inf if cap is None else float(cap)
     with np.errstate(divide="ignore"):
         lq, l1q = np.log(q), np.log1p(-q)
     size = np.bincount(group, minlength=n_groups)
-    target = np.where(size > 0, np.minimum(budget, size * capf), 0.0)
-    # Bisection on t = log(lambda), all groups at once. Invariant: at least `target` units are worth
-    # more than e^lo, fewer than `target` are worth more than e^hi. e^-800 is below every positive
-    # double, so a group that cannot fill its target at lo = -800 needs zero-gain units (handled below).
-    lo = np.full(n_groups, _FLOOR)
-    hi = np.full(n_groups, 1.0)  # every gain is at most 1 < e
+    target = np.minimum(budget, np.where(size > 0, size * min(capf, 1e18), 0)).astype(np.int64)
+    regular = np.flatnonzero((q > 0) & (q < 1))
+    certain = np.flatnonzero(q == 0)  # one unit worth 1 (log 0), then worthless units; q = 1: all worthless
+    g_reg, a_reg, inv_reg = group[regular], l1q[regular], 1.0 / lq[regular]
+    g_cer = group[certain]
+
+    def units_above(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Units with log gain > t[group], per regular and per certain anchor."""
+        reg = np.clip(np.ceil((t[g_reg] - a_reg) * inv_reg), 0.0, capf)
+        cer = np.where(t[g_cer] < 0.0, min(1.0, capf), 0.0)
+        return reg, cer
+
+    def per_group(reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
+        return np.bincount(g_reg, reg, n_groups) + np.bincount(g_cer, cer, n_groups)
+
+    # Invariant: >= target units lie above e^lo, < target above e^hi (no gain exceeds 1 = e^0).
+    lo, hi = np.full(n_groups, _FLOOR), np.zeros(n_groups)
     for _ in range(_BISECTIONS):
         mid = 0.5 * (lo + hi)
-        taken = np.bincount(group, weights=_units_above(mid[group], lq, l1q, capf), minlength=n_groups)
-        enough = taken >= target
+        enough = per_group(*units_above(mid)) >= target
         lo, hi = np.where(enough, mid, lo), np.where(enough, hi, mid)
-    k = _units_above(hi[group], lq, l1q, capf)  # every unit worth more than e^hi is taken
-    # The units between the two levels are ties (equal up to rounding); at the floor, so are all units
-    # of zero gain, up to the cap.
-    tie_level = np.where(lo[group] <= _FLOOR, -np.inf, lo[group])
-    room = _units_above(tie_level, lq, l1q, capf) - k
-    missing = target - np.bincount(group, weights=k, minlength=n_groups)
-    room = np.minimum(room, missing[group])  # no anchor takes more than its group still needs
-    # Hand out the missing units to the ties in anchor order within each group.
-    order = np.argsort(group, kind="stable")
-    g, rs = group[order], room[order]
-    before = np.cumsum(rs) - rs  # exclusive running total over all anchors ...
-    first = np.searchsorted(g, g)  # ... minus the running total where the anchor's group starts
-    before = before - before[first]
-    give = np.clip(missing[g] - before, 0.0, rs)
-    k[order] += give
+
+    k = np.zeros(n)
+    reg_hi, cer_hi = units_above(hi)
+    k[regular], k[certain] = reg_hi, cer_hi
+    missing = target - per_group(reg_hi, cer_hi)
+
+    # Units between the levels: enumerate them with their exact log gains, best first within each group,
+    # ties to lower anchor ids, and take what each group still misses.
+    reg_lo, cer_lo = units_above(lo)
+    extra = np.zeros(n, dtype=np.int64)
+    extra[regular] = (reg_lo - reg_hi).astype(np.int64)
+    extra[certain] = (cer_lo - cer_hi).astype(np.int64)
+    anchor = np.repeat(np.arange(n), extra)
+    kk = k[anchor] + (np.arange(anchor.size) - np.repeat(np.cumsum(extra) - extra, extra))
+    with np.errstate(invalid="ignore"):
+        log_gain = np.where(q[anchor] == 0.0, 0.0, kk * lq[anchor] + l1q[anchor])
+    order = np.lexsort((anchor, -log_gain, group[anchor]))
+    g_sorted = group[anchor[order]]
+    rank = np.arange(order.size) - np.searchsorted(g_sorted, g_sorted)
+    chosen = anchor[order[rank < missing[g_sorted]]]
+    np.add.at(k, chosen, 1.0)
+    missing = missing - np.bincount(group[chosen], minlength=n_groups)
+
+    # Groups that ran out of worthwhile units (lo stuck at the floor) fill up with worthless ones,
+    # in anchor order, up to the cap.
+    if (missing > 0).any():
+        room = np.minimum(capf - k, missing[group].astype(float))
+        order = np.argsort(group, kind="stable")
+        rs = room[order]
+        before = np.cumsum(rs) - rs
+        before -= before[np.searchsorted(group[order], group[order])]
+        k[order] += np.clip(missing[group[order]] - before, 0.0, rs)
     k = np.rint(k).astype(np.int64)
     spent = np.bincount(group, weights=k, minlength=n_groups).astype(np.int64)
     return PrefixAllocation(k=k, unspent=budget - spent)
