@@ -40,7 +40,7 @@ import numpy as np
 
 from . import _checks
 
-__all__ = ["allocate_roots", "allocate_prefixes", "root_utility", "PrefixAllocation", "check_root_budget"]
+__all__ = ["allocate_roots", "allocate_prefixes", "root_utility", "PrefixAllocation", "check_root_budget", "water_fill"]
 
 _TIE = 1e-12  # values closer than this are treated as equal
 
@@ -497,35 +497,43 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
     n_prompts = len(budget)
     if prompt.size and prompt.max() >= n_prompts:
         raise ValueError(f"`prompt` ids must lie in [0, {n_prompts - 1}] (one budget per prompt), got {int(prompt.max())}")
-    cap = None if max_per_anchor is None else _checks.count("max_per_anchor", max_per_anchor)
+    cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))
     q = r * v + (1.0 - r) * (1.0 - v)
-    return _water_fill(q, prompt, budget, cap)
+    return water_fill(q, prompt, budget, room=np.full(len(q), cap))
 
 
 _FLOOR = -800.0  # a log-gain below every positive double: units under it count as worthless
 _BISECTIONS = 40  # brackets the water level to ~1e-9 in log space; the bracket is then sorted exactly
 
 
-def _water_fill(q: np.ndarray, group: np.ndarray, budget: np.ndarray, cap: int | None) -> PrefixAllocation:
-    """Per group, take the ``budget`` largest gains q^k (1 - q), k = 0, 1, ... (at most ``cap`` per anchor).
+def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
+    """Per group, take the ``budget`` largest gains q^k (1 - q), k = start, start + 1, ... (at most ``room``).
 
-    Gains are compared on the log scale, log gain = k log q + log(1 - q), so nothing underflows.
+    The engine of :func:`allocate_prefixes`, exposed so that a second pass can continue from counts
+    already placed (``start``) with the room left under a cap. Gains are compared on the log scale,
+    log gain = k log q + log(1 - q), so nothing underflows; ties go to lower anchor ids.
     """
+    q = np.asarray(q, dtype=float)
+    group = np.asarray(group, dtype=np.int64)
+    budget = np.asarray(budget, dtype=np.int64)
+    room = np.asarray(room, dtype=float)
+    start = np.zeros(len(q)) if start is None else np.asarray(start, dtype=float)
     n_groups, n = len(budget), len(q)
-    capf = np.inf if cap is None else float(cap)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         lq, l1q = np.log(q), np.log1p(-q)
-    size = np.bincount(group, minlength=n_groups)
-    target = np.minimum(budget, np.where(size > 0, size * min(capf, 1e18), 0)).astype(np.int64)
+        l1q = np.where(start > 0, l1q + start * lq, l1q)  # gains continue from q^start (1 - q)
+    l1q = np.nan_to_num(l1q, nan=-np.inf)
+    room_total = np.bincount(group, weights=np.minimum(room, 1e18), minlength=n_groups)
+    target = np.minimum(budget, room_total).astype(np.int64)
     regular = np.flatnonzero((q > 0) & (q < 1))
-    certain = np.flatnonzero(q == 0)  # one unit worth 1 (log 0), then worthless units; q = 1: all worthless
-    g_reg, a_reg, inv_reg = group[regular], l1q[regular], 1.0 / lq[regular]
-    g_cer = group[certain]
+    certain = np.flatnonzero((q == 0) & (start == 0))  # one unit worth 1, then worthless ones
+    g_reg, a_reg, inv_reg, room_reg = group[regular], l1q[regular], 1.0 / lq[regular], room[regular]
+    g_cer, room_cer = group[certain], np.minimum(room[certain], 1.0)
 
     def units_above(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Units with log gain > t[group], per regular and per certain anchor."""
-        reg = np.clip(np.ceil((t[g_reg] - a_reg) * inv_reg), 0.0, capf)
-        cer = np.where(t[g_cer] < 0.0, min(1.0, capf), 0.0)
+        reg = np.clip(np.ceil((t[g_reg] - a_reg) * inv_reg), 0.0, room_reg)
+        cer = np.where(t[g_cer] < 0.0, room_cer, 0.0)
         return reg, cer
 
     def per_group(reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
@@ -552,7 +560,7 @@ def _water_fill(q: np.ndarray, group: np.ndarray, budget: np.ndarray, cap: int |
     anchor = np.repeat(np.arange(n), extra)
     kk = k[anchor] + (np.arange(anchor.size) - np.repeat(np.cumsum(extra) - extra, extra))
     with np.errstate(invalid="ignore"):
-        log_gain = np.where(q[anchor] == 0.0, 0.0, kk * lq[anchor] + l1q[anchor])
+        log_gain = np.where(q[anchor] == 0.0, 0.0, kk * lq[anchor] + l1q[anchor])  # kk counts from start
     order = np.lexsort((anchor, -log_gain, group[anchor]))
     g_sorted = group[anchor[order]]
     rank = np.arange(order.size) - np.searchsorted(g_sorted, g_sorted)
@@ -563,9 +571,9 @@ def _water_fill(q: np.ndarray, group: np.ndarray, budget: np.ndarray, cap: int |
     # Groups that ran out of worthwhile units (lo stuck at the floor) fill up with worthless ones,
     # in anchor order, up to the cap.
     if (missing > 0).any():
-        room = np.minimum(capf - k, missing[group].astype(float))
+        spare = np.minimum(room - k, missing[group].astype(float))
         order = np.argsort(group, kind="stable")
-        rs = room[order]
+        rs = spare[order]
         before = np.cumsum(rs) - rs
         before -= before[np.searchsorted(group[order], group[order])]
         k[order] += np.clip(missing[group[order]] - before, 0.0, rs)

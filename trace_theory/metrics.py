@@ -1,0 +1,152 @@
+"""What a batch of rollout trees is worth: contrast metrics, budget accounting and calibration.
+
+=========================  =====================================================================
+``effective_ratio``        share of prompts whose leaves hold both a success and a failure (the
+                           paper's headline number: 26.8% for GRPO, 60.6% for TRACE, math, 8B)
+``mixed_anchor_ratio``     share of anchors (roots and branched prefixes) whose leaves are mixed
+``contrast_pairs``         (success, failure) leaf pairs within a prompt, total or per lowest
+                           common ancestor
+``budget_by_depth``        rollouts (or cost) by the depth of the anchor they were sampled from
+``brier_score``            mean squared error of predicted success probabilities
+``expected_calibration_error``  binned |mean prediction - mean outcome|, weighted by bin size
+=========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _checks
+from .forest import RolloutForest
+
+__all__ = [
+    "effective_ratio",
+    "mixed_anchor_ratio",
+    "contrast_pairs",
+    "budget_by_depth",
+    "brier_score",
+    "expected_calibration_error",
+]
+
+
+def _check_forest(forest) -> RolloutForest:
+    if not isinstance(forest, RolloutForest):
+        raise ValueError(f"`forest` must be a RolloutForest, got {type(forest).__name__}")
+    return forest
+
+
+def _mixed_nodes(forest: RolloutForest) -> np.ndarray:
+    """True for nodes whose leaves include two different rewards."""
+    r = np.where(forest.is_leaf, forest.reward, 0.0)
+    n = np.maximum(forest.leaf_count.astype(float), 1.0)
+    mean = forest.subtree_sum(r) / n
+    return forest.subtree_sum(r * r) / n - mean * mean > 1e-12  # leaf rewards with positive variance
+
+
+def effective_ratio(forest: RolloutForest) -> float:
+    """Share of prompts whose leaves mix a success and a failure (NaN for an empty forest).
+
+    Examples
+    --------
+    >>> effective_ratio(RolloutForest.from_nested([[1, 1], [0, 1], [[0, 1], 0], [0, 0]]))
+    0.5
+    """
+    forest = _check_forest(forest)
+    if forest.n_prompts == 0:
+        return float("nan")
+    return float(_mixed_nodes(forest)[forest.roots].mean())
+
+
+def mixed_anchor_ratio(forest: RolloutForest) -> float:
+    """Share of anchors whose leaves are mixed; anchors are roots and prefixes that were branched from.
+
+    A branched prefix (a non-root node with more than one child) is where a continuation budget was
+    spent; the ratio says how often that spending produced a contrast.
+
+    >>> mixed_anchor_ratio(RolloutForest.from_nested([[[0, 1], [1, 1]]]))  # root and two prefixes
+    0.6666666666666666
+    """
+    forest = _check_forest(forest)
+    anchors = (forest.parent == -1) | ((forest.parent != -1) & (forest.n_children > 1))
+    if not anchors.any():
+        return float("nan")
+    return float(_mixed_nodes(forest)[anchors].mean())
+
+
+def contrast_pairs(forest: RolloutForest, *, per_node: bool = False):
+    """(success, failure) leaf pairs of the same prompt; with ``per_node``, counted at their lowest
+    common ancestor (pairs at a prefix are contrasts between continuations of that prefix).
+
+    For binary rewards, pairs under y = s_y f_y (successes times failures); at y as the lowest common
+    ancestor, s_y f_y minus the sum over y's children.
+
+    >>> f = RolloutForest.from_nested([[1, [0, 1]]])
+    >>> contrast_pairs(f), contrast_pairs(f, per_node=True).tolist()
+    (2, [1, 0, 1, 0, 0])
+    """
+    forest = _check_forest(forest)
+    if not forest.binary_rewards:
+        raise ValueError("contrast pairs are defined for binary rewards (binary_rewards=True)")
+    s = forest.subtree_sum(np.where(forest.is_leaf, forest.reward, 0.0))
+    f = forest.leaf_count - s
+    under = s * f
+    if not per_node:
+        return int(round(under[forest.roots].sum()))
+    nonroot = forest.parent != -1
+    child_sum = np.bincount(forest.parent[nonroot], weights=under[nonroot], minlength=len(forest))
+    return np.rint(under - child_sum).astype(np.int64)
+
+
+def budget_by_depth(forest: RolloutForest, *, unit: str = "rollouts") -> np.ndarray:
+    """Budget spent per anchor depth: index d holds what was sampled from anchors at depth d.
+
+    ``unit="rollouts"`` counts leaves (a bare rollout is sampled from its root, depth 0; a
+    continuation from the prefix it branched at). ``unit="cost"`` sums node costs (tokens) instead.
+
+    >>> f = RolloutForest.from_nested([[1, [0, 1]]])
+    >>> budget_by_depth(f).tolist(), budget_by_depth(f, unit="cost").tolist()
+    ([2, 1], [3.0, 1.0])
+    """
+    forest = _check_forest(forest)
+    if unit not in ("rollouts", "cost"):
+        raise ValueError(f"`unit` must be 'rollouts' or 'cost', got {unit!r}")
+    nonroot = np.flatnonzero(forest.parent != -1)
+    anchor_depth = forest.depth[forest.rollout_anchor[nonroot]]
+    size = int(forest.depth.max(initial=0))
+    if unit == "rollouts":
+        leaves = nonroot[forest.is_leaf[nonroot]]
+        return np.bincount(forest.depth[forest.rollout_anchor[leaves]], minlength=size).astype(np.int64)
+    return np.bincount(anchor_depth, weights=forest.cost[nonroot], minlength=size)
+
+
+def _predictions_and_outcomes(pred, outcome):
+    pred = _checks.probabilities("pred", _checks.vector("pred", pred))
+    outcome = _checks.probabilities("outcome", _checks.vector("outcome", outcome))
+    _checks.same_length(pred=pred, outcome=outcome)
+    if pred.size == 0:
+        raise ValueError("`pred` and `outcome` must not be empty")
+    return pred, outcome
+
+
+def brier_score(pred, outcome) -> float:
+    """Mean of (pred - outcome)^2; outcomes may be 0/1 rewards or empirical success rates.
+
+    >>> round(brier_score([0.8, 0.2], [1, 0]), 12)
+    0.04
+    """
+    pred, outcome = _predictions_and_outcomes(pred, outcome)
+    return float(np.mean((pred - outcome) ** 2))
+
+
+def expected_calibration_error(pred, outcome, *, n_bins: int = 10) -> float:
+    """Sum over equal-width bins of (bin share) * |mean prediction - mean outcome|.
+
+    >>> expected_calibration_error([0.25, 0.25, 0.75, 0.75], [0, 1, 1, 1], n_bins=2)
+    0.25
+    """
+    pred, outcome = _predictions_and_outcomes(pred, outcome)
+    if _checks.count("n_bins", n_bins) < 1:
+        raise ValueError(f"`n_bins` must be at least 1, got {n_bins}")
+    bins = np.minimum((pred * n_bins).astype(np.int64), n_bins - 1)
+    gap = np.abs(np.bincount(bins, weights=pred - outcome, minlength=n_bins))
+    return float(gap.sum() / pred.size)

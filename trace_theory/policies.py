@@ -1,0 +1,273 @@
+"""Allocation policies: TRACE and the baselines it is compared with, registered by name.
+
+Every policy answers the same three questions with the same signatures, so the simulator and the
+trainer run any of them from a config string:
+
+* ``split(budget)``: how a :class:`RolloutBudget` of M (1 + N) leaves is divided between root rollouts
+  and continuations. Flat policies spend everything on roots; tree policies keep M roots and N
+  continuations per root rollout (PAPER.md, "Budget shape").
+* ``allocate_roots(v, budget, *, rng, concentration=None)``: group size per candidate prompt.
+* ``allocate_prefixes(v, r, prompt, budget, *, rng)``: continuations per anchor (a non-terminal prefix
+  of a bare rollout), per prompt budgets; budget that a prompt cannot use goes to the other prompts'
+  anchors, and what is left after that is returned as ``unspent`` for the caller to spend on roots
+  (see :func:`top_up_roots`).
+
+============================  ===============  ===============  =====================================
+name                          roots            prefixes         what it stands for
+============================  ===============  ===============  =====================================
+``grpo``                      uniform          none             GRPO: G rollouts per prompt
+``dapo``                      uniform, rounds  none             DAPO dynamic sampling (see below)
+``pcl``                       v nearest 0.5    none             PCL-style prompt filtering
+``root_only``                 active           none             TRACE stage 1 alone
+``random_prefix``             uniform          random           TreePO / Tree-GRPO-style expansion
+``uniform_tree``              uniform          uniform          ablation: uniform root + prefix
+``active_root_uniform_prefix`` active          uniform          ablation
+``prefix_only``               uniform          active           TRACE stage 2 alone
+``trace``                     active           active           TRACE
+``trace_beta``                active (Beta)    active           TRACE with the posterior utility
+============================  ===============  ===============  =====================================
+
+"uniform" roots take the prompts in pool order (the sampler's random order), G = ``group_size`` each;
+"active" roots are :func:`allocate_roots`, "active" prefixes :func:`allocate_prefixes`.
+
+DAPO oversamples and filters, which needs rounds of generation; the ``dapo`` entry marks the policy as
+``dynamic_sampling`` and the runner loops with the helpers in :mod:`trace_theory.dynamic_sampling`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _checks
+from ._registry import Registry
+from .allocate import PrefixAllocation, allocate_roots, check_root_budget, water_fill
+
+__all__ = ["RolloutBudget", "AllocationPolicy", "POLICIES", "get_policy", "top_up_roots"]
+
+ROOT_RULES = ("uniform", "pcl", "active")
+PREFIX_RULES = (None, "uniform", "random", "active")
+
+
+@dataclass(frozen=True)
+class RolloutBudget:
+    """A rollout budget in the paper's shape: M root rollouts and N continuations per root rollout.
+
+    The total, M (1 + N) leaves, is what every policy spends; flat policies spend all of it on roots.
+    """
+
+    roots: int
+    """M: bare rollouts sampled from the prompts."""
+    continuations_per_root: int = 0
+    """N: continuations per bare rollout, sampled from its prefixes."""
+
+    def __post_init__(self):
+        _checks.count("roots", self.roots)
+        _checks.count("continuations_per_root", self.continuations_per_root)
+
+    @property
+    def total(self) -> int:
+        return self.roots * (1 + self.continuations_per_root)
+
+
+@dataclass(frozen=True)
+class AllocationPolicy:
+    """One way of spending a rollout budget; see the module table for the registered ones."""
+
+    name: str
+    root_rule: str
+    """"uniform" (pool order), "pcl" (predicted v nearest 0.5) or "active" (TRACE)."""
+    prefix_rule: str | None = None
+    """None (no branching), "uniform", "random" or "active" (TRACE)."""
+    group_size: int = 8
+    """Rollouts per selected prompt for the "uniform" and "pcl" root rules (GRPO's G)."""
+    min_group: int = 2
+    """Smallest non-zero group; 2 is the smallest that can be mixed."""
+    max_group: int | None = None
+    """Largest group per prompt (None: no cap)."""
+    max_per_anchor: int | None = None
+    """Cap on continuations per prefix (None: no cap)."""
+    posterior: bool = False
+    """Use the Beta-posterior utility for roots; then ``concentration`` must be passed."""
+    dynamic_sampling: bool = False
+    """DAPO-style rounds of oversampling and filtering (run by the caller)."""
+
+    def __post_init__(self):
+        if self.root_rule not in ROOT_RULES:
+            raise ValueError(f"`root_rule` must be one of {ROOT_RULES}, got {self.root_rule!r}")
+        if self.prefix_rule not in PREFIX_RULES:
+            raise ValueError(f"`prefix_rule` must be one of {PREFIX_RULES}, got {self.prefix_rule!r}")
+        if _checks.count("group_size", self.group_size) < 1:
+            raise ValueError(f"`group_size` must be at least 1, got {self.group_size}")
+        if _checks.count("min_group", self.min_group) < 1:
+            raise ValueError(f"`min_group` must be at least 1, got {self.min_group}")
+        if self.max_group is not None and _checks.count("max_group", self.max_group) < self.min_group:
+            raise ValueError(f"`max_group` ({self.max_group}) must be at least `min_group` ({self.min_group})")
+        if self.max_per_anchor is not None:
+            _checks.count("max_per_anchor", self.max_per_anchor)
+        if self.dynamic_sampling and (self.prefix_rule is not None or self.root_rule != "uniform"):
+            raise ValueError("dynamic sampling is defined for uniform roots without branching")
+
+    # -----------------------------------------------------------------------------------------------
+
+    @property
+    def branches(self) -> bool:
+        """Whether the policy samples continuations from prefixes (a second stage)."""
+        return self.prefix_rule is not None
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether the allocation is a function of the inputs alone (no random number generator)."""
+        return self.prefix_rule != "random"
+
+    def replace(self, **changes) -> "AllocationPolicy":
+        """A copy with fields changed (validated), e.g. ``get_policy("grpo").replace(group_size=16)``."""
+        return dataclasses.replace(self, **changes)
+
+    def split(self, budget: RolloutBudget) -> tuple[int, int]:
+        """(root rollouts, continuations per root rollout) for this policy at equal total budget."""
+        if self.branches:
+            return budget.roots, budget.continuations_per_root
+        return budget.total, 0
+
+    def allocate_roots(self, v, budget, *, rng=None, concentration=None) -> np.ndarray:
+        """Group size per candidate prompt, summing to ``budget``."""
+        v = _checks.probabilities("v", _checks.vector("v", v))
+        budget = _checks.count("budget", budget)
+        max_group = max(budget, self.min_group) if self.max_group is None else self.max_group
+        if self.root_rule == "active":
+            if self.posterior and concentration is None:
+                raise ValueError(f"policy {self.name!r} uses the Beta-posterior utility: pass `concentration`")
+            return allocate_roots(
+                v, budget, min_group=self.min_group, max_group=self.max_group,
+                concentration=concentration if self.posterior else None,
+            )
+        if self.root_rule == "pcl":
+            order = np.lexsort((np.arange(len(v)), np.abs(v - 0.5)))
+        else:
+            order = np.arange(len(v))
+        counts = _even_groups(len(v), budget, self.group_size, self.min_group, max_group)
+        m = np.zeros(len(v), dtype=np.int64)
+        m[order[: len(counts)]] = counts
+        return m
+
+    def allocate_prefixes(self, v, r, prompt, budget, *, rng=None) -> PrefixAllocation:
+        """Continuations per anchor; per-prompt budgets, leftovers pooled across prompts, then returned."""
+        if not self.branches:
+            raise ValueError(f"policy {self.name!r} does not branch from prefixes")
+        v = _checks.probabilities("v", _checks.vector("v", v))
+        r = _checks.probabilities("r", _checks.vector("r", r))
+        prompt = _checks.counts("prompt", _checks.vector("prompt", prompt, dtype=None))
+        budget = _checks.counts("budget", _checks.vector("budget", budget, dtype=None))
+        _checks.same_length(v=v, r=r, prompt=prompt)
+        if prompt.size and prompt.max() >= len(budget):
+            raise ValueError(f"`prompt` ids must lie in [0, {len(budget) - 1}], got {int(prompt.max())}")
+        if self.prefix_rule == "random" and rng is None:
+            raise ValueError(f"policy {self.name!r} is randomised: pass `rng` (a numpy.random.Generator)")
+        caps = np.full(len(v), np.inf if self.max_per_anchor is None else float(self.max_per_anchor))
+        zero = np.zeros(len(v), dtype=np.int64)
+        first = self._place(v, r, prompt, budget, caps, zero, rng)
+        leftover = int(first.unspent.sum())
+        if leftover == 0 or prompt.size == 0:
+            return first
+        # Pool what some prompts could not use and place it on all anchors, continuing from `first`.
+        second = self._place(v, r, np.zeros_like(prompt), np.array([leftover]), caps - first.k, first.k, rng)
+        still = int(second.unspent[0])
+        # Report what is still unspent against the prompts that gave it up, in prompt order.
+        unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
+        return PrefixAllocation(k=first.k + second.k, unspent=unspent.astype(np.int64))
+
+    def _place(self, v, r, prompt, budget, room, start, rng) -> PrefixAllocation:
+        """One pass of this policy's prefix rule, with per-anchor ``room`` and counts already at ``start``."""
+        if self.prefix_rule == "active":
+            q = r * v + (1.0 - r) * (1.0 - v)
+            return water_fill(q, prompt, budget, room=room, start=start)
+        return _spread(prompt, budget, room, rng if self.prefix_rule == "random" else None)
+
+
+def _even_groups(n: int, budget: int, group_size: int, min_group: int, max_group: int) -> np.ndarray:
+    """Group sizes for the first s prompts: as even as possible, about ``group_size`` each."""
+    if budget == 0:
+        return np.zeros(0, dtype=np.int64)
+    check_root_budget(n, budget, min_group, max_group)
+    s = min(n, max(1, budget // group_size))
+    s = min(s, budget // min_group)  # every chosen prompt needs at least min_group
+    s = max(s, -(-budget // max_group))  # and none may exceed max_group
+    base, extra = divmod(budget, s)
+    return np.where(np.arange(s) < extra, base + 1, base).astype(np.int64)
+
+
+def _spread(prompt, budget, room, rng) -> PrefixAllocation:
+    """Spread each prompt's budget over its anchors: round-robin in anchor order, or in random order.
+
+    Passes repeat: in each, every anchor with room takes one unit while its prompt still needs some, so
+    counts within a prompt differ by at most one (unless capped).
+    """
+    n_groups, n = len(budget), len(prompt)
+    room = np.minimum(np.asarray(room, dtype=float), float(budget.max(initial=0)))
+    target = np.minimum(budget, np.bincount(prompt, weights=room, minlength=n_groups)).astype(np.int64)
+    k = np.zeros(n, dtype=np.int64)
+    remaining = target.copy()
+    order = np.argsort(prompt, kind="stable")
+    while remaining.any():
+        open_ = order[(k[order] < room[order]) & (remaining[prompt[order]] > 0)]
+        if rng is not None:
+            open_ = open_[rng.permutation(open_.size)]
+            open_ = open_[np.argsort(prompt[open_], kind="stable")]
+        g = prompt[open_]
+        rank = np.arange(open_.size) - np.searchsorted(g, g)
+        give = open_[rank < remaining[g]]
+        k[give] += 1
+        remaining -= np.bincount(prompt[give], minlength=n_groups)
+    return PrefixAllocation(k=k, unspent=budget - target)
+
+
+def top_up_roots(m, extra) -> np.ndarray:
+    """Add ``extra`` rollouts to the active groups of ``m`` (m > 0), round-robin in prompt order.
+
+    The caller spends prefix budget that no anchor could take (single-turn rollouts) this way, so that
+    equal-budget comparisons stay equal. Adding to an existing group never breaks ``min_group``.
+
+    Examples
+    --------
+    >>> top_up_roots([0, 3, 2], 3).tolist()
+    [0, 5, 3]
+    """
+    m = _checks.counts("m", _checks.vector("m", m, dtype=None))
+    extra = _checks.count("extra", extra)
+    active = np.flatnonzero(m > 0)
+    if extra and active.size == 0:
+        raise ValueError("`m` has no active group to add rollouts to")
+    out = m.copy()
+    if extra:
+        base, rest = divmod(extra, active.size)
+        out[active] += base
+        out[active[:rest]] += 1
+    return out
+
+
+POLICIES: Registry[AllocationPolicy] = Registry("allocation policy")
+
+
+def _register(policy: AllocationPolicy) -> None:
+    POLICIES.add(policy.name, policy)
+
+
+_register(AllocationPolicy("grpo", "uniform"))
+_register(AllocationPolicy("dapo", "uniform", dynamic_sampling=True))
+_register(AllocationPolicy("pcl", "pcl"))
+_register(AllocationPolicy("root_only", "active"))
+_register(AllocationPolicy("random_prefix", "uniform", "random"))
+_register(AllocationPolicy("uniform_tree", "uniform", "uniform"))
+_register(AllocationPolicy("active_root_uniform_prefix", "active", "uniform"))
+_register(AllocationPolicy("prefix_only", "uniform", "active"))
+_register(AllocationPolicy("trace", "active", "active"))
+_register(AllocationPolicy("trace_beta", "active", "active", posterior=True))
+
+
+def get_policy(name: str, **changes) -> AllocationPolicy:
+    """The registered policy ``name``, with optional field changes (``group_size=16``, ...)."""
+    policy = POLICIES[name]
+    return policy.replace(**changes) if changes else policy
