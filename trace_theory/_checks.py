@@ -53,7 +53,11 @@ def count(name: str, x) -> int:
     """A single non-negative integer."""
     if isinstance(x, (bool, np.bool_)) or np.ndim(x) != 0:
         raise ValueError(f"`{name}` must be a non-negative integer, got {x!r}")
-    return int(counts(name, x))
+    try:
+        return int(counts(name, x))
+    except (ValueError, TypeError):
+        shown = x.item() if isinstance(x, np.generic) else x
+        raise ValueError(f"`{name}` must be a non-negative integer, got {shown!r}") from None
 
 
 def vector(name: str, x, dtype=float) -> np.ndarray:

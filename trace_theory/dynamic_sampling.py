@@ -40,7 +40,7 @@ def group_outcomes(prompt, reward):
     _checks.same_length(prompt=prompt, reward=reward)
     bad = ~((reward == 0) | (reward == 1))
     if bad.any():
-        raise ValueError(f"`reward` must be 0 or 1, got {reward[bad][0]!r}")
+        raise ValueError(f"`reward` must be 0 or 1, got {float(reward[bad][0])!r}")
     ids, inverse = np.unique(prompt, return_inverse=True)
     n = np.bincount(inverse, minlength=len(ids))
     s = np.bincount(inverse, weights=reward, minlength=len(ids)).astype(np.int64)

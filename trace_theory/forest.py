@@ -109,7 +109,7 @@ class RolloutForest:
             as_float = arr.astype(float)
             bad = ~(np.isfinite(as_float) & (as_float == np.round(as_float)))
             if bad.any():
-                raise ValueError(f"`{name}` must hold integers, got {as_float[bad][0]!r}")
+                raise ValueError(f"`{name}` must hold integers, got {float(as_float[bad][0])!r}")
         return arr.astype(np.int64)
 
     # -----------------------------------------------------------------------------------------------
