@@ -188,11 +188,14 @@ class AllocationPolicy:
 
 
 def _even_groups(n: int, budget: int, group_size: int, min_group: int, max_group: int) -> np.ndarray:
-    """Group sizes for the first s prompts: as even as possible, about ``group_size`` each."""
+    """Group sizes for the first s prompts: as even as possible, the group nearest ``group_size``.
+
+    s = round(budget / group_size), then moved just enough to respect ``min_group`` and ``max_group``.
+    """
     if budget == 0:
         return np.zeros(0, dtype=np.int64)
     check_root_budget(n, budget, min_group, max_group)
-    s = min(n, max(1, budget // group_size))
+    s = min(n, max(1, (2 * budget + group_size) // (2 * group_size)))  # round(budget / G), half up
     s = min(s, budget // min_group)  # every chosen prompt needs at least min_group
     s = max(s, -(-budget // max_group))  # and none may exceed max_group
     base, extra = divmod(budget, s)

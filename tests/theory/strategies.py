@@ -61,3 +61,16 @@ def forests(draw, max_prompts=4, max_nodes=24, binary=True):
     cost = draw(st.lists(st.integers(0, 9), min_size=len(parent), max_size=len(parent)))
     cost = np.where(parent_arr == -1, 0.0, np.array(cost, dtype=float))
     return RolloutForest.from_parents(parent_arr, reward, origin=np.array(origin), cost=cost, binary_rewards=binary)
+
+
+@st.composite
+def tie_free_probabilities(draw, min_size=2, max_size=8):
+    """Probabilities whose contrasts v (1 - v) are distinct and positive, so no allocation ties.
+
+    Draws distinct distances u from 1/2's far side (u in (0, 1/2)) and reflects each to u or 1 - u.
+    """
+    n = draw(st.integers(min_size, max_size))
+    u = draw(st.lists(st.integers(1, 4900), min_size=n, max_size=n, unique=True))
+    flip = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    u = np.array(u) / 10_000.0
+    return np.where(flip, 1.0 - u, u)

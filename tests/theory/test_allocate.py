@@ -1,0 +1,233 @@
+"""Root and prefix allocation: exact optimality against exhaustive search, constraints and errors."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+
+from trace_theory import (
+    allocate_prefixes,
+    allocate_roots,
+    beta_mixed_probability,
+    flip_probability,
+    mixed_probability,
+    root_utility,
+)
+
+from .strategies import probability_arrays, tie_free_probabilities
+
+
+def best_root_value(v, budget, lo, hi, kappa=None):
+    """Exhaustive dynamic programme over prompts: the best total utility, or None if infeasible."""
+
+    def utility(i, m):
+        if kappa is None:
+            return float(mixed_probability(v[i], m))
+        return float(beta_mixed_probability(v[i] * kappa[i], (1 - v[i]) * kappa[i], m)) if 0 < v[i] < 1 else 0.0
+
+    best = {0: 0.0}
+    for i in range(len(v)):
+        nxt = {}
+        for spent, value in best.items():
+            for m in [0, *range(lo, hi + 1)]:
+                if spent + m > budget:
+                    break
+                total = value + utility(i, m)
+                if total > nxt.get(spent + m, -1.0):
+                    nxt[spent + m] = total
+        best = nxt
+    return best.get(budget)
+
+
+root_cases = st.tuples(
+    probability_arrays(min_size=1, max_size=6),
+    st.integers(0, 24),
+    st.integers(1, 3),
+    st.one_of(st.none(), st.integers(1, 6)),
+)
+
+
+@given(root_cases)
+@example((np.array([0.5, 0.5, 0.5]), 5, 2, None))
+@example((np.array([0.0, 1.0, 0.0]), 6, 2, 2))  # all budget forced onto useless prompts
+@example((np.array([0.9, 0.1, 0.5, 0.99]), 7, 2, 3))
+@example((np.array([1e-9, 0.3]), 11, 3, None))
+def test_roots_equal_exhaustive_search(case):
+    v, budget, lo, cap = case
+    hi = max(budget, lo) if cap is None else max(cap, lo)
+    best = best_root_value(v, budget, lo, hi)
+    if best is None:
+        with pytest.raises(ValueError, match=r"cannot be split over"):
+            allocate_roots(v, budget, min_group=lo, max_group=hi)
+        return
+    m = allocate_roots(v, budget, min_group=lo, max_group=hi)
+    assert m.dtype == np.int64 and m.sum() == budget
+    assert np.all((m == 0) | ((m >= lo) & (m <= hi)))
+    assert root_utility(v, m) == pytest.approx(best, abs=1e-9)
+
+
+@given(probability_arrays(min_size=1, max_size=5), st.integers(0, 16), st.lists(st.floats(0.3, 30), min_size=5, max_size=5))
+def test_beta_posterior_roots_equal_exhaustive_search(v, budget, kappa):
+    kappa = np.array(kappa[: len(v)])
+    best = best_root_value(v, budget, 2, max(budget, 2), kappa)
+    assume(best is not None)
+    m = allocate_roots(v, budget, concentration=kappa)
+    assert m.sum() == budget
+    assert root_utility(v, m, concentration=kappa) == pytest.approx(best, abs=1e-9)
+
+
+@given(tie_free_probabilities(max_size=6), st.integers(2, 30), st.randoms(use_true_random=False))
+def test_roots_are_permutation_equivariant_without_ties(v, budget, random):
+    perm = np.arange(len(v))
+    random.shuffle(perm)
+    m = allocate_roots(v, budget)
+    assert allocate_roots(v[perm], budget).tolist() == m[perm].tolist()
+
+
+@given(root_cases)
+def test_roots_are_deterministic_and_leave_inputs_alone(case):
+    v, budget, lo, cap = case
+    before = v.copy()
+    try:
+        first = allocate_roots(v, budget, min_group=lo, max_group=cap if cap is None else max(cap, lo))
+    except ValueError:
+        return
+    assert allocate_roots(v, budget, min_group=lo, max_group=cap if cap is None else max(cap, lo)).tolist() == first.tolist()
+    assert np.array_equal(v, before)
+
+
+def test_roots_zero_budget_and_filtering():
+    assert allocate_roots([0.3, 0.6], 0).tolist() == [0, 0]
+    assert allocate_roots([], 0).tolist() == []
+    # Certain outcomes are filtered out while anything else can use the budget.
+    m = allocate_roots([0.0, 1.0, 0.4, 0.6, 1.0], 16)
+    assert m[[0, 1, 4]].tolist() == [0, 0, 0] and m.sum() == 16
+
+
+def test_roots_large_instance_against_a_heap_greedy_bound():
+    """On a realistic pool the exact answer is at least as good as the greedy that pairs first units."""
+    import heapq
+
+    rng = np.random.default_rng(0)
+    v = rng.beta(0.5, 0.5, 400)
+    budget = 3200
+    m = allocate_roots(v, budget, max_group=32)
+    # Greedy baseline: activate prompts by their value for two rollouts, then add single rollouts.
+    counts = np.zeros_like(m)
+    heap = [(-float(mixed_probability(x, 2)), i, 2) for i, x in enumerate(v)]
+    heapq.heapify(heap)
+    left = budget
+    while left:
+        gain, i, step = heapq.heappop(heap)
+        if step > left:
+            continue
+        counts[i] += step
+        left -= step
+        if counts[i] < 32:
+            heapq.heappush(heap, (-float(mixed_probability(v[i], counts[i] + 1) - mixed_probability(v[i], counts[i])), i, 1))
+    assert counts.sum() == budget
+    assert root_utility(v, m) >= root_utility(v, counts) - 1e-9
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(v=[0.5, 0.5], budget=1), r"`budget` 1 cannot be split over 2 prompts into groups of size 0 or 2..2"),
+        (dict(v=[0.5], budget=9, max_group=8), r"`budget` 9 cannot be split over 1 prompts into groups of size 0 or 2..8"),
+        (dict(v=[0.5, 0.5], budget=3, min_group=2, max_group=2), r"cannot be split over 2 prompts"),
+        (dict(v=[], budget=2), r"cannot be split over 0 prompts"),
+        (dict(v=[0.5], budget=-1), r"`budget` must be a non-negative integer, got -1"),
+        (dict(v=[0.5], budget=2.5), r"`budget` must be a non-negative integer, got 2.5"),
+        (dict(v=[0.5], budget=2, min_group=0), r"`min_group` must be at least 1, got 0"),
+        (dict(v=[0.5], budget=2, max_group=1), r"`max_group` \(1\) must be at least `min_group` \(2\)"),
+        (dict(v=[1.2], budget=2), r"`v` must lie in \[0, 1\], got 1.2"),
+        (dict(v=[[0.5]], budget=2), r"`v` must be one-dimensional, got shape \(1, 1\)"),
+        (dict(v=[0.5], budget=2, concentration=0.0), r"`concentration` must be finite and positive, got 0.0"),
+    ],
+)
+def test_root_errors(kwargs, message):
+    v = kwargs.pop("v")
+    budget = kwargs.pop("budget")
+    with pytest.raises(ValueError, match=message):
+        allocate_roots(v, budget, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prefixes
+# ---------------------------------------------------------------------------------------------------
+
+
+def best_prefix_value(v, r, prompt, budget, cap):
+    """Exhaustive search per prompt; returns (best total flip, unspent per prompt)."""
+    total, unspent = 0.0, []
+    for g, b in enumerate(budget):
+        idx = np.flatnonzero(prompt == g)
+        usable = b if cap is None else min(b, cap * len(idx))
+        if len(idx) == 0:
+            usable = 0
+        unspent.append(int(b - usable))
+        if not len(idx):
+            continue
+        top = usable if cap is None else min(cap, usable)
+        best = max(
+            float(flip_probability(v[idx], r[idx], np.array(ks)).sum())
+            for ks in itertools.product(range(top + 1), repeat=len(idx))
+            if sum(ks) == usable
+        )
+        total += best
+    return total, unspent
+
+
+prefix_cases = st.integers(0, 5).flatmap(
+    lambda n: st.tuples(
+        probability_arrays(min_size=n, max_size=n),
+        st.lists(st.sampled_from([0.0, 1.0]), min_size=n, max_size=n).map(np.array),
+        st.lists(st.integers(0, 2), min_size=n, max_size=n).map(lambda x: np.array(x, dtype=np.int64)),
+        st.lists(st.integers(0, 6), min_size=3, max_size=3).map(np.array),
+        st.one_of(st.none(), st.integers(0, 3)),
+    )
+)
+
+
+@given(prefix_cases)
+@example((np.array([0.9, 0.9, 0.5]), np.array([0.0, 1.0, 1.0]), np.array([0, 0, 0]), np.array([3, 0, 0]), None))
+@example((np.array([1.0, 0.0]), np.array([1.0, 1.0]), np.array([1, 1]), np.array([0, 5, 2]), None))
+@example((np.array([0.5, 0.5]), np.array([0.0, 1.0]), np.array([0, 0]), np.array([6, 0, 0]), 2))
+def test_prefixes_equal_exhaustive_search(case):
+    v, r, prompt, budget, cap = case
+    out = allocate_prefixes(v, r, prompt, budget, max_per_anchor=cap)
+    best, unspent = best_prefix_value(v, r, prompt, budget, cap)
+    assert out.k.dtype == np.int64 and np.all(out.k >= 0)
+    assert cap is None or np.all(out.k <= cap)
+    assert out.unspent.tolist() == unspent
+    assert np.bincount(prompt, weights=out.k, minlength=len(budget)).tolist() == (budget - out.unspent).tolist()
+    assert float(flip_probability(v, r, out.k).sum()) == pytest.approx(best, abs=1e-9)
+
+
+def test_prefix_budget_of_a_prompt_without_anchors_is_returned():
+    out = allocate_prefixes([0.5, 0.5], [1, 0], [0, 0], [4, 7])
+    assert out.k.sum() == 4 and out.unspent.tolist() == [0, 7]
+
+
+def test_prefixes_prefer_surprising_outcomes():
+    # Same prediction, different factual outcomes: branch where the outcome was the unlikely one.
+    out = allocate_prefixes([0.8, 0.8], [0, 1], [0, 0], [1])
+    assert out.k.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (([0.5], [1], [0], [-2]), {}, r"`budget` must be non-negative integers, got -2"),
+        (([0.5], [1], [3], [2]), {}, r"`prompt` ids must lie in \[0, 0\] \(one budget per prompt\), got 3"),
+        (([0.5, 0.2], [1], [0, 0], [2]), {}, r"arrays must have the same length: `v` has 2, `r` has 1, `prompt` has 2"),
+        (([0.5], [1.5], [0], [2]), {}, r"`r` must lie in \[0, 1\], got 1.5"),
+        (([0.5], [1], [0.5], [2]), {}, r"`prompt` must be non-negative integers, got 0.5"),
+        (([0.5], [1], [0], [2]), {"max_per_anchor": -1}, r"`max_per_anchor` must be a non-negative integer, got -1"),
+    ],
+)
+def test_prefix_errors(args, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        allocate_prefixes(*args, **kwargs)
