@@ -71,17 +71,26 @@ def _prompt_moments(forest: RolloutForest) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def _subtree_std(forest: RolloutForest, value: np.ndarray) -> np.ndarray:
-    """Sample std (ddof = 1) of the leaf rewards under every node (0 under a single leaf)."""
-    r = np.where(forest.is_leaf, forest.reward, 0.0)
-    n = forest.leaf_count.astype(float)
-    second = forest.subtree_sum(r * r) / np.maximum(n, 1.0)
-    var = np.maximum(second - value * value, 0.0) * n / np.maximum(n - 1.0, 1.0)
-    return np.sqrt(var)
+    """Sample std (ddof = 1) of the leaf rewards under every node (0 under a single leaf).
+
+    Sums of squared deviations are merged bottom-up (Chan et al.'s pairwise update),
+    M2(x) = sum over children c of [M2(c) + n_c (V(c) - V(x))^2], which stays accurate when the
+    spread is tiny next to the rewards themselves (E[r^2] - E[r]^2 would cancel).
+    """
+    n_y = forest.leaf_count.astype(float)
+    m2 = np.zeros(len(forest))
+    for level in list(forest.iter_levels(bottom_up=True))[:-1]:
+        p = forest.parent[level]
+        m2 += np.bincount(p, weights=m2[level] + n_y[level] * (value[level] - value[p]) ** 2, minlength=len(forest))
+    return np.sqrt(m2 / np.maximum(n_y - 1.0, 1.0))
 
 
 def _normalise(num: np.ndarray, std: np.ndarray, eps: float) -> np.ndarray:
     """num / (std + eps), defined as 0 where there is no spread (std = 0) to normalise by."""
-    return np.where(std > 0, num / (std + eps), 0.0)
+    out = np.zeros(np.broadcast(num, std).shape)
+    spread = np.broadcast_to(std > 0, out.shape)
+    np.divide(num, std + eps, out=out, where=spread)
+    return out
 
 
 @ADVANTAGES.register("grpo")

@@ -448,6 +448,15 @@ class RolloutForest:
             out += np.bincount(self.parent[level], weights=out[level], minlength=len(self))
         return out
 
+    def subtree_extreme(self, values, *, largest: bool) -> np.ndarray:
+        """For every node, the maximum (``largest=True``) or minimum of ``values`` over its subtree."""
+        out = np.array(_checks.vector("values", values, dtype=float), copy=True)
+        _checks.same_length(values=out, parent=self.parent)
+        ufunc = np.maximum if largest else np.minimum
+        for level in list(self.iter_levels(bottom_up=True))[:-1]:
+            ufunc.at(out, self.parent[level], out[level])
+        return out
+
     @cached_property
     def leaf_count(self) -> np.ndarray:
         """n_y: number of leaves under each node (1 for a leaf)."""

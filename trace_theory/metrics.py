@@ -36,11 +36,10 @@ def _check_forest(forest) -> RolloutForest:
 
 
 def _mixed_nodes(forest: RolloutForest) -> np.ndarray:
-    """True for nodes whose leaves include two different rewards."""
-    r = np.where(forest.is_leaf, forest.reward, 0.0)
-    n = np.maximum(forest.leaf_count.astype(float), 1.0)
-    mean = forest.subtree_sum(r) / n
-    return forest.subtree_sum(r * r) / n - mean * mean > 1e-12  # leaf rewards with positive variance
+    """True for nodes whose leaves include two different rewards (exact: subtree min < max)."""
+    hi = forest.subtree_extreme(np.where(forest.is_leaf, forest.reward, -np.inf), largest=True)
+    lo = forest.subtree_extreme(np.where(forest.is_leaf, forest.reward, np.inf), largest=False)
+    return lo < hi
 
 
 def effective_ratio(forest: RolloutForest) -> float:
