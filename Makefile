@@ -1,0 +1,30 @@
+# Two commands for a fresh machine (Python 3.11+, make):
+#   make run    set up .venv and run the main job
+#   make test   set up .venv and run every test
+# Set-up is idempotent: it reinstalls only when pyproject.toml or this Makefile changes.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+.PHONY: run test bench selfcheck clean
+
+$(STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m trace_theory.selfcheck
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m trace_theory.benchmark --json results/benchmarks/allocation.json
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .hypothesis
