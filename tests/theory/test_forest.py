@@ -227,3 +227,23 @@ class ForestBuilderMachine(RuleBasedStateMachine):
 
 
 TestForestBuilder = ForestBuilderMachine.TestCase
+
+
+def test_builder_errors():
+    b = ForestBuilder()
+    root = b.add_root(0)
+    with pytest.raises(ValueError, match=r"`parent` must be an existing node id in \[0, 0\], got 4"):
+        b.add_turn(4)
+    with pytest.raises(ValueError, match=r"`node` must be an existing non-root node, got 0"):
+        b.finish(root, 1.0)
+    turn = b.add_turn(root)
+    b.add_turn(turn)
+    with pytest.raises(ValueError, match=r"node 1 has children; only leaves carry rewards"):
+        b.finish(turn, 1.0)
+    with pytest.raises(ValueError, match=r"`prompt` must be a non-negative integer, got -2"):
+        b.add_root(-2)
+
+
+def test_negative_prompt_ids_are_rejected():
+    with pytest.raises(ValueError, match=r"prompt ids must be non-negative, got -4"):
+        RolloutForest.from_parents([-1, 0], [NAN, 1], prompt=[-4])

@@ -160,3 +160,15 @@ def test_registry_and_policy_errors():
     with pytest.raises(ValueError, match=r"`roots` must be a non-negative integer, got -1"):
         RolloutBudget(-1, 2)
     assert RolloutBudget(512, 2).total == 1536
+
+
+def test_registry_rejects_duplicates_and_bad_prefix_rules():
+    from trace_theory._registry import Registry
+
+    reg = Registry("thing")
+    reg.add("a", 1)
+    with pytest.raises(ValueError, match=r"thing 'a' is already registered"):
+        reg.add("a", 2)
+    assert "a" in reg and reg.check("a") == "a" and list(reg) == ["a"]
+    with pytest.raises(ValueError, match=r"`prefix_rule` must be one of \(None, 'uniform', 'random', 'active'\), got 'all'"):
+        AllocationPolicy("x", "uniform", "all")
