@@ -1,0 +1,109 @@
+"""Policy loss: against a per-token loop, gradients, clipping, masking and KL estimators."""
+
+import math
+
+import pytest
+import torch
+
+from trace_train.loss import PolicyLossConfig, kl_penalty, policy_loss
+
+
+def loop_loss(logp, old, adv, mask, cfg):
+    """The obvious implementation, one token at a time."""
+    per_seq = []
+    for b in range(len(logp)):
+        terms = []
+        for t in range(len(logp[b])):
+            if mask[b][t]:
+                ratio = math.exp(logp[b][t] - old[b][t])
+                clipped = min(max(ratio, 1 - cfg.clip_low), 1 + cfg.clip_high)
+                terms.append(-min(ratio * adv[b][t], clipped * adv[b][t]))
+        per_seq.append(terms)
+    if cfg.aggregation == "token_mean":
+        flat = [x for seq in per_seq for x in seq]
+        return sum(flat) / len(flat)
+    seqs = [seq for seq in per_seq if seq]
+    if cfg.aggregation == "seq_mean_token_mean":
+        return sum(sum(s) / len(s) for s in seqs) / len(seqs)
+    return sum(sum(s) for s in seqs) / len(seqs)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_matches_loop(aggregation):
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 7, generator=g, dtype=torch.float64)
+    old = logp + 0.4 * torch.randn(4, 7, generator=g, dtype=torch.float64)
+    adv = torch.randn(4, 7, generator=g, dtype=torch.float64)
+    mask = (torch.rand(4, 7, generator=g) < 0.6).to(torch.float64)
+    mask[2] = 0  # a sequence with no trained tokens is ignored, not averaged in as zero
+    cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.28, aggregation=aggregation)
+    loss, _ = policy_loss(logp, old, adv, mask, cfg)
+    assert float(loss) == pytest.approx(loop_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), cfg), rel=1e-12)
+
+
+def test_on_policy_gradient_is_reinforce():
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0, 3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = policy_loss(logp, logp.detach(), adv, mask)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, 1.0, 0.0]]))  # -A * mask / (2 tokens)
+    assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_clipping_stops_the_gradient_only_in_the_harmful_direction():
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[math.log(1.5), math.log(1.5)]], requires_grad=True)  # ratio 1.5 > 1.2
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, metrics = policy_loss(logp, old, adv, torch.ones(1, 2))
+    loss.backward()
+    assert logp.grad[0, 0] == 0.0  # positive advantage, ratio already high: clipped, no push further
+    assert logp.grad[0, 1] != 0.0  # negative advantage: the unclipped term is the minimum, still pushed down
+    assert metrics["clip_fraction"] == 0.5
+
+
+def test_masked_tokens_do_not_matter():
+    g = torch.Generator().manual_seed(1)
+    logp, old, adv = (torch.randn(2, 5, generator=g) for _ in range(3))
+    mask = torch.tensor([[1, 1, 0, 0, 0], [0, 1, 1, 1, 0]], dtype=torch.float32)
+    base, _ = policy_loss(logp, old, adv, mask)
+    noisy = torch.where(mask.bool(), adv, adv + 100.0)
+    assert float(policy_loss(logp, old, noisy, mask)[0]) == pytest.approx(float(base))
+
+
+def test_kl_estimators():
+    logp = torch.tensor([-1.0, -2.0, -0.3])
+    assert torch.all(kl_penalty(logp, logp) == 0)
+    ref = logp + torch.tensor([0.5, -0.5, 1.0])
+    k3 = kl_penalty(logp, ref, "k3")
+    assert torch.all(k3 >= 0)
+    d = ref - logp
+    assert torch.allclose(kl_penalty(logp, ref, "k1"), -d) and torch.allclose(kl_penalty(logp, ref, "k2"), d * d / 2)
+    # The KL term enters the loss with its coefficient.
+    lp = logp[None]
+    loss0, _ = policy_loss(lp, lp, torch.zeros_like(lp), torch.ones_like(lp), ref_logprobs=ref[None])
+    loss1, m = policy_loss(lp, lp, torch.zeros_like(lp), torch.ones_like(lp), PolicyLossConfig(kl_coef=0.1), ref_logprobs=ref[None])
+    assert float(loss1 - loss0) == pytest.approx(0.1 * float(k3.mean()), rel=1e-6) and m["kl"] == pytest.approx(float(k3.mean()))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(clip_low=0.0), r"`clip_low` must lie in \(0, 10\), got 0.0"),
+        (dict(clip_high=-1), r"`clip_high` must lie in \(0, 10\), got -1"),
+        (dict(kl_coef=-0.1), r"`kl_coef` must be finite and >= 0, got -0.1"),
+        (dict(kl_estimator="k4"), r"`kl_estimator` must be one of \('k1', 'k2', 'k3'\), got 'k4'"),
+        (dict(aggregation="mean"), r"`aggregation` must be one of"),
+    ],
+)
+def test_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyLossConfig(**kwargs)
+
+
+def test_call_errors():
+    x = torch.zeros(1, 3)
+    with pytest.raises(ValueError, match=r"must share one 2-D shape"):
+        policy_loss(x, x, torch.zeros(1, 2), x)
+    with pytest.raises(ValueError, match=r"`ref_logprobs` is required when `kl_coef` > 0"):
+        policy_loss(x, x, x, x, PolicyLossConfig(kl_coef=0.1))

@@ -1,0 +1,153 @@
+"""The policy loss: token-level clipped policy gradient with tree advantages.
+
+For a token t with new log-probability log pi(t), behaviour log-probability log mu(t) (recorded by the
+generation back end) and advantage A (the advantage of the turn that contains the token, from
+``trace_theory.compute_advantages``), the per-token objective is PPO's clipped surrogate
+
+    rho = exp(log pi - log mu),
+    L_pg(t) = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A),
+
+optionally plus a KL penalty to a reference policy, beta * KL(t), with the k1, k2 or k3 estimator of
+Schulman (k3 = exp(log ref - log pi) - (log ref - log pi) - 1, unbiased and non-negative). Only tokens
+with loss mask 1 count: the model's own tokens of the turn being trained. Prompt, history and
+observation (tool output) tokens have mask 0.
+
+**Shared prefixes.** A turn shared by several rollouts of a tree is one node of the forest and is
+trained exactly once: :func:`trace_train.sequences` (or any caller) must give each generated token a
+mask of 1 in exactly one sequence. The aggregation below then weights every generated token once.
+
+**Aggregation** (``aggregation=``), over the batch's masked tokens, as in verl:
+
+- ``"token_mean"``: sum of token losses / number of masked tokens (DAPO; every token counts equally);
+- ``"seq_mean_token_mean"``: mean over sequences of the per-sequence token mean (original GRPO);
+- ``"seq_mean_token_sum"``: mean over sequences of the per-sequence token sum (Dr. GRPO-style, with no
+  length normalisation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PolicyLossConfig", "policy_loss", "kl_penalty"]
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Settings of :func:`policy_loss`, validated on construction."""
+
+    clip_low: float = 0.2
+    """eps_low: the ratio is clipped below at 1 - clip_low."""
+    clip_high: float = 0.2
+    """eps_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    kl_coef: float = 0.0
+    """beta: weight of the KL penalty to the reference policy (0 disables it; no reference needed)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: "k1" (log ratio), "k2" (half squared log ratio) or "k3"."""
+    aggregation: str = "token_mean"
+    """How token losses are averaged; see the module docstring."""
+
+    def __post_init__(self):
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if not 0.0 < value < 10.0:
+                raise ValueError(f"`{name}` must lie in (0, 10), got {value!r}")
+        if not (self.kl_coef >= 0.0 and self.kl_coef < float("inf")):
+            raise ValueError(f"`kl_coef` must be finite and >= 0, got {self.kl_coef!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"`kl_estimator` must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"`aggregation` must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi.
+
+    With d = log ref - log pi: k1 = -d, k2 = d^2 / 2, k3 = exp(d) - d - 1.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"`estimator` must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    d = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    return torch.expm1(d) - d
+
+
+def _aggregate(values: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "token_mean":
+        return (values * mask).sum() / mask.sum().clamp_min(1.0)
+    per_seq_tokens = mask.sum(dim=-1)
+    per_seq = (values * mask).sum(dim=-1)
+    has_tokens = per_seq_tokens > 0
+    if how == "seq_mean_token_mean":
+        per_seq = per_seq / per_seq_tokens.clamp_min(1.0)
+    return per_seq[has_tokens].sum() / has_tokens.sum().clamp_min(1)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: PolicyLossConfig = PolicyLossConfig(),
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss over masked tokens; returns (loss, metrics).
+
+    Parameters
+    ----------
+    logprobs, old_logprobs : Tensor, shape (batch, tokens)
+        Log-probabilities of the sampled tokens under the current and the behaviour policy.
+    advantages : Tensor, shape (batch, tokens)
+        Advantage of each token (its turn's advantage).
+    loss_mask : Tensor, shape (batch, tokens)
+        1 for tokens in the loss, 0 elsewhere (prompt, history, observations, padding).
+    config : PolicyLossConfig
+    ref_logprobs : Tensor, optional
+        Reference-policy log-probabilities; required when ``config.kl_coef > 0``.
+
+    Returns
+    -------
+    loss : Tensor
+        A scalar to call ``backward()`` on.
+    metrics : dict
+        ``pg_loss``, ``kl`` (mean per masked token, 0 without a reference), ``clip_fraction`` (share of
+        masked tokens whose ratio was clipped in the direction that matters), ``ratio_mean``.
+    """
+    shapes = {t.shape for t in (logprobs, old_logprobs, advantages, loss_mask)}
+    if len(shapes) != 1 or logprobs.dim() != 2:
+        raise ValueError(f"logprobs, old_logprobs, advantages and loss_mask must share one 2-D shape, got {sorted(shapes)}")
+    if config.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("`ref_logprobs` is required when `kl_coef` > 0")
+    mask = loss_mask.to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+    unclipped_obj = ratio * advantages
+    clipped_obj = clipped * advantages
+    token_loss = -torch.minimum(unclipped_obj, clipped_obj)
+    pg = _aggregate(token_loss, mask, config.aggregation)
+    loss = pg
+    kl_value = torch.zeros((), dtype=logprobs.dtype)
+    if ref_logprobs is not None:
+        kl_tokens = kl_penalty(logprobs, ref_logprobs, config.kl_estimator)
+        kl_value = _aggregate(kl_tokens, mask, "token_mean")
+        if config.kl_coef > 0:
+            loss = loss + config.kl_coef * _aggregate(kl_tokens, mask, config.aggregation)
+    n = mask.sum().clamp_min(1.0)
+    with torch.no_grad():
+        was_clipped = (clipped_obj < unclipped_obj).to(mask.dtype)
+        metrics = {
+            "pg_loss": float(pg.detach()),
+            "kl": float(kl_value.detach()),
+            "clip_fraction": float((was_clipped * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+        }
+    return loss, metrics
