@@ -4,6 +4,7 @@
 # Set-up is idempotent: it reinstalls only when pyproject.toml or this Makefile changes.
 
 PYTHON ?= python3
+TORCH  ?= 2.13.0
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
@@ -13,7 +14,9 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut
 $(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	# torch first, pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet torch==$(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[test,train]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
