@@ -85,11 +85,10 @@ def _subtree_std(forest: RolloutForest, value: np.ndarray) -> np.ndarray:
     return np.sqrt(m2 / np.maximum(n_y - 1.0, 1.0))
 
 
-def _normalise(num: np.ndarray, std: np.ndarray, eps: float) -> np.ndarray:
-    """num / (std + eps), defined as 0 where there is no spread (std = 0) to normalise by."""
+def _normalise(num: np.ndarray, std: np.ndarray, spread: np.ndarray, eps: float) -> np.ndarray:
+    """num / (std + eps) where the group has a spread, else 0 (nothing to contrast)."""
     out = np.zeros(np.broadcast(num, std).shape)
-    spread = np.broadcast_to(std > 0, out.shape)
-    np.divide(num, std + eps, out=out, where=spread)
+    np.divide(num, std + eps, out=out, where=np.broadcast_to(spread & (std > 0), out.shape))
     return out
 
 
@@ -98,7 +97,8 @@ def _grpo(forest: RolloutForest, *, eps: float) -> np.ndarray:
     n, mean, std = _prompt_moments(forest)
     tree = forest.tree_index
     value = node_values(forest, "leaf_weighted")
-    adv = _normalise(value - mean[tree], std[tree], eps)
+    spread = forest.mixed[forest.roots][tree]
+    adv = _normalise(value - mean[tree], std[tree], spread, eps)
     adv[forest.parent == -1] = 0.0
     return adv
 
@@ -139,7 +139,8 @@ def _treepo(forest: RolloutForest, *, eps: float) -> np.ndarray:
     leaf_adv[leaves] = forest.reward[leaves] - anc_sum[leaves] / anc_cnt[leaves]
     mean_over_leaves = forest.subtree_sum(leaf_adv) / np.maximum(forest.leaf_count, 1)
     _, _, std = _prompt_moments(forest)
-    adv = _normalise(mean_over_leaves, std[forest.tree_index], eps)
+    spread = forest.mixed[forest.roots][forest.tree_index]
+    adv = _normalise(mean_over_leaves, std[forest.tree_index], spread, eps)
     adv[forest.parent == -1] = 0.0
     return adv
 
@@ -153,5 +154,5 @@ def _trace(forest: RolloutForest, *, eps: float) -> np.ndarray:
     branched = (forest.parent[x] != -1) & (forest.n_children[x] > 1)
     y, x = y[branched], x[branched]
     std_x = _subtree_std(forest, value)[x]
-    adv[y] += _normalise(value[y] - value[x], std_x, eps)
+    adv[y] += _normalise(value[y] - value[x], std_x, forest.mixed[x], eps)
     return adv

@@ -458,6 +458,16 @@ class RolloutForest:
         return out
 
     @cached_property
+    def mixed(self) -> np.ndarray:
+        """True for nodes whose leaves hold two different rewards, decided exactly (min < max).
+
+        (A floating-point variance of equal non-integer rewards is ~1e-17, not 0; this is not fooled.)
+        """
+        hi = self.subtree_extreme(np.where(self.is_leaf, self.reward, -np.inf), largest=True)
+        lo = self.subtree_extreme(np.where(self.is_leaf, self.reward, np.inf), largest=False)
+        return lo < hi
+
+    @cached_property
     def leaf_count(self) -> np.ndarray:
         """n_y: number of leaves under each node (1 for a leaf)."""
         return self.subtree_sum(self.is_leaf.astype(float)).astype(np.int64)

@@ -35,13 +35,6 @@ def _check_forest(forest) -> RolloutForest:
     return forest
 
 
-def _mixed_nodes(forest: RolloutForest) -> np.ndarray:
-    """True for nodes whose leaves include two different rewards (exact: subtree min < max)."""
-    hi = forest.subtree_extreme(np.where(forest.is_leaf, forest.reward, -np.inf), largest=True)
-    lo = forest.subtree_extreme(np.where(forest.is_leaf, forest.reward, np.inf), largest=False)
-    return lo < hi
-
-
 def effective_ratio(forest: RolloutForest) -> float:
     """Share of prompts whose leaves mix a success and a failure (NaN for an empty forest).
 
@@ -53,7 +46,7 @@ def effective_ratio(forest: RolloutForest) -> float:
     forest = _check_forest(forest)
     if forest.n_prompts == 0:
         return float("nan")
-    return float(_mixed_nodes(forest)[forest.roots].mean())
+    return float(forest.mixed[forest.roots].mean())
 
 
 def mixed_anchor_ratio(forest: RolloutForest) -> float:
@@ -69,7 +62,7 @@ def mixed_anchor_ratio(forest: RolloutForest) -> float:
     anchors = (forest.parent == -1) | ((forest.parent != -1) & (forest.n_children > 1))
     if not anchors.any():
         return float("nan")
-    return float(_mixed_nodes(forest)[anchors].mean())
+    return float(forest.mixed[anchors].mean())
 
 
 def contrast_pairs(forest: RolloutForest, *, per_node: bool = False):

@@ -55,7 +55,10 @@ def forests(draw, max_prompts=4, max_nodes=24, binary=True):
     if binary:
         leaf_rewards = draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=int(is_leaf.sum()), max_size=int(is_leaf.sum())))
     else:
-        leaf_rewards = draw(st.lists(st.floats(-5, 5, allow_nan=False), min_size=int(is_leaf.sum()), max_size=int(is_leaf.sum())))
+        # Multiples of 1/64 in [-5, 5]: exactly representable, so equal non-integer rewards occur
+        # (they exposed a rounding bug) without subnormal squares that no real reward produces.
+        grid = st.integers(-320, 320).map(lambda k: k / 64.0)
+        leaf_rewards = draw(st.lists(grid, min_size=int(is_leaf.sum()), max_size=int(is_leaf.sum())))
     reward = np.full(len(parent), np.nan)
     reward[is_leaf] = leaf_rewards
     cost = draw(st.lists(st.integers(0, 9), min_size=len(parent), max_size=len(parent)))
