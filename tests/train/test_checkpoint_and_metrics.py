@@ -1,0 +1,110 @@
+"""Checkpoints restore everything a run depends on; the metrics log survives crashes and resumes."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trace_train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trace_train.metrics_log import MetricsLogger, read_metrics
+
+
+def small_training_state(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return model, opt
+
+
+def train_step(model, opt, gen):
+    x = torch.randn(8, 4) + torch.from_numpy(gen.standard_normal((8, 4))).float() + random.random()
+    loss = model(x).pow(2).mean() + float(np.random.rand())
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+def test_resume_continues_exactly(tmp_path):
+    # Uninterrupted: 6 steps.
+    model, opt = small_training_state()
+    gen = np.random.default_rng(7)
+    random.seed(1), np.random.seed(2)
+    straight = [train_step(model, opt, gen) for _ in range(6)]
+    final = {k: v.clone() for k, v in model.state_dict().items()}
+
+    # Interrupted after 3 steps, restored into fresh objects with scrambled random states.
+    model, opt = small_training_state()
+    gen = np.random.default_rng(7)
+    random.seed(1), np.random.seed(2)
+    first = [train_step(model, opt, gen) for _ in range(3)]
+    save_checkpoint(tmp_path, 3, policy=model.state_dict(), optimizer=opt.state_dict(),
+                    extra={"data_position": 3}, generators={"sampler": gen}, config_fingerprint="abc")
+    model, opt = small_training_state(seed=99)
+    gen = np.random.default_rng(12345)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path), generators={"sampler": gen})
+    model.load_state_dict(ckpt.policy)
+    opt.load_state_dict(ckpt.optimizer)
+    assert ckpt.step == 3 and ckpt.extra == {"data_position": 3} and ckpt.config_fingerprint == "abc"
+    rest = [train_step(model, opt, gen) for _ in range(3)]
+    assert first + rest == straight
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, final[k])
+
+
+def test_keeps_the_newest_and_latest_points_at_a_complete_checkpoint(tmp_path):
+    model, _ = small_training_state()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, policy=model.state_dict(), keep=2)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert names == ["step_00000002", "step_00000003"]
+    assert latest_checkpoint(tmp_path).name == "step_00000003"
+    assert latest_checkpoint(tmp_path / "elsewhere") is None
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path):
+    model, _ = small_training_state()
+    save_checkpoint(tmp_path, 1, policy=model.state_dict())
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(tmp_path, 2, policy=model.state_dict(), extra={"bad": Unpicklable()})
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+    assert not any(p.name.startswith(".step") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"`step` must be a non-negative integer, got -1"):
+        save_checkpoint(tmp_path, -1, policy={})
+    with pytest.raises(ValueError, match=r"is not a checkpoint \(no trainer_state.json\)"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000009\n")
+    with pytest.raises(ValueError, match=r"is incomplete or missing"):
+        latest_checkpoint(tmp_path)
+
+
+def test_metrics_log_resume_and_torn_lines(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=True) as log:
+        for step in range(1, 6):
+            log.log(step, {"loss": np.float32(1.0 / step), "reward": torch.tensor(0.5), "bad": float("nan")})
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[0]["bad"] == "nan"
+    assert any((tmp_path / "tensorboard").iterdir())
+    # A crash mid-write leaves a torn last line; it is ignored.
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 5
+    # Resuming from the checkpoint of step 3 drops what steps 4-5 wrote before the crash.
+    with MetricsLogger(tmp_path, resume_step=3, tensorboard=False) as log:
+        log.log(4, {"loss": 0.2})
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["loss"] == 0.2
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"line 2 is not JSON"):
+        read_metrics(tmp_path / "metrics.jsonl")

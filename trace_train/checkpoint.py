@@ -1,0 +1,156 @@
+"""Checkpoints that let an interrupted run continue exactly as an uninterrupted one would.
+
+A checkpoint is a directory ``<run_dir>/checkpoints/step_<N>/`` holding
+
+- ``policy.pt``: the policy's ``state_dict`` (tensors only);
+- ``optimizer.pt``: the optimiser's ``state_dict``;
+- ``extra.pt``: any other picklable state the trainer registers (the predictor's arrays, the reference
+  model's identity, the data sampler's position);
+- ``rng.pt``: Python's, NumPy's global and torch's (CPU and every CUDA device) random states, and the
+  states of any ``numpy.random.Generator`` the trainer passes;
+- ``trainer_state.json``: the step and a fingerprint of the config it was written under.
+
+Writes are atomic: everything goes to a temporary sibling directory that is renamed into place, and only
+then is ``latest`` (a one-line text file) replaced, so a crash at any moment leaves the previous
+checkpoint intact and ``latest`` pointing at a complete one. Older checkpoints beyond ``keep`` are
+removed after a successful write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng"]
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` returns."""
+
+    step: int
+    path: Path
+    policy: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    extra: dict[str, Any]
+    rng: dict[str, Any]
+    config_fingerprint: str | None
+
+
+def capture_rng(generators: Mapping[str, np.random.Generator] = {}) -> dict[str, Any]:
+    """Every random state a run depends on, as picklable objects."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.bit_generator.state for name, g in generators.items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any], generators: Mapping[str, np.random.Generator] = {}) -> None:
+    """Put back what :func:`capture_rng` captured (named generators are restored in place)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    missing = set(generators) - set(state["generators"])
+    if missing:
+        raise ValueError(f"the checkpoint has no state for generators {sorted(missing)}")
+    for name, g in generators.items():
+        g.bit_generator.state = state["generators"][name]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    *,
+    policy: Mapping[str, torch.Tensor],
+    optimizer: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    generators: Mapping[str, np.random.Generator] = {},
+    config_fingerprint: str | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` atomically and return its directory; keep the newest ``keep`` ones."""
+    if not (isinstance(step, int) and step >= 0):
+        raise ValueError(f"`step` must be a non-negative integer, got {step!r}")
+    if not (isinstance(keep, int) and keep >= 1):
+        raise ValueError(f"`keep` must be a positive integer, got {keep!r}")
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:08d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:08d}."))
+    try:
+        torch.save({k: v.detach().cpu() for k, v in policy.items()}, tmp / "policy.pt")
+        if optimizer is not None:
+            torch.save(dict(optimizer), tmp / "optimizer.pt")
+        torch.save(dict(extra or {}), tmp / "extra.pt")
+        torch.save(capture_rng(generators), tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "config_fingerprint": config_fingerprint}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_atomically(root / "latest", final.name + "\n")
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The directory ``latest`` points at, or None when the run has no checkpoint yet."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None
+    path = root / pointer.read_text().strip()
+    if not (path / "trainer_state.json").exists():
+        raise ValueError(f"checkpoint {path} named by {pointer} is incomplete or missing")
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.random.Generator] = {},
+                    restore_random_state: bool = True) -> Checkpoint:
+    """Read a checkpoint directory; by default also restore every random state (see :func:`restore_rng`)."""
+    path = Path(path)
+    state_file = path / "trainer_state.json"
+    if not state_file.exists():
+        raise ValueError(f"{path} is not a checkpoint (no trainer_state.json)")
+    meta = json.loads(state_file.read_text())
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    if restore_random_state:
+        restore_rng(rng, generators)
+    optimizer = torch.load(path / "optimizer.pt", weights_only=False) if (path / "optimizer.pt").exists() else None
+    return Checkpoint(
+        step=int(meta["step"]),
+        path=path,
+        policy=torch.load(path / "policy.pt", weights_only=True),
+        optimizer=optimizer,
+        extra=torch.load(path / "extra.pt", weights_only=False),
+        rng=rng,
+        config_fingerprint=meta.get("config_fingerprint"),
+    )

@@ -1,0 +1,96 @@
+"""Training metrics: ``metrics.jsonl`` always, TensorBoard when installed, Weights & Biases on request.
+
+One JSON object per line, ``{"step": N, "time": seconds since the run started, <name>: value, ...}``,
+flushed after every line so that a crash loses nothing already logged. On resume from step N, lines of
+later steps (written after that checkpoint, before the crash) are dropped first, so the file reads as if
+the run had never stopped. The names are documented in the README's metric glossary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["MetricsLogger", "read_metrics"]
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly scalar (NumPy and torch scalars become floats; non-finite values stay visible)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # "nan" / "inf": JSON has no literal for them
+    return value
+
+
+class MetricsLogger:
+    """Append metrics per step to ``<run_dir>/metrics.jsonl`` (and TensorBoard / W&B)."""
+
+    def __init__(self, run_dir: str | Path, *, resume_step: int | None = None, tensorboard: bool = True,
+                 wandb_project: str | None = None, run_name: str | None = None, config: Mapping | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            kept = [row for row in read_metrics(self.path) if row["step"] <= resume_step]
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()  # a fresh run starts a fresh file
+        self._start = time.monotonic()
+        self._file = self.path.open("a")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional: metrics.jsonl is the record
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step)
+        self._wandb = None
+        if wandb_project:
+            import wandb  # an explicit request: fail loudly if it is not installed
+
+            self._wandb = wandb.init(project=wandb_project, name=run_name, config=dict(config or {}),
+                                     resume="allow" if resume_step is not None else None)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        row = {"step": int(step), "time": round(time.monotonic() - self._start, 3)}
+        row.update({k: _plain(v) for k, v in metrics.items()})
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for name, value in row.items():
+                if name != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(name, value, step)
+        if self._wandb is not None:
+            self._wandb.log(dict(row), step=int(step))
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a ``metrics.jsonl``; a torn last line (a crash mid-write) is ignored."""
+    rows = []
+    lines = Path(path).read_text().splitlines()
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+    return rows
