@@ -1,0 +1,173 @@
+"""Config files and overrides: YAML presets into validated, frozen, nested dataclasses.
+
+``trace-train --config cpu_demo rollout.policy=grpo optim.lr=3e-5`` resolves in three steps:
+
+1. the preset (a name in ``trace_train/presets/`` or a path to a YAML file) gives a nested mapping;
+2. each ``dotted.key=value`` override replaces one leaf (the value is read as YAML, so ``3e-5``,
+   ``true``, ``null`` and ``[1, 2]`` mean what they look like);
+3. the mapping is turned into the config dataclass, field by field, checking names and types; every
+   dataclass then validates itself in ``__post_init__``.
+
+Any mistake (an unknown key, with the closest known one suggested; a value of the wrong type; an
+impossible combination) is a ``ValueError`` naming the key, raised before anything expensive happens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+__all__ = ["PRESET_DIR", "available_presets", "load_config", "config_from_dict", "config_to_dict", "fingerprint"]
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_preset(preset: str | Path) -> dict:
+    path = Path(preset)
+    if path.suffix not in (".yaml", ".yml"):
+        path = PRESET_DIR / f"{preset}.yaml"
+    if not path.exists():
+        raise ValueError(f"no preset {str(preset)!r}; presets: {', '.join(available_presets())} (or a path to a .yaml file)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a preset must be a mapping at the top level")
+    return data
+
+
+def _apply_override(data: dict, override: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"override {override!r} must look like dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ValueError(f"override {override!r}: cannot read the value: {err}") from None
+    node = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {override!r}: {part!r} is a value, not a section")
+    node[parts[-1]] = value
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, where: str) -> Any:
+    """``value`` as type ``tp`` (dataclasses, Optional/unions, tuples, lists, dicts, Literal, scalars)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"`{where}` must be a section (a mapping), got {value!r}")
+        return config_from_dict(tp, value, prefix=where)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ValueError as err:
+                errors.append(str(err))
+        raise ValueError(errors[0] if len(errors) == 1 else f"`{where}` has a value of the wrong type: {value!r}")
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ValueError(f"`{where}` must be one of {list(allowed)}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"`{where}` must be a list, got {value!r}")
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"`{where}` must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"`{where}` must be true or false, got {value!r}")
+        return value
+    if tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads 3e-5 as a string; a number-looking string is a number here.
+        try:
+            value = float(value) if tp is float else int(value)
+        except ValueError:
+            pass
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"`{where}` must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"`{where}` must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"`{where}` must be a string, got {value!r}")
+        return value
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ValueError(f"`{where}` must be a {_type_name(tp)}, got {value!r}")
+
+
+def config_from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
+    """Build dataclass ``cls`` from a nested mapping; unknown keys and wrong types are errors."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), names, n=1)
+        where = f"{prefix}.{key}" if prefix else str(key)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known keys here: {', '.join(names)}"
+        raise ValueError(f"unknown config key {where!r}{hint}")
+    kwargs = {}
+    for name in names:
+        if name in data:
+            kwargs[name] = _coerce(data[name], hints[name], f"{prefix}.{name}" if prefix else name)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise ValueError(f"{prefix}: {err}" if prefix else str(err)) from None
+    except TypeError as err:  # a required field without a value
+        raise ValueError(f"{prefix or cls.__name__}: {err}") from None
+
+
+def config_to_dict(config) -> dict:
+    """Plain nested data (tuples become lists), ready for YAML or JSON."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def fingerprint(config) -> str:
+    """A short hash of the resolved config, stored in checkpoints to catch resuming with another one."""
+    return hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_config(cls, preset: str | Path | None = None, overrides: Sequence[str] = ()):
+    """The config of type ``cls`` from a preset (name or YAML path) and ``dotted.key=value`` overrides."""
+    data = _read_preset(preset) if preset is not None else {}
+    for override in overrides:
+        _apply_override(data, override)
+    return config_from_dict(cls, data)
