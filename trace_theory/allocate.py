@@ -557,6 +557,9 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     extra = np.zeros(n, dtype=np.int64)
     extra[regular] = (reg_lo - reg_hi).astype(np.int64)
     extra[certain] = (cer_lo - cer_hi).astype(np.int64)
+    # Gains fall with k, so an anchor can give its group at most `missing` of these units; for q within
+    # rounding of 1 the bracket would otherwise hold ~1e15 near-equal units.
+    extra = np.minimum(extra, np.maximum(missing[group], 0).astype(np.int64))
     anchor = np.repeat(np.arange(n), extra)
     kk = k[anchor] + (np.arange(anchor.size) - np.repeat(np.cumsum(extra) - extra, extra))
     with np.errstate(invalid="ignore"):
