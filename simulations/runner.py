@@ -1,0 +1,169 @@
+"""One batch of rollouts for any registered allocation policy, at equal budget.
+
+``sample_batch`` is the simulator's rollout engine. It runs the two TRACE stages with whatever
+``trace_theory`` policy it is given, so that every comparison is a comparison of the very functions the
+trainer calls:
+
+1. draw a candidate pool of prompts; predict their success probability;
+2. ``policy.split(budget)``, then ``policy.allocate_roots`` -> group sizes; sample bare rollouts;
+3. for branching policies: predict at every non-terminal prefix of the bare rollouts
+   (``RolloutForest.prefix_anchors``), ``policy.allocate_prefixes`` with per-prompt budgets m_i N;
+   prefix budget that no anchor can take goes to extra root rollouts (``top_up_roots``); sample the
+   continuations;
+4. DAPO (``policy.dynamic_sampling``): rounds of G rollouts for fresh prompts from the pool, driven by
+   ``DynamicSamplingState``, until the batch holds budget // G mixed groups or the budget is spent.
+   Every rollout generated is charged; only mixed groups are trained on.
+
+Every policy spends ``budget.total`` rollouts (leaves), except DAPO, which spends less only when its
+batch fills first or the remainder cannot pay for a group. Turns are counted for equal-token views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from trace_theory import (
+    AllocationPolicy,
+    DynamicSamplingState,
+    Origin,
+    RolloutBudget,
+    mixed_groups,
+    top_up_roots,
+)
+
+from .predictors import Predictor
+from .rollout import Rollouts, SimForest
+
+
+class World(Protocol):
+    """What the runner needs from a simulated environment (see :mod:`simulations.model`)."""
+
+    def sample_prompts(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
+
+    def rollouts(self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator) -> Rollouts: ...
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The rollouts of one batch.
+
+    Attributes
+    ----------
+    sampled : SimForest
+        Every rollout generated (what the budget paid for, and what the predictor learns from).
+    trained : SimForest
+        What the policy update sees: ``sampled``, or for DAPO its mixed groups only.
+    rounds : int
+        Rounds of generation (1, or DAPO's number of rounds).
+    """
+
+    sampled: SimForest
+    trained: SimForest
+    rounds: int = 1
+
+    @property
+    def rollouts(self) -> int:
+        return self.sampled.rollouts
+
+    @property
+    def turns(self) -> float:
+        return self.sampled.turns
+
+
+def sample_batch(
+    world: World,
+    policy: AllocationPolicy,
+    budget: RolloutBudget,
+    predictor: Predictor,
+    *,
+    pool: int,
+    rng: np.random.Generator,
+) -> Batch:
+    """Sample one batch with ``policy`` from a fresh pool of ``pool`` candidate prompts.
+
+    Parameters
+    ----------
+    world : World
+        The simulated environment.
+    policy : trace_theory.AllocationPolicy
+        Any registered policy (``trace_theory.get_policy(name)``).
+    budget : trace_theory.RolloutBudget
+        M roots and N continuations per root; every policy spends ``budget.total`` rollouts.
+    predictor : Predictor
+        Supplies v (and the Beta concentration for ``trace_beta``) at roots and prefixes.
+    pool : int
+        Candidate prompts drawn for the batch; at least what a flat policy needs
+        (``budget.total // policy.group_size``).
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    Batch
+    """
+    need = -(-budget.total // policy.group_size)
+    if pool < need:
+        raise ValueError(f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use")
+    prompts = world.sample_prompts(pool, rng)
+    if policy.dynamic_sampling:
+        return _dynamic_sampling(world, policy, budget, prompts, rng)
+    n_roots, n_continuations = policy.split(budget)
+    guess = predictor.predict(prompts, np.zeros(pool, dtype=np.int64), rng)
+    m = policy.allocate_roots(guess.v, n_roots, rng=rng, concentration=guess.concentration)
+    sim = SimForest.plant(prompts, m, _bare(world, prompts, m, rng))
+    if policy.branches:
+        sim = _expand(sim, world, policy, n_continuations, predictor, rng)
+    return Batch(sim, sim)
+
+
+def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> Rollouts:
+    """``m[i]`` rollouts from prompt i, prompt by prompt."""
+    which = np.repeat(np.arange(len(m)), m)
+    return world.rollouts({k: a[which] for k, a in prompts.items()}, np.zeros(which.size, np.int64), rng)
+
+
+def _expand(sim: SimForest, world: World, policy: AllocationPolicy, n_continuations: int, predictor, rng) -> SimForest:
+    """Stage 2: continuations from the prefixes of the bare rollouts, m_i N per prompt."""
+    forest = sim.forest
+    anchors = forest.prefix_anchors()
+    budgets = n_continuations * forest.leaf_count[forest.roots]
+    guess = predictor.predict(sim.payload(anchors), forest.depth[anchors], rng)
+    factual = forest.reward[forest.factual_leaf[anchors]]
+    alloc = policy.allocate_prefixes(guess.v, factual, forest.tree_index[anchors], budgets, rng=rng)
+    unspent = int(alloc.unspent.sum())
+    if unspent:
+        m = forest.leaf_count[forest.roots]
+        extra = np.repeat(forest.roots, top_up_roots(m, unspent) - m)
+        sim = sim.grow(extra, world.rollouts(sim.payload(extra), forest.depth[extra], rng), origin=Origin.BARE)
+    branch = np.repeat(anchors, alloc.k)
+    if branch.size:
+        sim = sim.grow(branch, world.rollouts(sim.payload(branch), forest.depth[branch], rng), origin=Origin.CONTINUATION)
+    return sim
+
+
+def _dynamic_sampling(world, policy, budget, prompts, rng) -> Batch:
+    """DAPO: rounds of G rollouts for fresh prompts until budget // G mixed groups or the budget is spent."""
+    g = policy.group_size
+    state = DynamicSamplingState(target=max(budget.total // g, 1), group_size=g, budget=budget.total)
+    pool = len(prompts["v"])
+    drawn, rounds, blocks, kept = 0, 0, [], []
+    while not state.done and drawn < pool:
+        n = min(state.next_round(), pool - drawn)
+        m = np.zeros(pool, dtype=np.int64)
+        m[drawn:drawn + n] = g
+        block = _bare(world, prompts, m, rng)
+        prompt = np.repeat(np.arange(drawn, drawn + n), g)
+        _, mixed = mixed_groups(prompt, block.reward)
+        blocks.append(block)
+        kept.append(np.repeat(mixed, g))
+        state = state.update(prompt, block.reward)
+        drawn, rounds = drawn + n, rounds + 1
+    m = np.where(np.arange(pool) < drawn, g, 0)
+    sampled_rollouts = Rollouts.concatenate(blocks)
+    keep = np.concatenate(kept)
+    sampled = SimForest.plant(prompts, m, sampled_rollouts)
+    m_kept = np.zeros(pool, dtype=np.int64)
+    m_kept[np.repeat(np.arange(drawn), g)[keep]] = g
+    return Batch(sampled, SimForest.plant(prompts, m_kept, sampled_rollouts.select(keep)), rounds)
