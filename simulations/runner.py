@@ -20,12 +20,14 @@ batch fills first or the remainder cannot pay for a group. Turns are counted for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from trace_theory import (
+    POLICIES,
     AllocationPolicy,
     DynamicSamplingState,
     Origin,
@@ -34,8 +36,40 @@ from trace_theory import (
     top_up_roots,
 )
 
-from .predictors import Predictor
+from .predictors import PREDICTORS, Prediction, Predictor
 from .rollout import Rollouts, SimForest
+
+_ARM = re.compile(r"^(?P<policy>[A-Za-z0-9_]+)(\[(?P<predictor>[A-Za-z0-9_]+)\])?$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A registered policy and the predictor that guides it, written ``policy`` or ``policy[predictor]``.
+
+    The predictor defaults to ``learned``, as in the paper; ``trace[oracle]`` is TRACE's upper bound.
+    """
+
+    policy: str
+    predictor: str = "learned"
+
+    def __post_init__(self):
+        POLICIES.check(self.policy)
+        if self.predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {self.predictor!r} in arm {self.label!r}; known: {', '.join(PREDICTORS)}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Arm":
+        match = _ARM.match(str(text))
+        if match is None:
+            raise ValueError(f"an arm is written 'policy' or 'policy[predictor]', got {text!r}")
+        return cls(match["policy"], match["predictor"] or "learned")
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.predictor == "learned" else f"{self.policy}[{self.predictor}]"
+
+
+_EMPTY = np.zeros(0)
 
 
 class World(Protocol):
@@ -58,11 +92,17 @@ class Batch:
         What the policy update sees: ``sampled``, or for DAPO its mixed groups only.
     rounds : int
         Rounds of generation (1, or DAPO's number of rounds).
+    predicted, actual, depth : ndarray
+        Every prediction the allocator used (candidate prompts, then prefixes), the true success
+        probability there and the anchor's depth; empty for policies that use no predictor.
     """
 
     sampled: SimForest
     trained: SimForest
     rounds: int = 1
+    predicted: np.ndarray = field(default_factory=lambda: _EMPTY)
+    actual: np.ndarray = field(default_factory=lambda: _EMPTY)
+    depth: np.ndarray = field(default_factory=lambda: _EMPTY)
 
     @property
     def rollouts(self) -> int:
@@ -109,13 +149,24 @@ def sample_batch(
     prompts = world.sample_prompts(pool, rng)
     if policy.dynamic_sampling:
         return _dynamic_sampling(world, policy, budget, prompts, rng)
+    asked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def ask(nodes: dict[str, np.ndarray], depth: np.ndarray) -> Prediction:
+        guess = predictor.predict(nodes, depth, rng)
+        asked.append((guess.v, nodes["v"], depth))
+        return guess
+
     n_roots, n_continuations = policy.split(budget)
-    guess = predictor.predict(prompts, np.zeros(pool, dtype=np.int64), rng)
+    if policy.root_rule == "uniform":  # pool order: no prediction needed
+        guess = Prediction(np.full(pool, 0.5), np.ones(pool))
+    else:
+        guess = ask(prompts, np.zeros(pool, dtype=np.int64))
     m = policy.allocate_roots(guess.v, n_roots, rng=rng, concentration=guess.concentration)
     sim = SimForest.plant(prompts, m, _bare(world, prompts, m, rng))
     if policy.branches:
-        sim = _expand(sim, world, policy, n_continuations, predictor, rng)
-    return Batch(sim, sim)
+        sim = _expand(sim, world, policy, n_continuations, ask, rng)
+    predicted, actual, depth = (np.concatenate(part) for part in zip(*asked)) if asked else (_EMPTY,) * 3
+    return Batch(sim, sim, 1, predicted, actual, depth)
 
 
 def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> Rollouts:
@@ -124,14 +175,17 @@ def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> R
     return world.rollouts({k: a[which] for k, a in prompts.items()}, np.zeros(which.size, np.int64), rng)
 
 
-def _expand(sim: SimForest, world: World, policy: AllocationPolicy, n_continuations: int, predictor, rng) -> SimForest:
+def _expand(sim: SimForest, world: World, policy: AllocationPolicy, n_continuations: int, ask, rng) -> SimForest:
     """Stage 2: continuations from the prefixes of the bare rollouts, m_i N per prompt."""
     forest = sim.forest
     anchors = forest.prefix_anchors()
     budgets = n_continuations * forest.leaf_count[forest.roots]
-    guess = predictor.predict(sim.payload(anchors), forest.depth[anchors], rng)
+    if policy.prefix_rule == "active":
+        v = ask(sim.payload(anchors), forest.depth[anchors]).v
+    else:  # uniform or random spreading: no prediction needed
+        v = np.full(anchors.size, 0.5)
     factual = forest.reward[forest.factual_leaf[anchors]]
-    alloc = policy.allocate_prefixes(guess.v, factual, forest.tree_index[anchors], budgets, rng=rng)
+    alloc = policy.allocate_prefixes(v, factual, forest.tree_index[anchors], budgets, rng=rng)
     unspent = int(alloc.unspent.sum())
     if unspent:
         m = forest.leaf_count[forest.roots]
