@@ -176,7 +176,7 @@ def run(config: Config, units: Units) -> Outcome:
 
 def _verdict(table: pd.DataFrame, config: Config):
     p1 = table[table["proposition"] == 1].pivot_table(index=["informativeness", "depth"], columns="metric", values="value")
-    se = table[(table["proposition"] == 1) & (table["metric"] == "rate_improvement")].set_index(["informativeness", "depth"])["stderr"]
+    se = table[(table["proposition"] == 1) & (table["metric"] == "rate_improvement")].set_index(["informativeness", "depth"])["stderr"].reindex(p1.index)
     deep = p1.index.get_level_values("depth") > 0
     improves = bool((p1.loc[deep, "brier_rate_prefix"] < p1.loc[deep, "brier_rate_root"]).all()
                     and (p1.loc[deep, "brier_mixed_prefix"] < p1.loc[deep, "brier_mixed_root"]).all())
