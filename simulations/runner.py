@@ -135,15 +135,16 @@ def sample_batch(
     predictor : Predictor
         Supplies v (and the Beta concentration for ``trace_beta``) at roots and prefixes.
     pool : int
-        Candidate prompts drawn for the batch; at least what a flat policy needs
-        (``budget.total // policy.group_size``).
+        Candidate prompts drawn for the batch; at least the roots' share of groups of G
+        (``budget.total / G`` for a flat policy, ``budget.roots / G`` for a tree policy).
     rng : numpy.random.Generator
 
     Returns
     -------
     Batch
     """
-    need = -(-budget.total // policy.group_size)
+    n_roots, n_continuations = policy.split(budget)
+    need = -(-n_roots // policy.group_size)
     if pool < need:
         raise ValueError(f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use")
     prompts = world.sample_prompts(pool, rng)
@@ -156,7 +157,6 @@ def sample_batch(
         asked.append((guess.v, nodes["v"], depth))
         return guess
 
-    n_roots, n_continuations = policy.split(budget)
     if policy.root_rule == "uniform":  # pool order: no prediction needed
         guess = Prediction(np.full(pool, 0.5), np.ones(pool))
     else:
