@@ -48,7 +48,7 @@ class Predictor(Protocol):
 
 def _kappa(v: np.ndarray, variance: np.ndarray) -> np.ndarray:
     """Beta concentration with mean v and the given variance: v (1 - v) / variance - 1, clipped."""
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         kappa = v * (1.0 - v) / variance - 1.0
     return np.clip(np.nan_to_num(kappa, nan=_KAPPA_RANGE[1], posinf=_KAPPA_RANGE[1]), *_KAPPA_RANGE)
 
@@ -93,7 +93,7 @@ class NoisyOracle:
     def predict(self, nodes, depth, rng) -> Prediction:
         v = np.clip(np.asarray(nodes["v"], dtype=float), _V_CLIP, 1.0 - _V_CLIP)
         z = self.temperature * logit(v) + self.bias + self.noise * rng.standard_normal(v.shape)
-        pred = expit(z)
+        pred = np.clip(expit(z), _V_CLIP, 1.0 - _V_CLIP)  # clipped like the oracle, for the same reason
         spread = pred * (1.0 - pred) * self.noise / self.temperature
         return Prediction(pred, _kappa(pred, spread**2))
 
