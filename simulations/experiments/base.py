@@ -131,9 +131,9 @@ def mean_and_stderr(values) -> tuple[float, float]:
 
 
 def summarise(table: pd.DataFrame, by: list[str], *, over: str = "seed") -> pd.DataFrame:
-    """Mean and standard error of ``value`` over ``over`` (seeds) for each group of ``by``."""
-    per = table.groupby(by + [over], sort=False)["value"].mean().reset_index()
-    grouped = per.groupby(by, sort=False)["value"]
+    """Mean and standard error of ``value`` over ``over`` (seeds) for each group of ``by`` (NaN keys kept)."""
+    per = table.groupby(by + [over], sort=False, dropna=False)["value"].mean().reset_index()
+    grouped = per.groupby(by, sort=False, dropna=False)["value"]
     out = grouped.agg(value="mean", n="count").reset_index()
     out["stderr"] = grouped.std(ddof=1).to_numpy() / np.sqrt(out["n"].to_numpy())
     return out
