@@ -39,7 +39,7 @@ METRICS = ("effective_ratio", "mixed_prompts", "mixed_anchor_ratio", "contrast_p
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
-    seeds: int = 4
+    seeds: int = 6
     batches: int = 8
     warmup: int = 3
     ablation_shape: tuple[int, int] = (1024, 2)

@@ -38,7 +38,7 @@ CLAIM = (
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
-    prompts: int = 100_000
+    prompts: int = 200_000
     """Prompts per check and informativeness, one bare rollout each; their prefixes are the anchors of
     the mixed and flip checks."""
     informativeness: tuple[float, ...] = (0.1, 0.3, 1.0)

@@ -43,7 +43,7 @@ HEADLINE_METRICS = (
 class Config:
     seed: int = 0
     """Base seed; every (arm, seed index) unit derives its own generator from it."""
-    seeds: int = 6
+    seeds: int = 10
     """Independent repetitions per arm."""
     batches: int = 12
     """Batches per repetition; the learned predictor is updated after each."""

@@ -37,8 +37,8 @@ ARMS = ("grpo", "dapo", "pcl", "root_only", "random_prefix", "prefix_only", "tra
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
-    seeds: int = 8
-    steps: int = 40
+    seeds: int = 16
+    steps: int = 60
     lr: float = 20.0
     """Policy-gradient step size (the same for every arm and estimator)."""
     roots: int = 32

@@ -37,7 +37,7 @@ METRICS = ("effective_ratio", "mixed_prompts", "contrast_pairs_per_rollout", "pr
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
-    seeds: int = 4
+    seeds: int = 6
     batches: int = 6
     warmup: int = 3
     """Leading batches left out (the learned reference is still fitting)."""

@@ -42,7 +42,7 @@ CLAIM = (
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
-    prompts: int = 60_000
+    prompts: int = 200_000
     """Prompts for proposition 1 (per informativeness); one prefix of each gets a group."""
     informativeness: tuple[float, ...] = (0.1, 0.3, 0.6)
     group_size: int = 8

@@ -52,7 +52,7 @@ ARMS = ("trace[oracle]", "trace", "uniform_tree", "random_prefix")
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
-    seeds: int = 12
+    seeds: int = 24
     """Independent repetitions (units); each samples ``batches`` batches."""
     batches: int = 4
     warmup: int = 2
