@@ -1,6 +1,5 @@
-"""simulations: a NumPy rollout-tree simulator that checks the TRACE theory and compares allocators.
+"""simulations: Bernoulli rollout trees and tree MDPs in NumPy, where every success probability is known.
 
-Every allocation, forest, value target, advantage and metric comes from ``trace_theory``; this package
-only simulates the worlds (:mod:`.model`, :mod:`.mdp`), the predictors (:mod:`.predictors`) and the
-rollout engine (:mod:`.runner`), and runs the experiments (:mod:`.experiments`, ``trace-sim``).
+It checks the theory of ``trace_theory`` by measurement and compares allocation policies at equal budget,
+calling the very functions the trainer calls.
 """

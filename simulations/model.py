@@ -113,9 +113,11 @@ def _beta(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """
     x, y = rng.standard_gamma(a), rng.standard_gamma(b)
     total = x + y
-    with np.errstate(invalid="ignore"):
-        coin = (rng.random(a.shape) * (a + b) < a).astype(float)
-        return np.where(total > 0, x / total, coin)
+    out = np.divide(x, total, out=np.empty_like(x), where=total > 0)
+    both = np.flatnonzero(total == 0)
+    if both.size:
+        out[both] = rng.random(both.size) * (a[both] + b[both]) < a[both]
+    return out
 
 
 @dataclass(frozen=True)
