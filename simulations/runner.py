@@ -11,8 +11,10 @@ trainer calls:
    prefix budget that no anchor can take goes to extra root rollouts (``top_up_roots``); sample the
    continuations;
 4. DAPO (``policy.dynamic_sampling``): rounds of G rollouts for fresh prompts from the pool, driven by
-   ``DynamicSamplingState``, until the batch holds budget // G mixed groups or the budget is spent.
-   Every rollout generated is charged; only mixed groups are trained on.
+   ``DynamicSamplingState``, until the batch holds budget // G mixed groups, the budget cannot pay for
+   another group, or the pool runs out. Every rollout generated is charged; only mixed groups are
+   trained on. With a batch target of budget // G groups the first round already asks for the whole
+   budget, so at equal budget DAPO samples what GRPO samples and differs in what it trains on.
 
 Every policy spends ``budget.total`` rollouts (leaves), except DAPO, which spends less only when its
 batch fills first or the remainder cannot pay for a group. Turns are counted for equal-token views.
@@ -198,7 +200,7 @@ def _expand(sim: SimForest, world: World, policy: AllocationPolicy, n_continuati
 
 
 def _dynamic_sampling(world, policy, budget, prompts, rng) -> Batch:
-    """DAPO: rounds of G rollouts for fresh prompts until budget // G mixed groups or the budget is spent."""
+    """DAPO: rounds of G rollouts for fresh prompts until budget // G mixed groups, the budget or the pool is spent."""
     g = policy.group_size
     state = DynamicSamplingState(target=max(budget.total // g, 1), group_size=g, budget=budget.total)
     pool = len(prompts["v"])
@@ -214,6 +216,8 @@ def _dynamic_sampling(world, policy, budget, prompts, rng) -> Batch:
         kept.append(np.repeat(mixed, g))
         state = state.update(prompt, block.reward)
         drawn, rounds = drawn + n, rounds + 1
+    if not blocks:  # the budget cannot pay for a single group
+        blocks, kept = [_bare(world, prompts, np.zeros(pool, dtype=np.int64), rng)], [np.zeros(0, dtype=bool)]
     m = np.where(np.arange(pool) < drawn, g, 0)
     sampled_rollouts = Rollouts.concatenate(blocks)
     keep = np.concatenate(kept)

@@ -6,6 +6,11 @@ then samples ``batches`` batches of M (1 + N) rollouts per seed from fresh candi
 predictor is fitted online from the first batch, and the first ``warmup`` batches are left out of the
 headline. We report where TRACE lands against the paper's 60.6% and how close the learned predictor
 gets to the oracle.
+
+Two views of "equal budget": ``equal_rollouts`` (every arm spends M (1 + N) rollouts, the paper's unit)
+and ``equal_turns``: a second pass in which each arm's M is rescaled so that its turns per batch match
+GRPO's (``turn_reference``) in the first pass. Continuations start from a prefix and cost fewer turns
+than a full rollout, so at equal turns tree policies afford more rollouts.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_theory import RolloutBudget
+from trace_theory import RolloutBudget, get_policy
 
 from ..model import BernoulliTreeModel
 from ..runner import Arm
@@ -35,8 +40,10 @@ ARMS = (
 )
 
 HEADLINE_METRICS = (
-    "effective_ratio", "mixed_prompts_per_1k_turns", "contrast_pairs_per_rollout", "turns", "predictor_brier",
+    "effective_ratio", "mixed_prompts", "mixed_prompts_per_1k_turns", "contrast_pairs_per_rollout", "turns",
+    "predictor_brier",
 )
+TURN_METRICS = ("effective_ratio", "mixed_prompts", "rollouts", "turns")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ class Config:
     """GRPO's expected effective ratio after calibration."""
     arms: tuple[str, ...] = ARMS
     """Policies compared, written ``policy`` or ``policy[predictor]`` (default predictor: learned)."""
+    turn_reference: str = "grpo"
+    """Arm whose turns per batch every arm matches in the equal-turn view."""
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
     """The world; its pass rates are rescaled to ``target_ratio``."""
 
@@ -80,6 +89,8 @@ class Config:
         if not 0.0 < self.target_ratio < 1.0:
             raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
         check_arms(self.arms)
+        if self.turn_reference not in self.arms:
+            raise ValueError(f"`turn_reference` {self.turn_reference!r} must be one of `arms`")
 
     @property
     def budget(self) -> RolloutBudget:
@@ -98,23 +109,44 @@ def run(config: Config, units: Units) -> Outcome:
     model = calibrated(config.model, config.target_ratio, config.group_size)
 
     def unit(key) -> pd.DataFrame:
-        arm_text, s = key
+        view, arm_text, roots, s = key
         arm = Arm.parse(arm_text)
-        rng = unit_rng(config.seed, NAME, arm.label, s)
-        rows = online_batches(
-            model, arm, config.budget, pool=config.pool, batches=config.batches, rng=rng, group_size=config.group_size
-        )
+        budget = RolloutBudget(roots, config.continuations)
+        pool = max(config.pool, -(-get_policy(arm.policy).split(budget)[0] // config.group_size))
+        rng = unit_rng(config.seed, NAME, view, arm.label, s)
+        rows = online_batches(model, arm, budget, pool=pool, batches=config.batches, rng=rng, group_size=config.group_size)
         return tidy(NAME, [
-            {"arm": arm.label, "seed": s, "budget": config.budget.total, "batch": r["batch"], "metric": k, "value": v}
+            {"view": view, "arm": arm.label, "seed": s, "budget": budget.total, "batch": r["batch"], "metric": k, "value": v}
             for r in rows for k, v in r.items() if k != "batch"
         ])
 
-    table = units.map(unit, [(a, s) for a in config.arms for s in range(config.seeds)], desc=NAME)
-    steady = summarise(table[table["batch"] >= config.warmup], ["arm", "metric"])
-    headline = by_arm(steady, HEADLINE_METRICS)
+    seeds = range(config.seeds)
+    by_rollouts = units.map(unit, [("equal_rollouts", a, config.roots, s) for a in config.arms for s in seeds], desc=NAME)
+    roots = _turn_matched_roots(by_rollouts, config)
+    by_turns = units.map(unit, [("equal_turns", a, roots[a], s) for a in config.arms for s in seeds], desc=NAME + "-turns")
+    table = pd.concat([by_rollouts, by_turns], ignore_index=True)
+
+    steady = table[table["batch"] >= config.warmup]
+    headline = by_arm(summarise(steady[steady["view"] == "equal_rollouts"], ["arm", "metric"]), HEADLINE_METRICS)
+    at_turns = by_arm(summarise(steady[steady["view"] == "equal_turns"], ["arm", "metric"]), TURN_METRICS)
+    for arm, entry in at_turns.items():
+        headline[arm].update({f"{k}_at_equal_turns": v for k, v in entry.items()})
     result, held = _verdict(headline, config)
-    details = {"calibrated_concentrations": [round(float(c), 6) for c in model.pass_rates.concentrations]}
+    details = {
+        "calibrated_concentrations": [round(float(c), 6) for c in model.pass_rates.concentrations],
+        "roots_at_equal_turns": {Arm.parse(a).label: roots[a] for a in config.arms},
+    }
     return Outcome(table, headline, result, held, details)
+
+
+def _turn_matched_roots(by_rollouts: pd.DataFrame, config: Config) -> dict[str, int]:
+    """M per arm so that its mean turns per batch match the reference arm's at equal rollouts.
+
+    Turns scale with M for a fixed shape, so M' = round(M * reference turns / arm turns).
+    """
+    turns = by_rollouts[by_rollouts["metric"] == "turns"].groupby("arm")["value"].mean()
+    reference = turns[Arm.parse(config.turn_reference).label]
+    return {a: max(2, int(round(config.roots * reference / turns[Arm.parse(a).label]))) for a in config.arms}
 
 
 def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
@@ -137,6 +169,14 @@ def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
                 f"with the oracle {ratio['trace[oracle]']:.1%}, so the learned predictor reaches "
                 f"{ratio['trace'] / ratio['trace[oracle]']:.0%} of the oracle's ratio"
             )
+    if {"trace", "grpo"} <= headline.keys() and "mixed_prompts_at_equal_turns" in headline["trace"]:
+        trace, grpo = headline["trace"], headline["grpo"]
+        parts.append(
+            f"at equal turns ({grpo['turns_at_equal_turns']:.0f} per batch) TRACE samples "
+            f"{trace['rollouts_at_equal_turns']:.0f} rollouts to GRPO's {grpo['rollouts_at_equal_turns']:.0f} and mixes "
+            f"{trace['mixed_prompts_at_equal_turns']:.0f} prompts per batch to GRPO's {grpo['mixed_prompts_at_equal_turns']:.0f} "
+            f"(ratio {trace['effective_ratio_at_equal_turns']:.1%})"
+        )
     best = max(ratio, key=ratio.get)
     parts.append(f"highest: {best} at {ratio[best]:.1%}")
     return "; ".join(parts) + ".", bool(held)

@@ -98,7 +98,7 @@ def test_an_interrupted_run_resumes_without_redoing_finished_units(tmp_path, mon
     calls.clear()
     monkeypatch.setattr(effective_ratio_module, "online_batches", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     _, ran = run_experiment("effective_ratio", out=tmp_path, quick=True, progress=False)
-    units = len(resolve_config("effective_ratio", quick=True).arms) * 2  # arms x seeds
+    units = len(resolve_config("effective_ratio", quick=True).arms) * 2 * 2  # arms x seeds x (rollout, turn) views
     assert ran and len(calls) == units - 3
     assert not (folder / "units").exists()
 

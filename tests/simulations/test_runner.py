@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simulations.experiments.common import calibrated
@@ -43,6 +43,7 @@ def test_every_policy_spends_exactly_the_budget(name, max_turns):
     group_size=st.integers(4, 10),  # with the bounds above, at most 60 groups: the pool of 64 tasks holds them
     seed=st.integers(0, 2**32 - 1),
 )
+@example(name="dapo", roots=2, continuations=0, group_size=4, seed=0)  # a budget below one group: no round
 def test_budget_conservation_in_the_mdp(name, roots, continuations, group_size, seed):
     mdp = TreeMDP(n_tasks=64, horizon=3)
     tasks = mdp.build(np.random.default_rng(seed))
