@@ -29,7 +29,7 @@ global id (A^h - 1) / (A - 1) + i; the children of (h, i) are (h + 1, i A + a).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -52,7 +52,7 @@ class TreeMDP:
     horizon: int = 4
     action_scale: float = 1.5
     """Standard deviation of each edge's effect on the logit of the leaf success probabilities."""
-    pass_rates: PassRates = PassRates()
+    pass_rates: PassRates = field(default_factory=PassRates)
     """Distribution of the pass rates whose logits are the task offsets."""
     feature_noise: float = 1.0
     """Standard deviation of the noise on logit V(s) in a state's ``signal`` (fixed per state)."""
@@ -83,7 +83,7 @@ class TreeMDP:
         """States where the policy acts (depth < H)."""
         return int(self.offsets[self.horizon])
 
-    def build(self, rng: np.random.Generator) -> "Tasks":
+    def build(self, rng: np.random.Generator) -> Tasks:
         """Draw the tasks: leaf success probabilities and the per-state signal noise."""
         a, h = self.n_actions, self.horizon
         offset = logit(np.clip(self.pass_rates.sample(self.n_tasks, rng), 1e-4, 1 - 1e-4))

@@ -21,7 +21,7 @@ predictor reads it; the oracle reads V itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import brentq
@@ -83,7 +83,7 @@ class PassRates:
         w, a, b = self._beta_parameters()
         return float(np.dot(w, beta_mixed_probability(a, b, m)))
 
-    def calibrated(self, target: float, m: int) -> "PassRates":
+    def calibrated(self, target: float, m: int) -> PassRates:
         """The same mixture with all concentrations scaled by one factor so that ``mixed_share(m) = target``.
 
         The mixed share grows with the scale (from 0 as every component collapses onto 0 and 1, to the
@@ -91,10 +91,13 @@ class PassRates:
         """
         if not 0.0 < target < 1.0:
             raise ValueError(f"`target` must lie in (0, 1), got {target!r}")
-        scaled = lambda log_scale: PassRates(  # noqa: E731
-            self.weights, self.means, tuple(c * np.exp(log_scale) for c in self.concentrations)
-        )
-        gap = lambda log_scale: scaled(log_scale).mixed_share(m) - target  # noqa: E731
+
+        def scaled(log_scale: float) -> PassRates:
+            return PassRates(self.weights, self.means, tuple(c * np.exp(log_scale) for c in self.concentrations))
+
+        def gap(log_scale: float) -> float:
+            return scaled(log_scale).mixed_share(m) - target
+
         lo, hi = -20.0, 20.0
         if gap(lo) > 0 or gap(hi) < 0:
             reach = (scaled(lo).mixed_share(m), scaled(hi).mixed_share(m))
@@ -124,7 +127,7 @@ def _beta(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 class BernoulliTreeModel:
     """The Bernoulli rollout-tree world (see the module docstring for the dynamics)."""
 
-    pass_rates: PassRates = PassRates()
+    pass_rates: PassRates = field(default_factory=PassRates)
     """Distribution of the prompts' pass rates V_0."""
     informativeness: float = 0.3
     """s in (0, 1]: Var(V_{t+1} | V_t) = s V_t (1 - V_t); s = 1 resolves V to 0 or 1 in one turn."""

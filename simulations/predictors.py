@@ -43,7 +43,7 @@ class Prediction:
 class Predictor(Protocol):
     def predict(self, nodes: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator) -> Prediction: ...
 
-    def update(self, sim: SimForest) -> "Predictor": ...
+    def update(self, sim: SimForest) -> Predictor: ...
 
 
 def _kappa(v: np.ndarray, variance: np.ndarray) -> np.ndarray:
@@ -66,7 +66,7 @@ class OraclePredictor:
         v = np.clip(np.asarray(nodes["v"], dtype=float), _V_CLIP, 1.0 - _V_CLIP)
         return Prediction(v, np.full(v.shape, _KAPPA_RANGE[1]))
 
-    def update(self, sim: SimForest) -> "OraclePredictor":
+    def update(self, sim: SimForest) -> OraclePredictor:
         return self
 
 
@@ -97,7 +97,7 @@ class NoisyOracle:
         spread = pred * (1.0 - pred) * self.noise / self.temperature
         return Prediction(pred, _kappa(pred, spread**2))
 
-    def update(self, sim: SimForest) -> "NoisyOracle":
+    def update(self, sim: SimForest) -> NoisyOracle:
         return self
 
 
@@ -156,19 +156,21 @@ class LearnedPredictor:
         return np.linalg.solve(gram + self.ridge * np.eye(len(gram)), moment)
 
     def _mean(self, phi: np.ndarray) -> np.ndarray:
-        fitted = 0.5 if not self.stats else 0.5 + phi @ self._solve(self.stats[0], self.stats[1])
-        return np.clip(fitted, self.clip, 1.0 - self.clip) * np.ones(len(phi))
+        if not self.stats:
+            return np.full(len(phi), 0.5)
+        return np.clip(0.5 + phi @ self._solve(*self.stats[:2]), self.clip, 1.0 - self.clip)
+
+    def _variance(self, phi: np.ndarray) -> np.ndarray:
+        if not self.stats:
+            return np.full(len(phi), 1.0 / 12.0)
+        return np.clip(1.0 / 12.0 + phi @ self._solve(*self.stats[2:]), 1e-6, None)
 
     def predict(self, nodes, depth, rng) -> Prediction:
         phi = self.features(nodes["signal"], depth)
         v = self._mean(phi)
-        variance = 1.0 / 12.0
-        if self.stats:
-            variance = 1.0 / 12.0 + phi @ self._solve(self.stats[2], self.stats[3])
-        variance = np.clip(variance, 1e-6, None) * np.ones(len(phi))
-        return Prediction(v, _kappa(v, variance))
+        return Prediction(v, _kappa(v, self._variance(phi)))
 
-    def update(self, sim: SimForest) -> "LearnedPredictor":
+    def update(self, sim: SimForest) -> LearnedPredictor:
         forest = sim.forest
         target, weight = node_targets(forest, self.target)
         fit = np.flatnonzero(~forest.is_leaf)

@@ -44,13 +44,13 @@ class Rollouts:
         """Position of each rollout's first turn in the flat turn arrays."""
         return np.cumsum(self.length) - self.length
 
-    def select(self, keep: np.ndarray) -> "Rollouts":
+    def select(self, keep: np.ndarray) -> Rollouts:
         """The rollouts where the boolean mask ``keep`` is set, in order."""
         turn_keep = np.repeat(keep, self.length)
         return Rollouts(self.length[keep], self.reward[keep], {k: a[turn_keep] for k, a in self.turns.items()})
 
     @staticmethod
-    def concatenate(blocks: list["Rollouts"]) -> "Rollouts":
+    def concatenate(blocks: list[Rollouts]) -> Rollouts:
         keys = blocks[0].turns.keys()
         return Rollouts(
             np.concatenate([b.length for b in blocks]),
@@ -92,7 +92,7 @@ class SimForest:
     nodes: dict[str, np.ndarray]
 
     @classmethod
-    def plant(cls, prompts: dict[str, np.ndarray], m: np.ndarray, rollouts: Rollouts) -> "SimForest":
+    def plant(cls, prompts: dict[str, np.ndarray], m: np.ndarray, rollouts: Rollouts) -> SimForest:
         """Roots for the prompts with ``m > 0`` and their bare rollouts.
 
         ``rollouts`` holds ``m[i]`` rollouts of prompt i, prompt by prompt (the order of
@@ -112,7 +112,7 @@ class SimForest:
         nodes = {k: np.concatenate([prompts[k][active], rollouts.turns[k]]) for k in rollouts.turns}
         return cls(forest, nodes)
 
-    def grow(self, anchors: np.ndarray, rollouts: Rollouts, *, origin: Origin) -> "SimForest":
+    def grow(self, anchors: np.ndarray, rollouts: Rollouts, *, origin: Origin) -> SimForest:
         """Append ``rollouts`` below existing nodes: rollout j starts at node ``anchors[j]``.
 
         ``origin`` is ``CONTINUATION`` for branches from prefixes and ``BARE`` for extra rollouts from

@@ -17,7 +17,8 @@ trainer calls:
    budget, so at equal budget DAPO samples what GRPO samples and differs in what it trains on.
 
 Every policy spends ``budget.total`` rollouts (leaves), except DAPO, which spends less only when its
-batch fills first or the remainder cannot pay for a group. Turns are counted for equal-token views.
+batch fills first, the remainder cannot pay for a group or the pool runs dry. Turns are counted for
+equal-token views.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Arm:
             raise ValueError(f"unknown predictor {self.predictor!r} in arm {self.label!r}; known: {', '.join(PREDICTORS)}")
 
     @classmethod
-    def parse(cls, text: str) -> "Arm":
+    def parse(cls, text: str) -> Arm:
         match = _ARM.match(str(text))
         if match is None:
             raise ValueError(f"an arm is written 'policy' or 'policy[predictor]', got {text!r}")

@@ -2,6 +2,7 @@
 
 Importing a module registers it; the order below is the issue's (and what ``trace-sim run all`` runs).
 """
+# isort: skip_file
 
 from . import contrast_identities  # noqa: F401  (1)
 from . import propositions  # noqa: F401  (2)

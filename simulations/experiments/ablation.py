@@ -76,7 +76,7 @@ class Config:
             raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(seeds=2, batches=3, warmup=1, ablation_shape=(128, 2), roots=(64, 128), continuations=(2, 6), pool=96)
 
 

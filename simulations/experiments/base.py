@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -54,7 +55,7 @@ class Experiment:
     name: str
     claim: str
     config: type
-    run: Callable[[Any, "Units"], Outcome]
+    run: Callable[[Any, Units], Outcome]
 
 
 EXPERIMENTS: dict[str, Experiment] = {}

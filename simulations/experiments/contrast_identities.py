@@ -69,7 +69,7 @@ class Config:
             raise ValueError("the model needs `max_turns` >= 2 so that rollouts have prefixes to branch from")
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(prompts=4_000, informativeness=(0.3,), group_sizes=(2, 4), bins=5)
 
 

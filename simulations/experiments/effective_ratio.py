@@ -101,7 +101,7 @@ class Config:
         return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(seeds=2, batches=4, warmup=2, roots=64)
 
 
@@ -146,7 +146,7 @@ def _turn_matched_roots(by_rollouts: pd.DataFrame, config: Config) -> dict[str, 
     """
     turns = by_rollouts[by_rollouts["metric"] == "turns"].groupby("arm")["value"].mean()
     reference = turns[Arm.parse(config.turn_reference).label]
-    return {a: max(2, int(round(config.roots * reference / turns[Arm.parse(a).label]))) for a in config.arms}
+    return {a: max(2, round(config.roots * reference / turns[Arm.parse(a).label])) for a in config.arms}
 
 
 def _verdict(headline: dict, config: Config) -> tuple[str, bool]:

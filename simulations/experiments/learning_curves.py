@@ -87,7 +87,7 @@ class Config:
         return text if estimator == self.default_estimator else f"{text}+{estimator}"
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(seeds=2, steps=6, roots=16, estimators=("grpo", "trace"),
                    mdp=TreeMDP(n_tasks=16, horizon=3, pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8)))
 

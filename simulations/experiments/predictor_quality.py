@@ -79,7 +79,7 @@ class Config:
         return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(seeds=2, batches=3, warmup=1, roots=64, noises=(0.0, 1.0, 8.0), temperatures=(1.0,))
 
 
@@ -135,8 +135,11 @@ def _outcome(table, sweep: pd.DataFrame, references: dict, config: Config) -> Ou
              f"Spearman correlation of the Brier score with the effective ratio {rho:.2f}, with the number of mixed "
              f"prompts {rho_mixed:.2f}, over all settings"]
     quietest = min(config.noises)
-    parts += [f"at noise {quietest:g} and temperature {t:g}: ratio {ratio.loc[(t, quietest)]:.1%}, "
-              f"{mixed.loc[(t, quietest)]:.0f} mixed prompts" for t in config.temperatures]
+    parts += [
+        f"at noise {quietest:g} and temperature {t:g}: ratio {ratio.loc[(t, quietest)]:.1%}, {mixed.loc[(t, quietest)]:.0f} "
+        "mixed prompts"
+        for t in config.temperatures
+    ]
     held = monotone and rho < 0
     if "grpo" in references:
         grpo = references["grpo"]["effective_ratio"]

@@ -76,7 +76,7 @@ class Config:
             raise ValueError(f"`z_limit` must be positive, got {self.z_limit!r}")
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(prompts=6_000, informativeness=(0.3,), pools=3, pool=64, budgets=(64, 256))
 
 

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_theory import ADVANTAGES, VALUE_METHODS, RolloutBudget, compute_advantages, get_policy, node_targets
+from trace_theory import (
+    ADVANTAGES,
+    VALUE_METHODS,
+    RolloutBudget,
+    compute_advantages,
+    get_policy,
+    node_targets,
+)
 
 from ..model import BernoulliTreeModel
 from ..predictors import make_predictor
@@ -97,7 +104,7 @@ class Config:
         return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(seeds=3, batches=2, warmup=1, roots=64, arms=("trace[oracle]", "uniform_tree"))
 
 

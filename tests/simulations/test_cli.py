@@ -57,7 +57,7 @@ def test_quick_run_writes_config_table_and_summary(quick_runs, name):
 
 def test_quick_headlines_hold_numbers(quick_runs):
     summary = json.loads((quick_runs / "effective_ratio" / "summary.json").read_text())
-    for arm, entry in summary["headline"].items():
+    for entry in summary["headline"].values():
         assert 0.0 <= entry["effective_ratio"] <= 1.0
     grpo, trace = summary["headline"]["grpo"], summary["headline"]["trace[oracle]"]
     assert trace["effective_ratio"] > grpo["effective_ratio"]

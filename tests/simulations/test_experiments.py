@@ -6,15 +6,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulations.experiments import EXPERIMENTS
-from simulations.experiments import ablation, contrast_identities, effective_ratio, learning_curves
-from simulations.experiments import predictor_quality, propositions, target_bias
+from simulations.experiments import (
+    EXPERIMENTS,
+    ablation,
+    contrast_identities,
+    effective_ratio,
+    learning_curves,
+    predictor_quality,
+    propositions,
+    target_bias,
+)
 from simulations.experiments.base import Units, mean_and_stderr, summarise, unit_rng
 from simulations.experiments.common import batch_metrics, calibrated, online_batches
 from simulations.model import BernoulliTreeModel
 from simulations.predictors import OraclePredictor
 from simulations.runner import Arm, sample_batch
-from trace_theory import RolloutBudget, contrast_pairs, effective_ratio as theory_effective_ratio, get_policy
+from trace_theory import RolloutBudget, contrast_pairs, get_policy
+from trace_theory import effective_ratio as theory_effective_ratio
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
