@@ -57,8 +57,12 @@ def measure(rollouts: int = 500_000, *, repeats: int = 3, seed: int = 0) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulations.benchmark", description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=500_000, help="rollouts per timed call (default 500000)")
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.benchmark", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--rollouts", type=int, default=500_000, help="rollouts per timed call (default 500000)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls; the best counts (default 3)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)

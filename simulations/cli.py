@@ -20,7 +20,9 @@ from .results import run_experiment
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trace-sim", description="TRACE simulations: check the theory, compare allocators.")
+    parser = argparse.ArgumentParser(
+        prog="trace-sim", description="TRACE simulations: check the theory, compare allocators."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the experiments and their claims")
     run = commands.add_parser("run", help="run experiments into OUT/NAME/")

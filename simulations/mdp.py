@@ -64,7 +64,8 @@ class TreeMDP:
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
         if self.n_actions**self.horizon > 1_000_000:
             raise ValueError(
-                f"n_actions ** horizon = {self.n_actions ** self.horizon} leaves per task is too many to enumerate; "
+                f"n_actions ** horizon = {self.n_actions**self.horizon} leaves per task is too many to "
+                "enumerate; "
                 "lower `n_actions` or `horizon`"
             )
         if not (np.isfinite(self.action_scale) and self.action_scale >= 0):
@@ -108,15 +109,15 @@ class Tasks:
         return np.zeros((self.mdp.n_tasks, self.mdp.n_internal, self.mdp.n_actions))
 
     def values(self, theta: np.ndarray) -> np.ndarray:
-        """Exact V(s) under softmax(theta) for every task and state (leaves: p_leaf), shape (tasks, states)."""
+        """Exact V(s) under softmax(theta) for every task and state (leaves: p_leaf): (tasks, states)."""
         mdp = self.mdp
         pi = softmax(theta, axis=-1)
         off = mdp.offsets
         v = np.empty((mdp.n_tasks, int(off[-1])))
-        v[:, off[mdp.horizon]:] = self.p_leaf
+        v[:, off[mdp.horizon] :] = self.p_leaf
         for h in range(mdp.horizon - 1, -1, -1):
-            below = v[:, off[h + 1]:off[h + 2]].reshape(mdp.n_tasks, -1, mdp.n_actions)
-            v[:, off[h]:off[h + 1]] = (pi[:, off[h]:off[h + 1]] * below).sum(axis=-1)
+            below = v[:, off[h + 1] : off[h + 2]].reshape(mdp.n_tasks, -1, mdp.n_actions)
+            v[:, off[h] : off[h + 1]] = (pi[:, off[h] : off[h + 1]] * below).sum(axis=-1)
         return v
 
     def success(self, theta: np.ndarray) -> np.ndarray:
@@ -160,7 +161,9 @@ class MDPWorld:
         task = rng.permutation(n_tasks)[:n]
         return self._payload(task, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
 
-    def rollouts(self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator) -> Rollouts:
+    def rollouts(
+        self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator
+    ) -> Rollouts:
         """Play the policy from each anchor state to the horizon; the leaf pays Bernoulli(p_leaf)."""
         mdp = self.tasks.mdp
         off = mdp.offsets
@@ -190,7 +193,8 @@ def policy_gradient_step(world: MDPWorld, trained: SimForest, *, estimator: str,
     """New logits after one policy-gradient step on ``trained`` with a registered advantage estimator.
 
     theta[task, s] += lr / L * sum_y n_y A(y) (onehot(a_y) - pi(. | s)) over the turns y taken from
-    state s, n_y = rollouts through y, L = rollouts trained on (see the module docstring). A forest without rollouts leaves theta as is.
+    state s, n_y = rollouts through y, L = rollouts trained on (see the module docstring). A forest
+    without rollouts leaves theta as is.
     """
     forest = trained.forest
     theta = world.theta.copy()

@@ -93,7 +93,9 @@ class PassRates:
             raise ValueError(f"`target` must lie in (0, 1), got {target!r}")
 
         def scaled(log_scale: float) -> PassRates:
-            return PassRates(self.weights, self.means, tuple(c * np.exp(log_scale) for c in self.concentrations))
+            return PassRates(
+                self.weights, self.means, tuple(c * np.exp(log_scale) for c in self.concentrations)
+            )
 
         def gap(log_scale: float) -> float:
             return scaled(log_scale).mixed_share(m) - target
@@ -178,7 +180,9 @@ class BernoulliTreeModel:
         v = self.pass_rates.sample(n, rng)
         return {"v": v, "signal": self.signal(v, rng)}
 
-    def rollouts(self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator) -> Rollouts:
+    def rollouts(
+        self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator
+    ) -> Rollouts:
         """One rollout from each anchor (a prompt or a non-terminal prefix), all simulated together.
 
         Parameters

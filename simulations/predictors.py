@@ -41,7 +41,9 @@ class Prediction:
 
 
 class Predictor(Protocol):
-    def predict(self, nodes: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator) -> Prediction: ...
+    def predict(
+        self, nodes: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator
+    ) -> Prediction: ...
 
     def update(self, sim: SimForest) -> Predictor: ...
 
@@ -184,7 +186,10 @@ class LearnedPredictor:
         pair = m >= 2
         squared_error = s * (s - 1.0) / np.maximum(m * (m - 1.0), 1.0) - 2.0 * v * s / m + v * v
         phi_r = phi_r[pair]
-        var_gram, var_moment = _weighted_gram(phi_r, np.ones(len(phi_r))), (squared_error[pair] - 1.0 / 12.0) @ phi_r
+        var_gram, var_moment = (
+            _weighted_gram(phi_r, np.ones(len(phi_r))),
+            (squared_error[pair] - 1.0 / 12.0) @ phi_r,
+        )
 
         new = (gram, moment, var_gram, var_moment)
         if self.stats:

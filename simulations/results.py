@@ -56,7 +56,9 @@ def _write_json(path: Path, data: dict) -> None:
     partial.replace(path)
 
 
-def run_experiment(name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True) -> tuple[Path, bool]:
+def run_experiment(
+    name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True
+) -> tuple[Path, bool]:
     """Run experiment ``name`` into ``out / name`` unless it is finished there.
 
     Returns
@@ -89,16 +91,19 @@ def run_experiment(name: str, *, out: Path, quick: bool = False, seed: int = 0, 
     partial = folder / "results.partial"
     outcome.table.to_csv(partial, index=False)
     partial.replace(folder / "results.csv")
-    _write_json(folder / "summary.json", {
-        "experiment": name,
-        "claim": experiment.claim,
-        "result": outcome.result,
-        "held": outcome.held,
-        "headline": outcome.headline,
-        "details": outcome.details,
-        "quick": quick,
-        "seed": seed,
-        "runtime_s": round(runtime, 2),
-    })
+    _write_json(
+        folder / "summary.json",
+        {
+            "experiment": name,
+            "claim": experiment.claim,
+            "result": outcome.result,
+            "held": outcome.held,
+            "headline": outcome.headline,
+            "details": outcome.details,
+            "quick": quick,
+            "seed": seed,
+            "runtime_s": round(runtime, 2),
+        },
+    )
     shutil.rmtree(folder / "units", ignore_errors=True)
     return folder, True

@@ -47,7 +47,9 @@ class Rollouts:
     def select(self, keep: np.ndarray) -> Rollouts:
         """The rollouts where the boolean mask ``keep`` is set, in order."""
         turn_keep = np.repeat(keep, self.length)
-        return Rollouts(self.length[keep], self.reward[keep], {k: a[turn_keep] for k, a in self.turns.items()})
+        return Rollouts(
+            self.length[keep], self.reward[keep], {k: a[turn_keep] for k, a in self.turns.items()}
+        )
 
     @staticmethod
     def concatenate(blocks: list[Rollouts]) -> Rollouts:
@@ -100,7 +102,9 @@ class SimForest:
         """
         active = np.flatnonzero(m > 0)
         if len(rollouts) != int(m.sum()):
-            raise ValueError(f"`rollouts` holds {len(rollouts)} rollouts for group sizes summing to {int(m.sum())}")
+            raise ValueError(
+                f"`rollouts` holds {len(rollouts)} rollouts for group sizes summing to {int(m.sum())}"
+            )
         root_anchor = np.repeat(np.arange(active.size), m[active])
         parent, reward = _turn_links(rollouts, root_anchor, offset=active.size)
         forest = RolloutForest.from_parents(

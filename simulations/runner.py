@@ -58,7 +58,9 @@ class Arm:
     def __post_init__(self):
         POLICIES.check(self.policy)
         if self.predictor not in PREDICTORS:
-            raise ValueError(f"unknown predictor {self.predictor!r} in arm {self.label!r}; known: {', '.join(PREDICTORS)}")
+            raise ValueError(
+                f"unknown predictor {self.predictor!r} in arm {self.label!r}; known: {', '.join(PREDICTORS)}"
+            )
 
     @classmethod
     def parse(cls, text: str) -> Arm:
@@ -80,7 +82,9 @@ class World(Protocol):
 
     def sample_prompts(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
 
-    def rollouts(self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator) -> Rollouts: ...
+    def rollouts(
+        self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator
+    ) -> Rollouts: ...
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,9 @@ def sample_batch(
     n_roots, n_continuations = policy.split(budget)
     need = -(-n_roots // policy.group_size)
     if pool < need:
-        raise ValueError(f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use")
+        raise ValueError(
+            f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use"
+        )
     prompts = world.sample_prompts(pool, rng)
     if policy.dynamic_sampling:
         return _dynamic_sampling(world, policy, budget, prompts, rng)
@@ -178,7 +184,9 @@ def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> R
     return world.rollouts({k: a[which] for k, a in prompts.items()}, np.zeros(which.size, np.int64), rng)
 
 
-def _expand(sim: SimForest, world: World, policy: AllocationPolicy, n_continuations: int, ask, rng) -> SimForest:
+def _expand(
+    sim: SimForest, world: World, policy: AllocationPolicy, n_continuations: int, ask, rng
+) -> SimForest:
     """Stage 2: continuations from the prefixes of the bare rollouts, m_i N per prompt."""
     forest = sim.forest
     anchors = forest.prefix_anchors()
@@ -193,15 +201,19 @@ def _expand(sim: SimForest, world: World, policy: AllocationPolicy, n_continuati
     if unspent:
         m = forest.leaf_count[forest.roots]
         extra = np.repeat(forest.roots, top_up_roots(m, unspent) - m)
-        sim = sim.grow(extra, world.rollouts(sim.payload(extra), forest.depth[extra], rng), origin=Origin.BARE)
+        sim = sim.grow(
+            extra, world.rollouts(sim.payload(extra), forest.depth[extra], rng), origin=Origin.BARE
+        )
     branch = np.repeat(anchors, alloc.k)
     if branch.size:
-        sim = sim.grow(branch, world.rollouts(sim.payload(branch), forest.depth[branch], rng), origin=Origin.CONTINUATION)
+        sim = sim.grow(
+            branch, world.rollouts(sim.payload(branch), forest.depth[branch], rng), origin=Origin.CONTINUATION
+        )
     return sim
 
 
 def _dynamic_sampling(world, policy, budget, prompts, rng) -> Batch:
-    """DAPO: rounds of G rollouts for fresh prompts until budget // G mixed groups, the budget or the pool is spent."""
+    """DAPO: rounds of G rollouts for fresh prompts until budget // G groups mix or budget or pool run out."""
     g = policy.group_size
     state = DynamicSamplingState(target=max(budget.total // g, 1), group_size=g, budget=budget.total)
     pool = len(prompts["v"])
@@ -209,7 +221,7 @@ def _dynamic_sampling(world, policy, budget, prompts, rng) -> Batch:
     while not state.done and drawn < pool:
         n = min(state.next_round(), pool - drawn)
         m = np.zeros(pool, dtype=np.int64)
-        m[drawn:drawn + n] = g
+        m[drawn : drawn + n] = g
         block = _bare(world, prompts, m, rng)
         prompt = np.repeat(np.arange(drawn, drawn + n), g)
         _, mixed = mixed_groups(prompt, block.reward)

@@ -33,7 +33,13 @@ CLAIM = (
     "most together; at equal pool, more roots beat more continuations per root ((1024, 2) beats (512, 6))."
 )
 ABLATION_ARMS = ("uniform_tree", "active_root_uniform_prefix", "prefix_only", "trace")
-METRICS = ("effective_ratio", "mixed_prompts", "mixed_anchor_ratio", "contrast_pairs_per_rollout", "mixed_prompts_per_1k_turns")
+METRICS = (
+    "effective_ratio",
+    "mixed_prompts",
+    "mixed_anchor_ratio",
+    "contrast_pairs_per_rollout",
+    "mixed_prompts_per_1k_turns",
+)
 
 
 @dataclass(frozen=True)
@@ -70,14 +76,24 @@ class Config:
             if m < 2:
                 raise ValueError(f"every shape needs M >= 2 root rollouts, got {m}")
             if m > self.pool * self.group_size:
-                raise ValueError(f"M = {m} needs `pool` >= {-(-m // self.group_size)} for uniform roots, got {self.pool}")
+                raise ValueError(
+                    f"M = {m} needs `pool` >= {-(-m // self.group_size)} for uniform roots, got {self.pool}"
+                )
         check_arms(self.ablation_arms)
         if not 0.0 < self.target_ratio < 1.0:
             raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=2, batches=3, warmup=1, ablation_shape=(128, 2), roots=(64, 128), continuations=(2, 6), pool=96)
+        return cls(
+            seeds=2,
+            batches=3,
+            warmup=1,
+            ablation_shape=(128, 2),
+            roots=(64, 128),
+            continuations=(2, 6),
+            pool=96,
+        )
 
 
 def _shape_label(m: int, n: int) -> str:
@@ -92,17 +108,42 @@ def run(config: Config, units: Units) -> Outcome:
         arm = Arm.parse(arm_text)
         rng = unit_rng(config.seed, NAME, study, arm.label, m, n, s)
         budget = RolloutBudget(m, n)
-        rows = online_batches(model, arm, budget, pool=config.pool, batches=config.batches, rng=rng,
-                              group_size=config.group_size)
-        return tidy(NAME, [
-            {"study": study, "arm": arm.label, "seed": s, "budget": budget.total, "roots": m, "continuations": n,
-             "batch": r["batch"], "metric": k, "value": r[k]}
-            for r in rows for k in METRICS
-        ])
+        rows = online_batches(
+            model,
+            arm,
+            budget,
+            pool=config.pool,
+            batches=config.batches,
+            rng=rng,
+            group_size=config.group_size,
+        )
+        return tidy(
+            NAME,
+            [
+                {
+                    "study": study,
+                    "arm": arm.label,
+                    "seed": s,
+                    "budget": budget.total,
+                    "roots": m,
+                    "continuations": n,
+                    "batch": r["batch"],
+                    "metric": k,
+                    "value": r[k],
+                }
+                for r in rows
+                for k in METRICS
+            ],
+        )
 
     m0, n0 = config.ablation_shape
     keys = [("ablation", a, m0, n0, s) for a in config.ablation_arms for s in range(config.seeds)]
-    keys += [("shape", "trace", m, n, s) for m in config.roots for n in config.continuations for s in range(config.seeds)]
+    keys += [
+        ("shape", "trace", m, n, s)
+        for m in config.roots
+        for n in config.continuations
+        for s in range(config.seeds)
+    ]
     table = units.map(unit, keys, desc=NAME)
     steady = table[table["batch"] >= config.warmup]
     ablation = by_arm(summarise(steady[steady["study"] == "ablation"], ["arm", "metric"]), METRICS)
@@ -112,7 +153,13 @@ def run(config: Config, units: Units) -> Outcome:
         entry = shapes.setdefault(_shape_label(int(r.roots), int(r.continuations)), {})
         entry[r.metric], entry[f"{r.metric}_stderr"] = round(float(r.value), 4), round(float(r.stderr), 4)
     result, held = _verdict(ablation, shapes)
-    return Outcome(table, ablation, result, held, {"budget_shapes": shapes, "ablation_shape": list(config.ablation_shape)})
+    return Outcome(
+        table,
+        ablation,
+        result,
+        held,
+        {"budget_shapes": shapes, "ablation_shape": list(config.ablation_shape)},
+    )
 
 
 def _beats(a: dict, b: dict) -> bool:
@@ -134,7 +181,8 @@ def _verdict(ablation: dict, shapes: dict) -> tuple[str, bool]:
         }
         held &= all(each.values())
         parts.append(
-            f"effective ratio uniform+uniform {uu['effective_ratio']:.1%}, active root {au['effective_ratio']:.1%}, "
+            f"effective ratio uniform+uniform {uu['effective_ratio']:.1%}, "
+            f"active root {au['effective_ratio']:.1%}, "
             f"active prefix {ua['effective_ratio']:.1%}, active+active {aa['effective_ratio']:.1%} "
             f"(paper: 42.8% -> 52.3%); significant gains: " + ", ".join(f"{k} {v}" for k, v in each.items())
         )
@@ -145,8 +193,9 @@ def _verdict(ablation: dict, shapes: dict) -> tuple[str, bool]:
         narrow = shapes.get(_shape_label(512, 2))
         listed = f"(512, 2) {narrow['effective_ratio']:.1%}, " if narrow else ""
         parts.append(
-            f"budget shapes {listed}(512, 6) {deep['effective_ratio']:.1%}, (1024, 2) {wide['effective_ratio']:.1%} "
-            f"(paper: 42.4%, 47.8%, 52.3%); (1024, 2) beats (512, 6) in effective ratio: {coverage}; mixed prompts "
+            f"budget shapes {listed}(512, 6) {deep['effective_ratio']:.1%}, "
+            f"(1024, 2) {wide['effective_ratio']:.1%} (paper: 42.4%, 47.8%, 52.3%); "
+            f"(1024, 2) beats (512, 6) in effective ratio: {coverage}; mixed prompts "
             f"per batch (512, 6) {deep['mixed_prompts']:.0f}, (1024, 2) {wide['mixed_prompts']:.0f}"
         )
     best = max(shapes, key=lambda k: shapes[k]["effective_ratio"])

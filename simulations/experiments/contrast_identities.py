@@ -73,7 +73,9 @@ class Config:
         return cls(prompts=4_000, informativeness=(0.3,), group_sizes=(2, 4), bins=5)
 
 
-def _bin_rows(check: str, size: int, v: np.ndarray, observed: np.ndarray, theory: np.ndarray, config: Config) -> list[dict]:
+def _bin_rows(
+    check: str, size: int, v: np.ndarray, observed: np.ndarray, theory: np.ndarray, config: Config
+) -> list[dict]:
     """Per v bin: the observed mean, the theory mean, the standard error and z."""
     edges = np.linspace(0.0, 1.0, config.bins + 1)
     which = np.clip(np.digitize(v, edges) - 1, 0, config.bins - 1)
@@ -127,8 +129,14 @@ def _continuations(model: BernoulliTreeModel, config: Config, rng) -> list[dict]
         source = np.repeat(anchors, size)
         rollouts = model.rollouts(sim.payload(source), forest.depth[source], rng)
         _, mixed = mixed_groups(source, rollouts.reward)  # one entry per anchor, in id order
-        differs = np.bincount(np.searchsorted(anchors, source), weights=rollouts.reward != np.repeat(factual, size),
-                              minlength=anchors.size) > 0
+        differs = (
+            np.bincount(
+                np.searchsorted(anchors, source),
+                weights=rollouts.reward != np.repeat(factual, size),
+                minlength=anchors.size,
+            )
+            > 0
+        )
         rows += _bin_rows("mixed", size, v, mixed.astype(float), mixed_probability(v, size), config)
         rows += _bin_rows("flip", size, v, differs.astype(float), flip_probability(v, factual, size), config)
     return rows
@@ -139,14 +147,21 @@ def run(config: Config, units: Units) -> Outcome:
         check, s = key
         rng = unit_rng(config.seed, NAME, check, str(s))
         model = dataclasses.replace(config.model, informativeness=s)
-        rows = _quadratic_variation(model, config, rng) if check == "quadratic_variation" else _continuations(model, config, rng)
+        rows = (
+            _quadratic_variation(model, config, rng)
+            if check == "quadratic_variation"
+            else _continuations(model, config, rng)
+        )
         return tidy(NAME, [{"seed": config.seed, "informativeness": s, **r} for r in rows])
 
     keys = [(check, s) for s in config.informativeness for check in ("quadratic_variation", "continuations")]
     table = units.map(unit, keys, desc=NAME)
     z = table[table["metric"] == "z"]
     worst = z.groupby("check")["value"].apply(lambda s: float(s.abs().max()))
-    headline = {check: {"max_abs_z": round(value, 3), "bins": int((z["check"] == check).sum())} for check, value in worst.items()}
+    headline = {
+        check: {"max_abs_z": round(value, 3), "bins": int((z["check"] == check).sum())}
+        for check, value in worst.items()
+    }
     held = bool((worst < config.z_limit).all())
     listed = ", ".join(f"{c} {w:.2f}" for c, w in worst.items())
     result = (

@@ -35,12 +35,25 @@ CLAIM = (
     "predictor gets close to the oracle."
 )
 ARMS = (
-    "grpo", "dapo", "pcl", "root_only", "random_prefix", "uniform_tree", "active_root_uniform_prefix",
-    "prefix_only", "trace", "trace_beta", "trace[oracle]",
+    "grpo",
+    "dapo",
+    "pcl",
+    "root_only",
+    "random_prefix",
+    "uniform_tree",
+    "active_root_uniform_prefix",
+    "prefix_only",
+    "trace",
+    "trace_beta",
+    "trace[oracle]",
 )
 
 HEADLINE_METRICS = (
-    "effective_ratio", "mixed_prompts", "mixed_prompts_per_1k_turns", "contrast_pairs_per_rollout", "turns",
+    "effective_ratio",
+    "mixed_prompts",
+    "mixed_prompts_per_1k_turns",
+    "contrast_pairs_per_rollout",
+    "turns",
     "predictor_brier",
 )
 TURN_METRICS = ("effective_ratio", "mixed_prompts", "rollouts", "turns")
@@ -83,9 +96,14 @@ class Config:
         if not (isinstance(self.continuations, int) and self.continuations >= 0):
             raise ValueError(f"`continuations` must be a non-negative integer, got {self.continuations!r}")
         if self.group_size < 2:
-            raise ValueError(f"`group_size` must be at least 2 (a group of one is never mixed), got {self.group_size}")
+            raise ValueError(
+                f"`group_size` must be at least 2 (a group of one is never mixed), got {self.group_size}"
+            )
         if not self.pool_factor >= 1.0:
-            raise ValueError(f"`pool_factor` must be at least 1 (GRPO needs M (1 + N) / G prompts), got {self.pool_factor!r}")
+            raise ValueError(
+                "`pool_factor` must be at least 1 (GRPO needs M (1 + N) / G prompts), "
+                f"got {self.pool_factor!r}"
+            )
         if not 0.0 < self.target_ratio < 1.0:
             raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
         check_arms(self.arms)
@@ -114,20 +132,41 @@ def run(config: Config, units: Units) -> Outcome:
         budget = RolloutBudget(roots, config.continuations)
         pool = max(config.pool, -(-get_policy(arm.policy).split(budget)[0] // config.group_size))
         rng = unit_rng(config.seed, NAME, view, arm.label, s)
-        rows = online_batches(model, arm, budget, pool=pool, batches=config.batches, rng=rng, group_size=config.group_size)
-        return tidy(NAME, [
-            {"view": view, "arm": arm.label, "seed": s, "budget": budget.total, "batch": r["batch"], "metric": k, "value": v}
-            for r in rows for k, v in r.items() if k != "batch"
-        ])
+        rows = online_batches(
+            model, arm, budget, pool=pool, batches=config.batches, rng=rng, group_size=config.group_size
+        )
+        return tidy(
+            NAME,
+            [
+                {
+                    "view": view,
+                    "arm": arm.label,
+                    "seed": s,
+                    "budget": budget.total,
+                    "batch": r["batch"],
+                    "metric": k,
+                    "value": v,
+                }
+                for r in rows
+                for k, v in r.items()
+                if k != "batch"
+            ],
+        )
 
     seeds = range(config.seeds)
-    by_rollouts = units.map(unit, [("equal_rollouts", a, config.roots, s) for a in config.arms for s in seeds], desc=NAME)
+    by_rollouts = units.map(
+        unit, [("equal_rollouts", a, config.roots, s) for a in config.arms for s in seeds], desc=NAME
+    )
     roots = _turn_matched_roots(by_rollouts, config)
-    by_turns = units.map(unit, [("equal_turns", a, roots[a], s) for a in config.arms for s in seeds], desc=NAME + "-turns")
+    by_turns = units.map(
+        unit, [("equal_turns", a, roots[a], s) for a in config.arms for s in seeds], desc=NAME + "-turns"
+    )
     table = pd.concat([by_rollouts, by_turns], ignore_index=True)
 
     steady = table[table["batch"] >= config.warmup]
-    headline = by_arm(summarise(steady[steady["view"] == "equal_rollouts"], ["arm", "metric"]), HEADLINE_METRICS)
+    headline = by_arm(
+        summarise(steady[steady["view"] == "equal_rollouts"], ["arm", "metric"]), HEADLINE_METRICS
+    )
     at_turns = by_arm(summarise(steady[steady["view"] == "equal_turns"], ["arm", "metric"]), TURN_METRICS)
     for arm, entry in at_turns.items():
         headline[arm].update({f"{k}_at_equal_turns": v for k, v in entry.items()})
@@ -161,7 +200,10 @@ def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
         )
         held &= calibrated_ok
     if "trace" in ratio:
-        parts.append(f"TRACE with the learned predictor {ratio['trace']:.1%} ± {se['trace']:.1%} (paper: {PAPER_TRACE_RATIO:.1%})")
+        parts.append(
+            f"TRACE with the learned predictor {ratio['trace']:.1%} ± {se['trace']:.1%} "
+            f"(paper: {PAPER_TRACE_RATIO:.1%})"
+        )
         if "grpo" in ratio:
             held &= ratio["trace"] - ratio["grpo"] > 2 * np.hypot(se["trace"], se["grpo"])
         if "trace[oracle]" in ratio:
@@ -173,8 +215,9 @@ def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
         trace, grpo = headline["trace"], headline["grpo"]
         parts.append(
             f"at equal turns ({grpo['turns_at_equal_turns']:.0f} per batch) TRACE samples "
-            f"{trace['rollouts_at_equal_turns']:.0f} rollouts to GRPO's {grpo['rollouts_at_equal_turns']:.0f} and mixes "
-            f"{trace['mixed_prompts_at_equal_turns']:.0f} prompts per batch to GRPO's {grpo['mixed_prompts_at_equal_turns']:.0f} "
+            f"{trace['rollouts_at_equal_turns']:.0f} rollouts to GRPO's "
+            f"{grpo['rollouts_at_equal_turns']:.0f} and mixes {trace['mixed_prompts_at_equal_turns']:.0f} "
+            f"prompts per batch to GRPO's {grpo['mixed_prompts_at_equal_turns']:.0f} "
             f"(ratio {trace['effective_ratio_at_equal_turns']:.1%})"
         )
     best = max(ratio, key=ratio.get)

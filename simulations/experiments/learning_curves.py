@@ -31,7 +31,17 @@ CLAIM = (
     "In an enumerable tree MDP, a policy trained on TRACE's trees reaches a higher true success probability "
     "than one trained on GRPO's groups, both at equal rollouts and at equal turns."
 )
-ARMS = ("grpo", "dapo", "pcl", "root_only", "random_prefix", "prefix_only", "trace", "trace_beta", "trace[oracle]")
+ARMS = (
+    "grpo",
+    "dapo",
+    "pcl",
+    "root_only",
+    "random_prefix",
+    "prefix_only",
+    "trace",
+    "trace_beta",
+    "trace[oracle]",
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,9 @@ class Config:
     estimators: tuple[str, ...] = ("grpo", "local", "treerl", "treepo", "trace")
     predictor_decay: float = 0.8
     """Discount of the learned predictor's past statistics per step (the policy it predicts changes)."""
-    mdp: TreeMDP = field(default_factory=lambda: TreeMDP(pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8)))
+    mdp: TreeMDP = field(
+        default_factory=lambda: TreeMDP(pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8))
+    )
 
     def __post_init__(self):
         for name in ("seeds", "steps", "roots", "group_size"):
@@ -69,7 +81,9 @@ class Config:
             ADVANTAGES.check(name)
         need = -(-self.budget.total // self.group_size)
         if need > self.mdp.n_tasks:
-            raise ValueError(f"flat arms draw up to {need} tasks per step; raise `mdp.n_tasks` (got {self.mdp.n_tasks})")
+            raise ValueError(
+                f"flat arms draw up to {need} tasks per step; raise `mdp.n_tasks` (got {self.mdp.n_tasks})"
+            )
 
     @property
     def budget(self) -> RolloutBudget:
@@ -88,8 +102,13 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=2, steps=6, roots=16, estimators=("grpo", "trace"),
-                   mdp=TreeMDP(n_tasks=16, horizon=3, pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8)))
+        return cls(
+            seeds=2,
+            steps=6,
+            roots=16,
+            estimators=("grpo", "trace"),
+            mdp=TreeMDP(n_tasks=16, horizon=3, pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8)),
+        )
 
 
 def _curve(config: Config, arm: Arm, estimator: str, s: int) -> list[dict]:
@@ -107,8 +126,15 @@ def _curve(config: Config, arm: Arm, estimator: str, s: int) -> list[dict]:
         predictor = predictor.update(batch.sampled)
         theta = policy_gradient_step(world, batch.trained, estimator=estimator, lr=config.lr)
         rollouts, turns = rollouts + batch.rollouts, turns + batch.turns
-        rows.append({"step": step, "rollouts": rollouts, "turns": turns, "success": float(tasks.success(theta).mean()),
-                     "effective_ratio": effective_ratio(batch.sampled.forest)})
+        rows.append(
+            {
+                "step": step,
+                "rollouts": rollouts,
+                "turns": turns,
+                "success": float(tasks.success(theta).mean()),
+                "effective_ratio": effective_ratio(batch.sampled.forest),
+            }
+        )
     return rows
 
 
@@ -118,11 +144,25 @@ def run(config: Config, units: Units) -> Outcome:
         arm = Arm.parse(arm_text)
         label = config.label(arm_text, estimator)
         rows = _curve(config, arm, estimator, s)
-        return tidy(NAME, [
-            {"arm": label, "policy": arm.policy, "predictor": arm.predictor, "estimator": estimator, "seed": s,
-             "budget": config.budget.total, "step": r["step"], "metric": k, "value": r[k]}
-            for r in rows for k in ("success", "rollouts", "turns", "effective_ratio") if k in r
-        ])
+        return tidy(
+            NAME,
+            [
+                {
+                    "arm": label,
+                    "policy": arm.policy,
+                    "predictor": arm.predictor,
+                    "estimator": estimator,
+                    "seed": s,
+                    "budget": config.budget.total,
+                    "step": r["step"],
+                    "metric": k,
+                    "value": r[k],
+                }
+                for r in rows
+                for k in ("success", "rollouts", "turns", "effective_ratio")
+                if k in r
+            ],
+        )
 
     keys = [(a, e, s) for a, e in config.runs for s in range(config.seeds)]
     table = units.map(unit, keys, desc=NAME)
@@ -134,7 +174,9 @@ def run(config: Config, units: Units) -> Outcome:
 def _success_at_turns(curves: pd.DataFrame, budget_turns: float) -> pd.Series:
     """Per (arm, seed): success interpolated at ``budget_turns`` turns spent (the equal-token view)."""
     wide = curves.pivot_table(index=["arm", "seed", "step"], columns="metric", values="value")
-    return wide.groupby(level=["arm", "seed"]).apply(lambda g: float(np.interp(budget_turns, g["turns"], g["success"])))
+    return wide.groupby(level=["arm", "seed"]).apply(
+        lambda g: float(np.interp(budget_turns, g["turns"], g["success"]))
+    )
 
 
 def _headline(table: pd.DataFrame, config: Config) -> tuple[dict, dict]:
@@ -148,12 +190,17 @@ def _headline(table: pd.DataFrame, config: Config) -> tuple[dict, dict]:
         mean, se = mean_and_stderr(by.loc[arm, "success"])
         at, at_se = mean_and_stderr(at_turns.loc[arm])
         headline[arm] = {
-            "final_success": round(mean, 4), "final_success_stderr": round(se, 4),
-            "success_at_equal_turns": round(at, 4), "success_at_equal_turns_stderr": round(at_se, 4),
+            "final_success": round(mean, 4),
+            "final_success_stderr": round(se, 4),
+            "success_at_equal_turns": round(at, 4),
+            "success_at_equal_turns_stderr": round(at_se, 4),
             "turns": round(float(by.loc[arm, "turns"].mean()), 1),
         }
-    details = {"initial_success": round(initial, 4), "equal_turns": round(equal_turns, 1),
-               "paired": _paired(by["success"], at_turns)}
+    details = {
+        "initial_success": round(initial, 4),
+        "equal_turns": round(equal_turns, 1),
+        "paired": _paired(by["success"], at_turns),
+    }
     return headline, details
 
 
@@ -171,17 +218,23 @@ def _paired(final: pd.Series, at_turns: pd.Series) -> dict:
 
 def _verdict(headline: dict, details: dict) -> tuple[str, bool]:
     best = max(headline, key=lambda a: headline[a]["final_success"])
-    text = (f"From J = {details['initial_success']:.3f} (uniform policy), best final success: {best} at "
-            f"{headline[best]['final_success']:.3f}")
+    text = (
+        f"From J = {details['initial_success']:.3f} (uniform policy), best final success: {best} at "
+        f"{headline[best]['final_success']:.3f}"
+    )
     paired = details["paired"]
     if not paired:
         return text + ".", False
     eq_r, eq_t = paired["equal_rollouts"], paired["equal_turns"]
-    held = bool(eq_r["trace_minus_grpo"] > 2 * eq_r["stderr"] and eq_t["trace_minus_grpo"] > 2 * eq_t["stderr"])
+    held = bool(
+        eq_r["trace_minus_grpo"] > 2 * eq_r["stderr"] and eq_t["trace_minus_grpo"] > 2 * eq_t["stderr"]
+    )
     text += (
-        f"; TRACE {headline['trace']['final_success']:.3f} vs GRPO {headline['grpo']['final_success']:.3f} at equal "
+        f"; TRACE {headline['trace']['final_success']:.3f} vs GRPO "
+        f"{headline['grpo']['final_success']:.3f} at equal "
         f"rollouts (paired difference {eq_r['trace_minus_grpo']:+.3f} ± {eq_r['stderr']:.3f}), and "
-        f"{eq_t['trace_minus_grpo']:+.3f} ± {eq_t['stderr']:.3f} at equal turns ({details['equal_turns']:.0f} turns)."
+        f"{eq_t['trace_minus_grpo']:+.3f} ± {eq_t['stderr']:.3f} at equal turns "
+        f"({details['equal_turns']:.0f} turns)."
     )
     return text, held
 

@@ -31,7 +31,13 @@ CLAIM = (
     "grows, from the oracle's towards GRPO's, and stays above GRPO's until the predictions carry little "
     "information."
 )
-METRICS = ("effective_ratio", "mixed_prompts", "contrast_pairs_per_rollout", "predictor_brier", "predictor_ece")
+METRICS = (
+    "effective_ratio",
+    "mixed_prompts",
+    "contrast_pairs_per_rollout",
+    "predictor_brier",
+    "predictor_ece",
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,9 @@ class Config:
         if not self.pool_factor >= 1.0:
             raise ValueError(f"`pool_factor` must be at least 1, got {self.pool_factor!r}")
         if len(self.noises) < 2 or sorted(set(self.noises)) != list(self.noises) or self.noises[0] < 0:
-            raise ValueError(f"`noises` must be at least two increasing non-negative values, got {self.noises!r}")
+            raise ValueError(
+                f"`noises` must be at least two increasing non-negative values, got {self.noises!r}"
+            )
         if 1.0 not in self.temperatures or not all(t > 0 for t in self.temperatures):
             raise ValueError(f"`temperatures` must be positive and include 1.0, got {self.temperatures!r}")
         check_arms(self.references)
@@ -91,15 +99,41 @@ def run(config: Config, units: Units) -> Outcome:
         arm = Arm.parse(arm_text)
         rng = unit_rng(config.seed, NAME, arm.label, str(noise), str(temperature), s)
         options = {"noisy": {"noise": noise, "temperature": temperature}}
-        rows = online_batches(model, arm, config.budget, pool=config.pool, batches=config.batches, rng=rng,
-                              group_size=config.group_size, predictor_options=options)
-        return tidy(NAME, [
-            {"arm": arm.label, "seed": s, "budget": config.budget.total, "noise": noise, "temperature": temperature,
-             "batch": r["batch"], "metric": k, "value": r[k]}
-            for r in rows for k in METRICS if k in r
-        ])
+        rows = online_batches(
+            model,
+            arm,
+            config.budget,
+            pool=config.pool,
+            batches=config.batches,
+            rng=rng,
+            group_size=config.group_size,
+            predictor_options=options,
+        )
+        return tidy(
+            NAME,
+            [
+                {
+                    "arm": arm.label,
+                    "seed": s,
+                    "budget": config.budget.total,
+                    "noise": noise,
+                    "temperature": temperature,
+                    "batch": r["batch"],
+                    "metric": k,
+                    "value": r[k],
+                }
+                for r in rows
+                for k in METRICS
+                if k in r
+            ],
+        )
 
-    keys = [("trace[noisy]", n, t, s) for t in config.temperatures for n in config.noises for s in range(config.seeds)]
+    keys = [
+        ("trace[noisy]", n, t, s)
+        for t in config.temperatures
+        for n in config.noises
+        for s in range(config.seeds)
+    ]
     keys += [(a, math.nan, math.nan, s) for a in config.references for s in range(config.seeds)]
     table = units.map(unit, keys, desc=NAME)
     steady = table[table["batch"] >= config.warmup]
@@ -128,16 +162,21 @@ def _outcome(table, sweep: pd.DataFrame, references: dict, config: Config) -> Ou
             "predictor_brier": round(float(wide.loc[(t, n), ("value", "predictor_brier")]), 5),
             "predictor_ece": round(float(wide.loc[(t, n), ("value", "predictor_ece")]), 5),
         }
-    details = {"spearman_brier_vs_ratio": round(rho, 3), "spearman_brier_vs_mixed_prompts": round(rho_mixed, 3),
-               "monotone_in_noise": monotone}
-    parts = [f"at temperature 1 the effective ratio goes from {curve.iloc[0]:.1%} (noise {curve.index[0]:g}) to "
-             f"{curve.iloc[-1]:.1%} (noise {curve.index[-1]:g}), monotone within 2 standard errors: {monotone}; "
-             f"Spearman correlation of the Brier score with the effective ratio {rho:.2f}, with the number of mixed "
-             f"prompts {rho_mixed:.2f}, over all settings"]
+    details = {
+        "spearman_brier_vs_ratio": round(rho, 3),
+        "spearman_brier_vs_mixed_prompts": round(rho_mixed, 3),
+        "monotone_in_noise": monotone,
+    }
+    sweep_text = (
+        f"at temperature 1 the effective ratio goes from {curve.iloc[0]:.1%} (noise {curve.index[0]:g}) to "
+        f"{curve.iloc[-1]:.1%} (noise {curve.index[-1]:g}), monotone within 2 standard errors: {monotone}; "
+        f"Spearman correlation of the Brier score with the effective ratio {rho:.2f}, with the number of "
+        f"mixed prompts {rho_mixed:.2f}, over all settings"
+    )
     quietest = min(config.noises)
-    parts += [
-        f"at noise {quietest:g} and temperature {t:g}: ratio {ratio.loc[(t, quietest)]:.1%}, {mixed.loc[(t, quietest)]:.0f} "
-        "mixed prompts"
+    parts = [sweep_text] + [
+        f"at noise {quietest:g} and temperature {t:g}: ratio {ratio.loc[(t, quietest)]:.1%}, "
+        f"{mixed.loc[(t, quietest)]:.0f} mixed prompts"
         for t in config.temperatures
     ]
     held = monotone and rho < 0
@@ -145,15 +184,20 @@ def _outcome(table, sweep: pd.DataFrame, references: dict, config: Config) -> Ou
         grpo = references["grpo"]["effective_ratio"]
         above = curve[curve > grpo]
         details["grpo_effective_ratio"] = grpo
-        parts.append(f"GRPO {grpo:.1%}; TRACE stays above it up to noise {above.index.max():g}" if len(above)
-                     else f"GRPO {grpo:.1%} is never beaten")
+        parts.append(
+            f"GRPO {grpo:.1%}; TRACE stays above it up to noise {above.index.max():g}"
+            if len(above)
+            else f"GRPO {grpo:.1%} is never beaten"
+        )
         held &= bool(curve.iloc[0] > grpo)
     if "trace" in references:
         learned = references["trace"]["effective_ratio"]
         equivalent = _equivalent_noise(curve, learned)
         details["learned_equivalent_noise"] = equivalent
-        parts.append(f"the learned predictor ({learned:.1%}) is worth a noisy oracle with noise "
-                     + (f"{equivalent:.2f}" if equivalent is not None else "outside the swept range"))
+        parts.append(
+            f"the learned predictor ({learned:.1%}) is worth a noisy oracle with noise "
+            + (f"{equivalent:.2f}" if equivalent is not None else "outside the swept range")
+        )
     return Outcome(table, headline, "; ".join(parts) + ".", bool(held), details)
 
 

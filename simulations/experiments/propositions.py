@@ -71,7 +71,10 @@ class Config:
         if not self.budgets or not all(isinstance(b, int) and b >= 16 for b in self.budgets):
             raise ValueError(f"`budgets` must be integers >= 16 (two groups of 8), got {self.budgets!r}")
         if max(self.budgets) > 8 * self.pool:
-            raise ValueError(f"`budgets` up to {max(self.budgets)} need `pool` >= {max(self.budgets) // 8} prompts for GRPO")
+            raise ValueError(
+                f"`budgets` up to {max(self.budgets)} need `pool` >= {max(self.budgets) // 8} "
+                "prompts for GRPO"
+            )
         if not self.z_limit > 0:
             raise ValueError(f"`z_limit` must be positive, got {self.z_limit!r}")
 
@@ -88,7 +91,9 @@ class Config:
 def _prefix_conditioning(model: BernoulliTreeModel, config: Config, rng) -> list[dict]:
     n, m, s = config.prompts, config.group_size, model.informativeness
     prompts = {"v": model.pass_rates.sample(n, rng), "signal": np.zeros(n)}
-    sim = SimForest.plant(prompts, np.ones(n, dtype=np.int64), model.rollouts(prompts, np.zeros(n, np.int64), rng))
+    sim = SimForest.plant(
+        prompts, np.ones(n, dtype=np.int64), model.rollouts(prompts, np.zeros(n, np.int64), rng)
+    )
     forest = sim.forest
     # One anchor per rollout: its root or one of its prefixes, uniformly.
     candidates = np.flatnonzero(~forest.is_leaf)
@@ -118,8 +123,16 @@ def _prefix_conditioning(model: BernoulliTreeModel, config: Config, rng) -> list
             {**base, "metric": "brier_rate_prefix", "value": brier_score(vp, rate[sel])},
             {**base, "metric": "rate_improvement", "value": improvement, "stderr": se},
             {**base, "metric": "rate_improvement_theory", "value": float(theory.mean())},
-            {**base, "metric": "brier_mixed_root", "value": brier_score(mixed_probability(vr, m), mixed[sel])},
-            {**base, "metric": "brier_mixed_prefix", "value": brier_score(mixed_probability(vp, m), mixed[sel])},
+            {
+                **base,
+                "metric": "brier_mixed_root",
+                "value": brier_score(mixed_probability(vr, m), mixed[sel]),
+            },
+            {
+                **base,
+                "metric": "brier_mixed_prefix",
+                "value": brier_score(mixed_probability(vp, m), mixed[sel]),
+            },
         ]
     return rows
 
@@ -136,7 +149,15 @@ def _active_versus_uniform(model: BernoulliTreeModel, config: Config, pool_index
         base = {"proposition": 3, "pool": pool_index, "budget": budget}
         for name in ("grpo", "root_only"):
             m = get_policy(name).allocate_roots(v, budget)
-            rows.append({**base, "stage": "roots", "arm": name, "metric": "expected_mixed_groups", "value": root_utility(v, m)})
+            rows.append(
+                {
+                    **base,
+                    "stage": "roots",
+                    "arm": name,
+                    "metric": "expected_mixed_groups",
+                    "value": root_utility(v, m),
+                }
+            )
         # Prefixes: bare rollouts from GRPO-sized groups, N = 2 continuations per bare rollout.
         m = get_policy("grpo").allocate_roots(v, budget)
         prompts = {"v": v, "signal": np.zeros(config.pool)}
@@ -151,7 +172,15 @@ def _active_versus_uniform(model: BernoulliTreeModel, config: Config, pool_index
         for name in ("uniform_tree", "random_prefix", "trace"):
             k = get_policy(name).allocate_prefixes(v_a, r, forest.tree_index[anchors], budgets, rng=rng).k
             value = float(flip_probability(v_a, r, k).sum())
-            rows.append({**base, "stage": "prefixes", "arm": name, "metric": "expected_flipped_anchors", "value": value})
+            rows.append(
+                {
+                    **base,
+                    "stage": "prefixes",
+                    "arm": name,
+                    "metric": "expected_flipped_anchors",
+                    "value": value,
+                }
+            )
     return rows
 
 
@@ -162,7 +191,11 @@ def run(config: Config, units: Units) -> Outcome:
         part, index = key
         if part == "prefix_conditioning":
             s = config.informativeness[index]
-            rows = _prefix_conditioning(dataclasses.replace(model, informativeness=s), config, unit_rng(config.seed, NAME, part, index))
+            rows = _prefix_conditioning(
+                dataclasses.replace(model, informativeness=s),
+                config,
+                unit_rng(config.seed, NAME, part, index),
+            )
         else:
             rows = _active_versus_uniform(model, config, index, unit_rng(config.seed, NAME, part, index))
         return tidy(NAME, [{"seed": config.seed, **r} for r in rows])
@@ -175,19 +208,31 @@ def run(config: Config, units: Units) -> Outcome:
 
 
 def _verdict(table: pd.DataFrame, config: Config):
-    p1 = table[table["proposition"] == 1].pivot_table(index=["informativeness", "depth"], columns="metric", values="value")
-    se = table[(table["proposition"] == 1) & (table["metric"] == "rate_improvement")].set_index(["informativeness", "depth"])["stderr"].reindex(p1.index)
+    p1 = table[table["proposition"] == 1].pivot_table(
+        index=["informativeness", "depth"], columns="metric", values="value"
+    )
+    se = (
+        table[(table["proposition"] == 1) & (table["metric"] == "rate_improvement")]
+        .set_index(["informativeness", "depth"])["stderr"]
+        .reindex(p1.index)
+    )
     deep = p1.index.get_level_values("depth") > 0
-    improves = bool((p1.loc[deep, "brier_rate_prefix"] < p1.loc[deep, "brier_rate_root"]).all()
-                    and (p1.loc[deep, "brier_mixed_prefix"] < p1.loc[deep, "brier_mixed_root"]).all())
+    improves = bool(
+        (p1.loc[deep, "brier_rate_prefix"] < p1.loc[deep, "brier_rate_root"]).all()
+        and (p1.loc[deep, "brier_mixed_prefix"] < p1.loc[deep, "brier_mixed_root"]).all()
+    )
     z = ((p1.loc[deep, "rate_improvement"] - p1.loc[deep, "rate_improvement_theory"]) / se[deep]).abs()
     matches = bool((z < config.z_limit).all())
 
-    p3 = table[table["proposition"] == 3].pivot_table(index=["pool", "budget", "stage"], columns="arm", values="value")
+    p3 = table[table["proposition"] == 3].pivot_table(
+        index=["pool", "budget", "stage"], columns="arm", values="value"
+    )
     roots = p3.xs("roots", level="stage")
     prefixes = p3.xs("prefixes", level="stage")
     root_wins = bool((roots["root_only"] >= roots["grpo"] - 1e-9).all())
-    prefix_wins = bool((prefixes["trace"] >= prefixes[["uniform_tree", "random_prefix"]].max(axis=1) - 1e-9).all())
+    prefix_wins = bool(
+        (prefixes["trace"] >= prefixes[["uniform_tree", "random_prefix"]].max(axis=1) - 1e-9).all()
+    )
     gains = {
         "roots": (roots["root_only"] / roots["grpo"]).groupby("budget").mean(),
         "prefixes": (prefixes["trace"] / prefixes["uniform_tree"]).groupby("budget").mean(),
@@ -201,15 +246,17 @@ def _verdict(table: pd.DataFrame, config: Config):
             for s, g in p1.groupby(level="informativeness")
         },
         "active_over_uniform": {
-            stage: {f"budget={int(b)}": round(float(x), 3) for b, x in ratio.items()} for stage, ratio in gains.items()
+            stage: {f"budget={int(b)}": round(float(x), 3) for b, x in ratio.items()}
+            for stage, ratio in gains.items()
         },
     }
     held = improves and matches and root_wins and prefix_wins
     result = (
-        f"Prefix conditioning lowers the Brier score of the group's success rate and of its mixedness at every "
-        f"depth > 0: {improves}; the improvement matches (1 - (1 - s)^t) E[V_0 (1 - V_0)] within {config.z_limit} "
-        f"standard errors: {matches} (largest |z| {z.max():.2f}). Active roots beat uniform roots in every pool and "
-        f"budget: {root_wins} (expected mixed groups x{min(gains['roots']):.2f} to x{max(gains['roots']):.2f}); active "
+        "Prefix conditioning lowers the Brier score of the group's success rate and of its mixedness at "
+        f"every depth > 0: {improves}; the improvement matches (1 - (1 - s)^t) E[V_0 (1 - V_0)] within "
+        f"{config.z_limit} standard errors: {matches} (largest |z| {z.max():.2f}). Active roots beat uniform "
+        f"roots in every pool and budget: {root_wins} (expected mixed groups x{min(gains['roots']):.2f} to "
+        f"x{max(gains['roots']):.2f}); active "
         f"prefixes beat uniform and random ones: {prefix_wins} (expected flipped anchors "
         f"x{min(gains['prefixes']):.2f} to x{max(gains['prefixes']):.2f} over uniform)."
     )

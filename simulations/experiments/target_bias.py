@@ -50,7 +50,8 @@ from .common import PAPER_GRPO_RATIO, calibrated, check_arms
 NAME = "target_bias"
 CLAIM = (
     "When branching depends on the factual outcome (TRACE), a predictor fitted to the paper's leaf-weighted "
-    "targets with their leaf-count weights solves a biased estimating equation at prefixes, while it is unbiased "
+    "targets with their leaf-count weights solves a biased estimating equation at prefixes, while it is "
+    "unbiased "
     "under outcome-independent branching; the factual and own_branches targets are unbiased under every rule."
 )
 ARMS = ("trace[oracle]", "trace", "uniform_tree", "random_prefix")
@@ -85,7 +86,10 @@ class Config:
         if self.seeds < 2:
             raise ValueError(f"`seeds` must be at least 2 to give standard errors, got {self.seeds}")
         if not (isinstance(self.continuations, int) and self.continuations >= 1):
-            raise ValueError(f"`continuations` must be at least 1 (this experiment is about branching), got {self.continuations!r}")
+            raise ValueError(
+                "`continuations` must be at least 1 (this experiment is about branching), "
+                f"got {self.continuations!r}"
+            )
         if not self.pool_factor >= 1.0:
             raise ValueError(f"`pool_factor` must be at least 1, got {self.pool_factor!r}")
         check_arms(self.arms)
@@ -117,8 +121,11 @@ def _node_groups(forest) -> dict[str, np.ndarray]:
     internal = ~forest.is_leaf
     root = forest.parent == -1
     prefix = internal & ~root
-    return {"root": np.flatnonzero(root), "prefix": np.flatnonzero(prefix),
-            "branched_prefix": np.flatnonzero(prefix & (forest.n_children > 1))}
+    return {
+        "root": np.flatnonzero(root),
+        "prefix": np.flatnonzero(prefix),
+        "branched_prefix": np.flatnonzero(prefix & (forest.n_children > 1)),
+    }
 
 
 def _target_rows(sim, bins: int) -> list[dict]:
@@ -136,8 +143,15 @@ def _target_rows(sim, bins: int) -> list[dict]:
                 continue
             for method, (target, weight) in targets.items():
                 error, w = target[sub] - v[sub], weight[sub]
-                base = {"quantity": "target", "method": method, "nodes": group, "scope": scope, "v_low": low,
-                        "v_high": high, "n": int(sub.size)}
+                base = {
+                    "quantity": "target",
+                    "method": method,
+                    "nodes": group,
+                    "scope": scope,
+                    "v_low": low,
+                    "v_high": high,
+                    "n": int(sub.size),
+                }
                 rows += [
                     {**base, "metric": "bias", "value": float(error.mean())},
                     {**base, "metric": "weighted_bias", "value": float((w * error).sum() / w.sum())},
@@ -157,11 +171,21 @@ def _advantage_rows(sim) -> list[dict]:
     rows = []
     for name in ADVANTAGES:
         adv = compute_advantages(forest, name)[y]
-        base = {"quantity": "advantage", "method": name, "nodes": "branched_turn", "scope": "all", "n": int(y.size)}
+        base = {
+            "quantity": "advantage",
+            "method": name,
+            "nodes": "branched_turn",
+            "scope": "all",
+            "n": int(y.size),
+        }
         nonzero = exact != 0
         rows += [
             {**base, "metric": "correlation", "value": float(np.corrcoef(adv, exact)[0, 1])},
-            {**base, "metric": "sign_agreement", "value": float((np.sign(adv[nonzero]) == np.sign(exact[nonzero])).mean())},
+            {
+                **base,
+                "metric": "sign_agreement",
+                "value": float((np.sign(adv[nonzero]) == np.sign(exact[nonzero])).mean()),
+            },
         ]
         if name == "local":
             rows.append({**base, "metric": "bias", "value": float((adv - exact).mean())})
@@ -197,8 +221,12 @@ def _outcome(table: pd.DataFrame, summary: pd.DataFrame, config: Config) -> Outc
     def stat(arm: str, method: str, metric: str, *, binned: bool = False) -> pd.DataFrame:
         """Rows of one statistic over all prefixes (advantages: branched turns), or per V bin."""
         scope = "v_bin" if binned else "all"
-        return prefixes[(prefixes["arm"] == arm) & (prefixes["method"] == method) & (prefixes["metric"] == metric)
-                        & (prefixes["scope"] == scope)]
+        return prefixes[
+            (prefixes["arm"] == arm)
+            & (prefixes["method"] == method)
+            & (prefixes["metric"] == metric)
+            & (prefixes["scope"] == scope)
+        ]
 
     def worst_z(arm: str, method: str, metric: str) -> float:
         rows = stat(arm, method, metric, binned=True)
@@ -216,29 +244,44 @@ def _outcome(table: pd.DataFrame, summary: pd.DataFrame, config: Config) -> Outc
                 entry[f"{method}_{metric}_max_bin_z"] = round(worst_z(arm.label, method, metric), 2)
             per_bin = stat(arm.label, method, "weighted_bias", binned=True)
             entry[f"{method}_weighted_bias_by_v_bin"] = {
-                f"{r.v_low:.1f}-{r.v_low + 1 / config.bins:.1f}": round(float(r.value), 4) for r in per_bin.itertuples()
+                f"{r.v_low:.1f}-{r.v_low + 1 / config.bins:.1f}": round(float(r.value), 4)
+                for r in per_bin.itertuples()
             }
         for name in ADVANTAGES:
-            entry[f"advantage_{name}_correlation"] = round(float(stat(arm.label, name, "correlation")["value"].iloc[0]), 4)
+            entry[f"advantage_{name}_correlation"] = round(
+                float(stat(arm.label, name, "correlation")["value"].iloc[0]), 4
+            )
 
     dependent = [a.label for a in arms if get_policy(a.policy).prefix_rule == "active"]
     independent = [a.label for a in arms if a.label not in dependent]
     limit = config.z_limit
     checks = {
-        "leaf_weighted biased in some V bin under outcome-dependent branching":
-            all(worst_z(a, "leaf_weighted", "weighted_bias") > limit for a in dependent),
-        "leaf_weighted unbiased in every V bin under outcome-independent branching":
-            all(worst_z(a, "leaf_weighted", "weighted_bias") < limit for a in independent),
-        "factual unbiased in every V bin": all(worst_z(a.label, "factual", "weighted_bias") < limit for a in arms),
-        "own_branches unbiased in every V bin": all(worst_z(a.label, "own_branches", "weighted_bias") < limit for a in arms),
+        "leaf_weighted biased in some V bin under outcome-dependent branching": all(
+            worst_z(a, "leaf_weighted", "weighted_bias") > limit for a in dependent
+        ),
+        "leaf_weighted unbiased in every V bin under outcome-independent branching": all(
+            worst_z(a, "leaf_weighted", "weighted_bias") < limit for a in independent
+        ),
+        "factual unbiased in every V bin": all(
+            worst_z(a.label, "factual", "weighted_bias") < limit for a in arms
+        ),
+        "own_branches unbiased in every V bin": all(
+            worst_z(a.label, "own_branches", "weighted_bias") < limit for a in arms
+        ),
     }
     shown = "; ".join(
-        f"{a.label}: " + ", ".join(f"{k} {v:+.3f}" for k, v in headline[a.label]["leaf_weighted_weighted_bias_by_v_bin"].items())
+        f"{a.label}: "
+        + ", ".join(
+            f"{k} {v:+.3f}" for k, v in headline[a.label]["leaf_weighted_weighted_bias_by_v_bin"].items()
+        )
         for a in arms
     )
-    result = (f"Weighted bias (the estimating equation of a fit with the method's weights) of the leaf-weighted "
-              f"target over prefixes, by bin of true V: {shown}. "
-              + "; ".join(f"{k}: {v}" for k, v in checks.items()) + ".")
+    result = (
+        f"Weighted bias (the estimating equation of a fit with the method's weights) of the leaf-weighted "
+        f"target over prefixes, by bin of true V: {shown}. "
+        + "; ".join(f"{k}: {v}" for k, v in checks.items())
+        + "."
+    )
     return Outcome(table, headline, result, all(checks.values()), {"checks": checks})
 
 

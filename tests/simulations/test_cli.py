@@ -35,8 +35,15 @@ def test_list_names_every_experiment_with_its_claim(capsys):
     printed = capsys.readouterr().out
     for name, experiment in EXPERIMENTS.items():
         assert name in printed and experiment.claim in printed
-    assert list(EXPERIMENTS) == ["contrast_identities", "propositions", "effective_ratio", "ablation",
-                                 "learning_curves", "predictor_quality", "target_bias"]
+    assert list(EXPERIMENTS) == [
+        "contrast_identities",
+        "propositions",
+        "effective_ratio",
+        "ablation",
+        "learning_curves",
+        "predictor_quality",
+        "target_bias",
+    ]
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
@@ -96,14 +103,20 @@ def test_an_interrupted_run_resumes_without_redoing_finished_units(tmp_path, mon
     assert len(list((folder / "units").glob("*.csv"))) == 3
 
     calls.clear()
-    monkeypatch.setattr(effective_ratio_module, "online_batches", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(
+        effective_ratio_module, "online_batches", lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    )
     _, ran = run_experiment("effective_ratio", out=tmp_path, quick=True, progress=False)
-    units = len(resolve_config("effective_ratio", quick=True).arms) * 2 * 2  # arms x seeds x (rollout, turn) views
+    units = (
+        len(resolve_config("effective_ratio", quick=True).arms) * 2 * 2
+    )  # arms x seeds x (rollout, turn) views
     assert ran and len(calls) == units - 3
     assert not (folder / "units").exists()
 
     run_experiment("effective_ratio", out=tmp_path / "fresh", quick=True, progress=False)
-    assert (folder / "results.csv").read_bytes() == (tmp_path / "fresh" / "effective_ratio" / "results.csv").read_bytes()
+    assert (folder / "results.csv").read_bytes() == (
+        tmp_path / "fresh" / "effective_ratio" / "results.csv"
+    ).read_bytes()
 
 
 def _error_line(capsys):
@@ -138,14 +151,17 @@ def test_argument_errors_exit_with_status_2():
 def test_console_script_and_module_entry_point():
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts.get("trace-sim") == "simulations.cli:main"
-    done = subprocess.run([sys.executable, "-m", "simulations.cli", "list"], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "simulations.cli", "list"], capture_output=True, text=True, check=True
+    )
     assert "effective_ratio" in done.stdout
 
 
 def test_simulations_imports_no_training_or_plotting_stack():
     code = (
         "import sys, pkgutil, importlib, simulations, simulations.experiments\n"
-        "for m in pkgutil.walk_packages(simulations.__path__, 'simulations.'): importlib.import_module(m.name)\n"
+        "for m in pkgutil.walk_packages(simulations.__path__, 'simulations.'):\n"
+        "    importlib.import_module(m.name)\n"
         "bad = {'torch', 'transformers', 'vllm', 'trace_train', 'matplotlib'} & set(sys.modules)\n"
         "print(','.join(sorted(bad)))\n"
     )
@@ -155,8 +171,22 @@ def test_simulations_imports_no_training_or_plotting_stack():
 
 def test_benchmark_script_reports_turns_per_second(tmp_path):
     target = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "-m", "simulations.benchmark", "--rollouts", "3000", "--repeats", "1",
-                           "--json", str(target)], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulations.benchmark",
+            "--rollouts",
+            "3000",
+            "--repeats",
+            "1",
+            "--json",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "M turns/s" in done.stdout
     numbers = json.loads(target.read_text())
     assert numbers["raw_mturns_per_s"] > 0 and numbers["batch_mturns_per_s"] > 0

@@ -80,8 +80,14 @@ def test_summarise_averages_within_seed_then_across_seeds():
 
 def test_batch_metrics_are_the_trace_theory_metrics():
     model = calibrated(BernoulliTreeModel(), 0.268, 8)
-    batch = sample_batch(model, get_policy("trace"), RolloutBudget(64, 2), OraclePredictor(), pool=48,
-                         rng=np.random.default_rng(0))
+    batch = sample_batch(
+        model,
+        get_policy("trace"),
+        RolloutBudget(64, 2),
+        OraclePredictor(),
+        pool=48,
+        rng=np.random.default_rng(0),
+    )
     metrics = batch_metrics(batch)
     forest = batch.sampled.forest
     assert metrics["effective_ratio"] == theory_effective_ratio(forest)
@@ -92,7 +98,9 @@ def test_batch_metrics_are_the_trace_theory_metrics():
 def test_grpo_reproduces_the_calibrated_effective_ratio():
     """Simulated GRPO groups of 8 mix as often as the exact calibration says, within 4 standard errors."""
     model = calibrated(BernoulliTreeModel(), 0.268, 8)
-    rows = online_batches(model, Arm("grpo"), RolloutBudget(4096), pool=512, batches=4, rng=np.random.default_rng(1))
+    rows = online_batches(
+        model, Arm("grpo"), RolloutBudget(4096), pool=512, batches=4, rng=np.random.default_rng(1)
+    )
     share = np.array([r["effective_ratio"] for r in rows])
     se = np.sqrt(0.268 * 0.732 / (512 * 4))
     assert abs(share.mean() - 0.268) < 4 * se
@@ -106,7 +114,9 @@ def test_the_quadratic_variation_check_catches_a_drifting_world():
         def split(self, v, rng):
             return np.minimum(1.0, super().split(v, rng) + 0.05)
 
-    config = contrast_identities.Config(prompts=20_000, informativeness=(0.3,), group_sizes=(2,), model=Drifting())
+    config = contrast_identities.Config(
+        prompts=20_000, informativeness=(0.3,), group_sizes=(2,), model=Drifting()
+    )
     outcome = contrast_identities.run(config, Units(progress=False))
     assert not outcome.held
     assert outcome.headline["quadratic_variation"]["max_abs_z"] > config.z_limit
@@ -121,12 +131,16 @@ def test_the_contrast_identities_hold_in_the_real_world():
 def test_propositions_hold_at_quick_size():
     outcome = propositions.run(propositions.Config.quick(), Units(progress=False))
     assert outcome.held, outcome.result
-    assert all(gain > 1 for gains in outcome.headline["active_over_uniform"].values() for gain in gains.values())
+    assert all(
+        gain > 1 for gains in outcome.headline["active_over_uniform"].values() for gain in gains.values()
+    )
 
 
 @pytest.mark.slow
 def test_target_bias_separates_outcome_dependent_from_independent_branching():
-    config = target_bias.Config(seeds=8, batches=2, warmup=0, roots=256, arms=("trace[oracle]", "uniform_tree"))
+    config = target_bias.Config(
+        seeds=8, batches=2, warmup=0, roots=256, arms=("trace[oracle]", "uniform_tree")
+    )
     outcome = target_bias.run(config, Units(progress=False))
     assert outcome.details["checks"] == {
         "leaf_weighted biased in some V bin under outcome-dependent branching": True,

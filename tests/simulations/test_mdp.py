@@ -72,8 +72,14 @@ def _loop_gradient(world, sim, lr):
 def test_policy_gradient_step_equals_the_path_by_path_loop(small, policy):
     _, tasks, theta = small
     world = MDPWorld(tasks, theta)
-    batch = sample_batch(world, get_policy(policy, group_size=4), RolloutBudget(16, 2), OraclePredictor(), pool=12,
-                         rng=np.random.default_rng(3))
+    batch = sample_batch(
+        world,
+        get_policy(policy, group_size=4),
+        RolloutBudget(16, 2),
+        OraclePredictor(),
+        pool=12,
+        rng=np.random.default_rng(3),
+    )
     fast = policy_gradient_step(world, batch.trained, estimator="grpo", lr=0.5)
     assert np.allclose(fast, _loop_gradient(world, batch.trained, 0.5))
     assert np.abs(compute_advantages(batch.trained.forest, "grpo")).sum() > 0 and not np.allclose(fast, theta)
@@ -87,7 +93,9 @@ def test_training_on_trace_trees_raises_the_true_success_probability():
     start = tasks.success(theta).mean()
     for _ in range(25):
         world = MDPWorld(tasks, theta)
-        batch = sample_batch(world, get_policy("trace"), RolloutBudget(16, 2), OraclePredictor(), pool=16, rng=rng)
+        batch = sample_batch(
+            world, get_policy("trace"), RolloutBudget(16, 2), OraclePredictor(), pool=16, rng=rng
+        )
         theta = policy_gradient_step(world, batch.trained, estimator="trace", lr=20.0)
     assert tasks.success(theta).mean() > start + 0.03
 
@@ -95,9 +103,15 @@ def test_training_on_trace_trees_raises_the_true_success_probability():
 def test_an_empty_forest_leaves_the_policy_unchanged(small):
     _, tasks, theta = small
     world = MDPWorld(tasks, theta)
-    empty = SimForest.plant(world.sample_prompts(2, np.random.default_rng(0)), np.zeros(2, np.int64),
-                            world.rollouts({k: np.zeros(0, np.int64) for k in ("task", "state", "action")},
-                                           np.zeros(0, np.int64), np.random.default_rng(0)))
+    empty = SimForest.plant(
+        world.sample_prompts(2, np.random.default_rng(0)),
+        np.zeros(2, np.int64),
+        world.rollouts(
+            {k: np.zeros(0, np.int64) for k in ("task", "state", "action")},
+            np.zeros(0, np.int64),
+            np.random.default_rng(0),
+        ),
+    )
     assert np.array_equal(policy_gradient_step(world, empty, estimator="trace", lr=1.0), theta)
 
 

@@ -34,7 +34,10 @@ def test_noisy_oracle_concentration_is_the_delta_method_strength():
 
 def test_noise_makes_predictions_worse_in_proportion():
     v = RNG(2).random(20_000)
-    scores = [brier_score(NoisyOracle(noise=s).predict({"v": v}, np.zeros(v.size), RNG(3)).v, v) for s in (0.25, 1, 4)]
+    scores = [
+        brier_score(NoisyOracle(noise=s).predict({"v": v}, np.zeros(v.size), RNG(3)).v, v)
+        for s in (0.25, 1, 4)
+    ]
     assert scores[0] < scores[1] < scores[2]
 
 
@@ -74,7 +77,9 @@ def test_learned_concentration_grows_with_evidence(model):
 
 def test_learned_predictor_fits_the_shared_recursive_targets(model):
     """One update with two different value methods moves the statistics by exactly their targets."""
-    batch = sample_batch(model, get_policy("trace"), RolloutBudget(64, 2), OraclePredictor(), pool=48, rng=RNG(9))
+    batch = sample_batch(
+        model, get_policy("trace"), RolloutBudget(64, 2), OraclePredictor(), pool=48, rng=RNG(9)
+    )
     forest = batch.sampled.forest
     for method in ("leaf_weighted", "factual"):
         fitted = LearnedPredictor(target=method).update(batch.sampled)
@@ -85,7 +90,9 @@ def test_learned_predictor_fits_the_shared_recursive_targets(model):
 
 
 def test_decay_discounts_old_statistics(model):
-    batch = sample_batch(model, get_policy("trace"), RolloutBudget(64, 2), OraclePredictor(), pool=48, rng=RNG(10))
+    batch = sample_batch(
+        model, get_policy("trace"), RolloutBudget(64, 2), OraclePredictor(), pool=48, rng=RNG(10)
+    )
     once = LearnedPredictor(decay=0.5).update(batch.sampled)
     twice = once.update(batch.sampled)
     assert np.allclose(twice.stats[0], 1.5 * once.stats[0])

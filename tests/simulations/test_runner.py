@@ -40,7 +40,9 @@ def test_every_policy_spends_exactly_the_budget(name, max_turns):
     name=st.sampled_from(POLICIES.names()),
     roots=st.integers(2, 48),
     continuations=st.integers(0, 4),
-    group_size=st.integers(4, 10),  # with the bounds above, at most 60 groups: the pool of 64 tasks holds them
+    group_size=st.integers(
+        4, 10
+    ),  # with the bounds above, at most 60 groups: the pool of 64 tasks holds them
     seed=st.integers(0, 2**32 - 1),
 )
 @example(name="dapo", roots=2, continuations=0, group_size=4, seed=0)  # a budget below one group: no round
@@ -54,7 +56,9 @@ def test_budget_conservation_in_the_mdp(name, roots, continuations, group_size, 
     _check_budget(batch, policy, budget)
 
 
-@pytest.mark.parametrize("name", ["pcl", "root_only", "prefix_only", "trace", "trace_beta", "active_root_uniform_prefix"])
+@pytest.mark.parametrize(
+    "name", ["pcl", "root_only", "prefix_only", "trace", "trace_beta", "active_root_uniform_prefix"]
+)
 def test_allocations_are_exactly_those_of_trace_theory(name):
     """Re-derive both stages from the recorded forest with the trace_theory policy and compare."""
     policy, budget, pool = get_policy(name), RolloutBudget(64, 2), 48
@@ -80,11 +84,23 @@ def test_allocations_are_exactly_those_of_trace_theory(name):
 
 
 def test_uniform_policies_never_consult_the_predictor():
-    batch = sample_batch(MODEL, get_policy("uniform_tree"), RolloutBudget(64, 2), LearnedPredictor(), pool=48,
-                         rng=np.random.default_rng(2))
+    batch = sample_batch(
+        MODEL,
+        get_policy("uniform_tree"),
+        RolloutBudget(64, 2),
+        LearnedPredictor(),
+        pool=48,
+        rng=np.random.default_rng(2),
+    )
     assert batch.predicted.size == 0
-    traced = sample_batch(MODEL, get_policy("trace"), RolloutBudget(64, 2), LearnedPredictor(), pool=48,
-                          rng=np.random.default_rng(2))
+    traced = sample_batch(
+        MODEL,
+        get_policy("trace"),
+        RolloutBudget(64, 2),
+        LearnedPredictor(),
+        pool=48,
+        rng=np.random.default_rng(2),
+    )
     forest = traced.sampled.forest
     assert traced.predicted.size == 48 + forest.prefix_anchors().size
     assert np.array_equal(traced.depth[:48], np.zeros(48))
@@ -103,23 +119,40 @@ def test_dapo_charges_every_round_and_trains_on_mixed_groups_only():
 def test_dapo_runs_further_rounds_while_budget_remains():
     """With a budget of 5 groups and a pool of 3 prompts, DAPO needs rounds until the pool runs dry."""
     policy = get_policy("dapo", group_size=4)
-    batch = sample_batch(MODEL, policy, RolloutBudget(12), OraclePredictor(), pool=3, rng=np.random.default_rng(4))
+    batch = sample_batch(
+        MODEL, policy, RolloutBudget(12), OraclePredictor(), pool=3, rng=np.random.default_rng(4)
+    )
     assert batch.rollouts <= 12 and batch.sampled.forest.n_prompts <= 3
 
 
 def test_same_seed_same_batch():
     def run():
-        return sample_batch(MODEL, get_policy("random_prefix"), RolloutBudget(64, 2), LearnedPredictor(), pool=48,
-                            rng=np.random.default_rng(5)).sampled
+        return sample_batch(
+            MODEL,
+            get_policy("random_prefix"),
+            RolloutBudget(64, 2),
+            LearnedPredictor(),
+            pool=48,
+            rng=np.random.default_rng(5),
+        ).sampled
+
     a, b = run(), run()
     assert np.array_equal(a.forest.parent, b.forest.parent)
     assert np.array_equal(a.nodes["v"], b.nodes["v"], equal_nan=True)
 
 
 def test_a_pool_too_small_for_the_policy_is_an_error():
-    with pytest.raises(ValueError, match="`pool` \\(4\\) must hold at least the 8 prompts that 'grpo' may use"):
-        sample_batch(MODEL, get_policy("grpo"), RolloutBudget(64), OraclePredictor(), pool=4,
-                     rng=np.random.default_rng(0))
+    with pytest.raises(
+        ValueError, match="`pool` \\(4\\) must hold at least the 8 prompts that 'grpo' may use"
+    ):
+        sample_batch(
+            MODEL,
+            get_policy("grpo"),
+            RolloutBudget(64),
+            OraclePredictor(),
+            pool=4,
+            rng=np.random.default_rng(0),
+        )
 
 
 def test_arms_parse_policy_and_predictor():
