@@ -63,6 +63,9 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     if batch.predicted.size:
         metrics["predictor_brier"] = brier_score(batch.predicted, batch.actual)
         metrics["predictor_ece"] = expected_calibration_error(batch.predicted, batch.actual)
+        for where, at in (("roots", batch.depth == 0), ("prefixes", batch.depth > 0)):
+            if at.any():
+                metrics[f"predictor_brier_{where}"] = brier_score(batch.predicted[at], batch.actual[at])
     return metrics
 
 

@@ -36,6 +36,8 @@ METRICS = (
     "mixed_prompts",
     "contrast_pairs_per_rollout",
     "predictor_brier",
+    "predictor_brier_roots",
+    "predictor_brier_prefixes",
     "predictor_ece",
 )
 
@@ -160,6 +162,10 @@ def _outcome(table, sweep: pd.DataFrame, references: dict, config: Config) -> Ou
             "effective_ratio_stderr": round(float(ratio_se.loc[(t, n)]), 4),
             "mixed_prompts": round(float(wide.loc[(t, n), ("value", "mixed_prompts")]), 2),
             "predictor_brier": round(float(wide.loc[(t, n), ("value", "predictor_brier")]), 5),
+            "predictor_brier_roots": round(float(wide.loc[(t, n), ("value", "predictor_brier_roots")]), 5),
+            "predictor_brier_prefixes": round(
+                float(wide.loc[(t, n), ("value", "predictor_brier_prefixes")]), 5
+            ),
             "predictor_ece": round(float(wide.loc[(t, n), ("value", "predictor_ece")]), 5),
         }
     details = {

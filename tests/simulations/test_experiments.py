@@ -93,6 +93,12 @@ def test_batch_metrics_are_the_trace_theory_metrics():
     assert metrics["effective_ratio"] == theory_effective_ratio(forest)
     assert metrics["contrast_pairs_per_rollout"] == contrast_pairs(forest) / 192
     assert metrics["rollouts"] == 192 and metrics["turns"] == forest.cost.sum()
+    roots, prefixes = batch.depth == 0, batch.depth > 0
+    assert roots.sum() == 48 and prefixes.sum() == forest.prefix_anchors().size
+    weighted = (
+        metrics["predictor_brier_roots"] * 48 + metrics["predictor_brier_prefixes"] * prefixes.sum()
+    ) / batch.depth.size
+    assert metrics["predictor_brier"] == pytest.approx(weighted)
 
 
 def test_grpo_reproduces_the_calibrated_effective_ratio():
