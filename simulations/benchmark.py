@@ -1,0 +1,84 @@
+"""Speed of the Bernoulli model: simulated turns per second, raw and through the whole batch pipeline.
+
+    python -m simulations.benchmark                 # about 10 s
+    python -m simulations.benchmark --json results/benchmarks/simulator.json
+    python -m simulations.benchmark --rollouts 100000 --repeats 1
+
+``raw`` times ``BernoulliTreeModel.rollouts`` alone (one rollout per prompt, vectorised over all of
+them); ``batch`` times ``runner.sample_batch`` with TRACE and the oracle predictor, which adds the two
+allocation stages and the ``RolloutForest`` bookkeeping. Best of ``repeats``; the process pins
+itself to one CPU core where the OS allows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trace_theory import RolloutBudget, get_policy
+
+from .experiments.common import PAPER_GRPO_RATIO, calibrated
+from .model import BernoulliTreeModel
+from .predictors import OraclePredictor
+from .runner import sample_batch
+
+
+def _best(fn, repeats: int) -> tuple[float, float]:
+    """(turns, seconds) of the fastest of ``repeats`` calls of ``fn() -> turns``."""
+    best = (0.0, np.inf)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        turns = fn()
+        elapsed = time.perf_counter() - start
+        if elapsed < best[1]:
+            best = (turns, elapsed)
+    return best
+
+
+def measure(rollouts: int = 500_000, *, repeats: int = 3, seed: int = 0) -> dict[str, float]:
+    """Millions of simulated turns per second: ``raw`` (model only) and ``batch`` (whole pipeline)."""
+    model = calibrated(BernoulliTreeModel(), PAPER_GRPO_RATIO, 8)
+    rng = np.random.default_rng(seed)
+    v0 = model.pass_rates.sample(rollouts, rng)
+    depth = np.zeros(rollouts, dtype=np.int64)
+    raw = _best(lambda: float(model.rollouts({"v": v0}, depth, rng).length.sum()), repeats)
+
+    budget = RolloutBudget(max(rollouts // 3, 2), 2)
+    policy, oracle = get_policy("trace"), OraclePredictor()
+    pool = 2 * budget.total // 8
+    batch = _best(lambda: sample_batch(model, policy, budget, oracle, pool=pool, rng=rng).turns, repeats)
+    return {"raw_mturns_per_s": raw[0] / raw[1] / 1e6, "batch_mturns_per_s": batch[0] / batch[1] / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.benchmark", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--rollouts", type=int, default=500_000, help="rollouts per timed call (default 500000)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls; the best counts (default 3)")
+    parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    args = parser.parse_args(argv)
+    if args.rollouts < 6 or args.repeats < 1:
+        print("benchmark: error: --rollouts must be at least 6 and --repeats at least 1", file=sys.stderr)
+        return 2
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    result = measure(args.rollouts, repeats=args.repeats)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rollouts": args.rollouts, **result}, indent=2) + "\n")
+    print(f"raw model:      {result['raw_mturns_per_s']:.2f} M turns/s")
+    print(f"batch pipeline: {result['batch_mturns_per_s']:.2f} M turns/s (TRACE, oracle predictor)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""What an experiment is: a claim, a config dataclass and a function returning a tidy table.
+
+An experiment module defines a frozen ``Config`` dataclass (validated in ``__post_init__``, with a
+``seed`` field and a ``quick()`` classmethod giving a few-second size) and ``run(config, units)``,
+which returns an :class:`Outcome`. Work is split into *units* (for example one seed of one policy) run
+through :class:`Units`, which saves each finished unit, so that an interrupted run continues where it
+stopped. Each unit draws its randomness from :func:`unit_rng`, so results do not depend on the order in
+which units run or on how often a run was resumed.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+COLUMNS = ("experiment", "arm", "seed", "budget", "metric", "value", "stderr")
+"""Leading columns of every tidy table; experiments add their own (depth, step, noise, ...)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an experiment found.
+
+    Attributes
+    ----------
+    table : pandas.DataFrame
+        Tidy: one row per observation (see ``COLUMNS``).
+    headline : dict
+        The headline numbers, keyed by policy (arm) name where policies are compared.
+    result : str
+        The measured result in one or two sentences, with numbers.
+    held : bool
+        Whether the claim held.
+    details : dict
+        Other facts worth keeping next to the headline (calibrated parameters, crossing points, ...).
+    """
+
+    table: pd.DataFrame
+    headline: dict
+    result: str
+    held: bool
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    claim: str
+    config: type
+    run: Callable[[Any, Units], Outcome]
+
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    if experiment.name in EXPERIMENTS:
+        raise ValueError(f"experiment {experiment.name!r} is already registered")
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
+
+
+def get_experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]
+
+
+def unit_rng(seed: int, *keys: int | str) -> np.random.Generator:
+    """A generator for one unit of work, determined by the run's seed and the unit's keys alone."""
+    words = [int(seed)] + [k if isinstance(k, int) else zlib.crc32(str(k).encode()) for k in keys]
+    return np.random.default_rng(words)
+
+
+class Units:
+    """Run units of work once: each finished unit's table is saved under ``folder`` and reloaded on a rerun.
+
+    With ``folder=None`` nothing is saved (for tests and interactive use).
+    """
+
+    def __init__(self, folder: Path | None = None, *, progress: bool = True):
+        self.folder = folder
+        self.progress = progress
+
+    def map(self, fn: Callable[[Any], pd.DataFrame], keys: Iterable, *, desc: str) -> pd.DataFrame:
+        """Concatenated ``fn(key)`` over ``keys``, in order; saved units are read back instead of rerun."""
+        keys = list(keys)
+        frames = []
+        for i, key in enumerate(tqdm(keys, desc=desc, disable=None if self.progress else True, leave=False)):
+            if self.folder is None:
+                frames.append(fn(key))
+                continue
+            path = self.folder / f"{desc}-{i:04d}-{_slug(key)}.csv"
+            if not path.exists():
+                self.folder.mkdir(parents=True, exist_ok=True)
+                partial = path.with_suffix(".partial")
+                fn(key).to_csv(partial, index=False)
+                partial.replace(path)  # atomic: a unit is either finished on disk or absent
+            frames.append(pd.read_csv(path))
+        return pd.concat(frames, ignore_index=True)
+
+
+def _slug(key) -> str:
+    text = "_".join(map(str, key)) if isinstance(key, tuple) else str(key)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:80]
+
+
+def tidy(experiment: str, rows: list[dict]) -> pd.DataFrame:
+    """A tidy table from row dicts, with the shared columns first (missing ones filled with NaN)."""
+    table = pd.DataFrame(rows)
+    table.insert(0, "experiment", experiment)
+    for column in COLUMNS:
+        if column not in table:
+            table[column] = np.nan
+    extra = [c for c in table.columns if c not in COLUMNS]
+    return table[list(COLUMNS) + extra]
+
+
+def mean_and_stderr(values) -> tuple[float, float]:
+    """Mean and standard error (ddof = 1; NaN stderr for a single value)."""
+    values = np.asarray(values, dtype=float)
+    se = values.std(ddof=1) / np.sqrt(values.size) if values.size > 1 else float("nan")
+    return float(values.mean()), float(se)
+
+
+def summarise(table: pd.DataFrame, by: list[str], *, over: str = "seed") -> pd.DataFrame:
+    """Mean and standard error of ``value`` over ``over`` (seeds) for each group of ``by`` (NaN keys kept)."""
+    per = table.groupby(by + [over], sort=False, dropna=False)["value"].mean().reset_index()
+    grouped = per.groupby(by, sort=False, dropna=False)["value"]
+    out = grouped.agg(value="mean", n="count").reset_index()
+    out["stderr"] = grouped.std(ddof=1).to_numpy() / np.sqrt(out["n"].to_numpy())
+    return out
+
+
+def by_arm(summary: pd.DataFrame, metrics: Iterable[str], *, digits: int = 4) -> dict[str, dict[str, float]]:
+    """{arm: {metric: mean, metric + "_stderr": stderr}} from a :func:`summarise` table by arm and metric."""
+    out: dict[str, dict[str, float]] = {}
+    wanted = list(metrics)
+    for row in summary[summary["metric"].isin(wanted)].itertuples():
+        entry = out.setdefault(row.arm, {})
+        entry[row.metric] = round(float(row.value), digits)
+        entry[f"{row.metric}_stderr"] = round(float(row.stderr), digits)
+    return out

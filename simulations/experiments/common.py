@@ -1,0 +1,95 @@
+"""Pieces shared by the Bernoulli-world experiments: calibration, online batches, per-batch metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from trace_theory import (
+    RolloutBudget,
+    brier_score,
+    budget_by_depth,
+    contrast_pairs,
+    effective_ratio,
+    expected_calibration_error,
+    get_policy,
+    mixed_anchor_ratio,
+)
+
+from ..model import BernoulliTreeModel
+from ..predictors import make_predictor
+from ..runner import Arm, Batch, sample_batch
+
+PAPER_GRPO_RATIO = 0.268
+"""Effective ratio of GRPO (8 rollouts per prompt), math, Qwen3-8B (PAPER.md, "Results")."""
+PAPER_TRACE_RATIO = 0.606
+"""Effective ratio of TRACE in the same setting."""
+
+
+def calibrated(model: BernoulliTreeModel, target: float, group_size: int) -> BernoulliTreeModel:
+    """``model`` with pass rates rescaled so that GRPO with ``group_size`` rollouts mixes ``target`` of its
+    prompts in expectation (exact, through ``trace_theory.beta_mixed_probability``)."""
+    return dataclasses.replace(model, pass_rates=model.pass_rates.calibrated(target, group_size))
+
+
+def check_arms(arms: tuple[str, ...]) -> None:
+    """Parse every arm (raising on a bad one) and reject duplicates."""
+    labels = [Arm.parse(a).label for a in arms]
+    if not labels:
+        raise ValueError("`arms` must name at least one policy")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"`arms` has duplicates: {list(arms)}")
+
+
+def batch_metrics(batch: Batch) -> dict[str, float]:
+    """What a batch is worth, with ``trace_theory.metrics``; equal-rollout and equal-turn views."""
+    forest = batch.sampled.forest
+    ratio = effective_ratio(forest)
+    mixed = ratio * forest.n_prompts
+    by_depth = budget_by_depth(forest)
+    metrics = {
+        "effective_ratio": ratio,
+        "mixed_prompts": mixed,
+        "mixed_anchor_ratio": mixed_anchor_ratio(forest),
+        "contrast_pairs_per_rollout": contrast_pairs(forest) / batch.rollouts,
+        "prompts": forest.n_prompts,
+        "rollouts": batch.rollouts,
+        "turns": batch.turns,
+        "mixed_prompts_per_1k_turns": 1000.0 * mixed / batch.turns,
+        "continuation_share": float(by_depth[1:].sum() / by_depth.sum()),
+        "rounds": batch.rounds,
+    }
+    if batch.predicted.size:
+        metrics["predictor_brier"] = brier_score(batch.predicted, batch.actual)
+        metrics["predictor_ece"] = expected_calibration_error(batch.predicted, batch.actual)
+        for where, at in (("roots", batch.depth == 0), ("prefixes", batch.depth > 0)):
+            if at.any():
+                metrics[f"predictor_brier_{where}"] = brier_score(batch.predicted[at], batch.actual[at])
+    return metrics
+
+
+def online_batches(
+    model: BernoulliTreeModel,
+    arm: Arm,
+    budget: RolloutBudget,
+    *,
+    pool: int,
+    batches: int,
+    rng: np.random.Generator,
+    group_size: int = 8,
+    predictor_options: dict[str, dict] | None = None,
+) -> list[dict[str, float]]:
+    """``batches`` batches of one arm; the predictor learns online from every batch it sees.
+
+    ``predictor_options`` maps a predictor name to its options (``{"noisy": {"noise": 2.0}}``).
+    Returns one metrics dict per batch (see :func:`batch_metrics`), with its index as ``batch``.
+    """
+    policy = get_policy(arm.policy, group_size=group_size)
+    predictor = make_predictor(arm.predictor, **(predictor_options or {}).get(arm.predictor, {}))
+    rows = []
+    for b in range(batches):
+        batch = sample_batch(model, policy, budget, predictor, pool=pool, rng=rng)
+        predictor = predictor.update(batch.sampled)
+        rows.append({"batch": b, **batch_metrics(batch)})
+    return rows

@@ -1,0 +1,156 @@
+"""Experiment configs validate themselves; the checks can fail; headline statistics are what they claim."""
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulations.experiments import (
+    EXPERIMENTS,
+    ablation,
+    contrast_identities,
+    effective_ratio,
+    learning_curves,
+    predictor_quality,
+    propositions,
+    target_bias,
+)
+from simulations.experiments.base import Units, mean_and_stderr, summarise, unit_rng
+from simulations.experiments.common import batch_metrics, calibrated, online_batches
+from simulations.model import BernoulliTreeModel
+from simulations.predictors import OraclePredictor
+from simulations.runner import Arm, sample_batch
+from trace_theory import RolloutBudget, contrast_pairs, get_policy
+from trace_theory import effective_ratio as theory_effective_ratio
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_every_experiment_has_a_claim_and_valid_sizes(name):
+    experiment = EXPERIMENTS[name]
+    assert experiment.claim.endswith(".")
+    default, quick = experiment.config(), experiment.config.quick()
+    assert dataclasses.is_dataclass(default) and default != quick
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.seed = 1
+
+
+@pytest.mark.parametrize(
+    "module, changes, message",
+    [
+        (contrast_identities, {"prompts": 0}, "`prompts` must be a positive integer"),
+        (contrast_identities, {"informativeness": (0.3, 1.5)}, "`informativeness` must lie in \\(0, 1\\]"),
+        (contrast_identities, {"model": BernoulliTreeModel(max_turns=1)}, "`max_turns` >= 2"),
+        (propositions, {"budgets": (64, 4096), "pool": 256}, "need `pool` >= 512"),
+        (propositions, {"group_size": 1}, "`group_size` must be at least 2"),
+        (effective_ratio, {"warmup": 12}, "`warmup` must be an integer in \\[0, batches\\)"),
+        (effective_ratio, {"pool_factor": 0.5}, "`pool_factor` must be at least 1"),
+        (effective_ratio, {"arms": ("grpo", "grpo")}, "`arms` has duplicates"),
+        (effective_ratio, {"arms": ("trace[psychic]",)}, "unknown predictor 'psychic'"),
+        (effective_ratio, {"target_ratio": 1.0}, "`target_ratio` must lie in \\(0, 1\\)"),
+        (ablation, {"roots": (1,)}, "every shape needs M >= 2"),
+        (ablation, {"roots": (8192,)}, "needs `pool` >= 1024"),
+        (learning_curves, {"estimators": ("grpo", "nope")}, "unknown advantage estimator 'nope'"),
+        (learning_curves, {"lr": 0.0}, "`lr` must be finite and positive"),
+        (learning_curves, {"roots": 512}, "raise `mdp.n_tasks`"),
+        (predictor_quality, {"noises": (1.0, 0.5)}, "`noises` must be at least two increasing"),
+        (predictor_quality, {"temperatures": (2.0,)}, "include 1.0"),
+        (target_bias, {"arms": ("grpo",)}, "`arms` must branch from prefixes; 'grpo' does not"),
+        (target_bias, {"continuations": 0}, "`continuations` must be at least 1"),
+    ],
+)
+def test_configs_reject_bad_settings(module, changes, message):
+    with pytest.raises(ValueError, match=message):
+        module.Config(**changes)
+
+
+def test_unit_generators_depend_on_keys_not_on_order():
+    a = unit_rng(3, "x", 1).random(3)
+    assert np.array_equal(a, unit_rng(3, "x", 1).random(3))
+    assert not np.array_equal(a, unit_rng(3, "x", 2).random(3))
+    assert not np.array_equal(a, unit_rng(4, "x", 1).random(3))
+
+
+def test_summarise_averages_within_seed_then_across_seeds():
+    table = pd.DataFrame({"arm": ["a"] * 4, "seed": [0, 0, 1, 1], "value": [1.0, 3.0, 5.0, 7.0]})
+    out = summarise(table, ["arm"])
+    assert out["value"].item() == 4.0 and out["n"].item() == 2
+    assert out["stderr"].item() == pytest.approx(mean_and_stderr([2.0, 6.0])[1])
+
+
+def test_batch_metrics_are_the_trace_theory_metrics():
+    model = calibrated(BernoulliTreeModel(), 0.268, 8)
+    batch = sample_batch(
+        model,
+        get_policy("trace"),
+        RolloutBudget(64, 2),
+        OraclePredictor(),
+        pool=48,
+        rng=np.random.default_rng(0),
+    )
+    metrics = batch_metrics(batch)
+    forest = batch.sampled.forest
+    assert metrics["effective_ratio"] == theory_effective_ratio(forest)
+    assert metrics["contrast_pairs_per_rollout"] == contrast_pairs(forest) / 192
+    assert metrics["rollouts"] == 192 and metrics["turns"] == forest.cost.sum()
+    roots, prefixes = batch.depth == 0, batch.depth > 0
+    assert roots.sum() == 48 and prefixes.sum() == forest.prefix_anchors().size
+    weighted = (
+        metrics["predictor_brier_roots"] * 48 + metrics["predictor_brier_prefixes"] * prefixes.sum()
+    ) / batch.depth.size
+    assert metrics["predictor_brier"] == pytest.approx(weighted)
+
+
+def test_grpo_reproduces_the_calibrated_effective_ratio():
+    """Simulated GRPO groups of 8 mix as often as the exact calibration says, within 4 standard errors."""
+    model = calibrated(BernoulliTreeModel(), 0.268, 8)
+    rows = online_batches(
+        model, Arm("grpo"), RolloutBudget(4096), pool=512, batches=4, rng=np.random.default_rng(1)
+    )
+    share = np.array([r["effective_ratio"] for r in rows])
+    se = np.sqrt(0.268 * 0.732 / (512 * 4))
+    assert abs(share.mean() - 0.268) < 4 * se
+
+
+def test_the_quadratic_variation_check_catches_a_drifting_world():
+    """A world whose turns push V up (not a martingale) must fail the identity check."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Drifting(BernoulliTreeModel):
+        def split(self, v, rng):
+            return np.minimum(1.0, super().split(v, rng) + 0.05)
+
+    config = contrast_identities.Config(
+        prompts=20_000, informativeness=(0.3,), group_sizes=(2,), model=Drifting()
+    )
+    outcome = contrast_identities.run(config, Units(progress=False))
+    assert not outcome.held
+    assert outcome.headline["quadratic_variation"]["max_abs_z"] > config.z_limit
+
+
+def test_the_contrast_identities_hold_in_the_real_world():
+    config = contrast_identities.Config(prompts=20_000, informativeness=(0.3,), group_sizes=(2, 4))
+    outcome = contrast_identities.run(config, Units(progress=False))
+    assert outcome.held, outcome.result
+
+
+def test_propositions_hold_at_quick_size():
+    outcome = propositions.run(propositions.Config.quick(), Units(progress=False))
+    assert outcome.held, outcome.result
+    assert all(
+        gain > 1 for gains in outcome.headline["active_over_uniform"].values() for gain in gains.values()
+    )
+
+
+@pytest.mark.slow
+def test_target_bias_separates_outcome_dependent_from_independent_branching():
+    config = target_bias.Config(
+        seeds=8, batches=2, warmup=0, roots=256, arms=("trace[oracle]", "uniform_tree")
+    )
+    outcome = target_bias.run(config, Units(progress=False))
+    assert outcome.details["checks"] == {
+        "leaf_weighted biased in some V bin under outcome-dependent branching": True,
+        "leaf_weighted unbiased in every V bin under outcome-independent branching": True,
+        "factual unbiased in every V bin": True,
+        "own_branches unbiased in every V bin": True,
+    }, outcome.result
