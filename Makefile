@@ -22,6 +22,7 @@ $(STAMP):
 
 run: $(STAMP)
 	$(BIN)/python -m trace_theory.selfcheck
+	$(BIN)/trace-sim run all --out results
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
