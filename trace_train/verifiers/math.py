@@ -1,27 +1,30 @@
-"""Math answer checking with ``math-verify``.
+"""Math answer checking with ``math-verify``, with a timeout that always holds.
 
 The gold answer and the extracted prediction are each wrapped in ``\\boxed{}`` and parsed by
 ``math_verify.parse`` (LaTeX and plain-expression extraction), then compared with
 ``math_verify.verify`` (gold first: the comparison is not symmetric). So ``1/2``, ``0.5`` and
 ``\\frac{1}{2}`` agree, and ``x=3`` matches a gold ``3``.
 
-Timeouts: math-verify bounds parsing and comparison with ``SIGALRM``, which only works in the main
-thread of the main interpreter. :func:`check_math_answer` therefore refuses to run in other threads
-(RuntimeError) rather than risk an unbounded sympy computation; call it from the main thread, or from
-worker processes.
+Timeouts: math-verify's own timeouts use ``SIGALRM``, which works only in the main thread and which
+nested timeouts inside math-verify can cancel, so a pathological answer could stall a trainer. Here the
+comparison runs in a worker process (``_math_worker``, started on first use and reused); when it does
+not answer within ``timeout_seconds`` it is killed, the result is ``"timeout"``, and the next call
+starts a fresh worker. :class:`MathChecker` is thread-safe (one comparison at a time per checker).
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import select
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-from math_verify.errors import TimeoutException
-
 from trace_train.verifiers.answers import extract_math_answer
 
-_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
+_STARTUP_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -44,35 +47,72 @@ class MathVerdict:
         return 1.0 if self.correct else 0.0
 
 
-def check_math_answer(response: str, gold: str, *, timeout_seconds: int = 5) -> MathVerdict:
+class MathChecker:
+    """A math-verify worker process with a hard per-comparison timeout."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+
+    def compare(self, prediction: str, gold: str, *, timeout_seconds: float = 5.0) -> str:
+        """``"correct"``, ``"wrong"``, ``"unparsable"`` or ``"timeout"`` for two answer expressions."""
+        if not isinstance(prediction, str) or not isinstance(gold, str):
+            raise TypeError("`prediction` and `gold` must be str")
+        if not timeout_seconds > 0:
+            raise ValueError(f"`timeout_seconds` must be positive, got {timeout_seconds!r}")
+        with self._lock:
+            process = self._worker()
+            process.stdin.write(json.dumps({"prediction": prediction, "gold": gold}) + "\n")
+            process.stdin.flush()
+            reply = _read_line(process, timeout_seconds)
+            if reply is None:
+                self._stop()
+                return "timeout"
+            return json.loads(reply)["status"]
+
+    def close(self) -> None:
+        """Stop the worker (a later comparison starts a new one)."""
+        with self._lock:
+            self._stop()
+
+    def _worker(self) -> subprocess.Popen:
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen([sys.executable, "-m", "trace_train.verifiers._math_worker"],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            if _read_line(self._process, _STARTUP_SECONDS) is None:
+                self._stop()
+                raise RuntimeError("the math-verify worker did not start (is math-verify installed?)")
+        return self._process
+
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process.stdin.close()
+            self._process.stdout.close()
+            self._process = None
+
+
+def _read_line(process: subprocess.Popen, timeout: float) -> str | None:
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else ""
+    return line or None
+
+
+_SHARED = MathChecker()
+atexit.register(_SHARED.close)
+
+
+def math_answers_equal(prediction: str, gold: str, *, timeout_seconds: float = 5.0) -> str:
+    """Compare two answer expressions in the shared worker (see :class:`MathChecker`)."""
+    return _SHARED.compare(prediction, gold, timeout_seconds=timeout_seconds)
+
+
+def check_math_answer(response: str, gold: str, *, timeout_seconds: float = 5.0) -> MathVerdict:
     """Extract the final answer of ``response`` (see ``answers``) and compare it with ``gold``."""
     if not isinstance(gold, str) or not gold.strip():
         raise ValueError(f"`gold` must be a non-empty str, got {gold!r}")
     extracted = extract_math_answer(response)
-    if extracted is None or not extracted:
+    if not extracted:
         return MathVerdict("no_answer", extracted)
     return MathVerdict(math_answers_equal(extracted, gold, timeout_seconds=timeout_seconds), extracted)
-
-
-def math_answers_equal(prediction: str, gold: str, *, timeout_seconds: int = 5) -> str:
-    """Compare two answer expressions; return ``"correct"``, ``"wrong"``, ``"unparsable"`` or ``"timeout"``."""
-    if not isinstance(timeout_seconds, int) or isinstance(timeout_seconds, bool) or timeout_seconds < 1:
-        raise ValueError(f"`timeout_seconds` must be a positive integer, got {timeout_seconds!r}")
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("math answer checking uses SIGALRM timeouts and must run in the main thread")
-    try:
-        gold_parsed = _parse(gold, timeout_seconds)
-        predicted = _parse(prediction, timeout_seconds)
-        if not gold_parsed or not predicted:
-            return "unparsable"
-        same = verify(gold_parsed, predicted, timeout_seconds=timeout_seconds, raise_on_error=True)
-    except TimeoutException:
-        return "timeout"
-    except Exception:  # sympy raises many types on odd input; any of them means no match
-        return "unparsable"
-    return "correct" if same else "wrong"
-
-
-def _parse(expression: str, timeout_seconds: int) -> list:
-    return parse("\\boxed{" + expression + "}", extraction_config=_CONFIG, parsing_timeout=timeout_seconds,
-                 raise_on_error=True)
