@@ -8,8 +8,15 @@ import sys
 import pytest
 
 from trace_train.tools import bfcl
-from trace_train.tools.bfcl import (SUBSETS, BfclBackend, BfclSnapshot, check_bfcl, load_bfcl_split, load_bfcl_tasks,
-                                    make_bfcl_split)
+from trace_train.tools.bfcl import (
+    SUBSETS,
+    BfclBackend,
+    BfclSnapshot,
+    check_bfcl,
+    load_bfcl_split,
+    load_bfcl_tasks,
+    make_bfcl_split,
+)
 from trace_train.tools.tool_calls import ToolCall, parse_tool_calls
 
 TASKS = load_bfcl_tasks()
@@ -31,19 +38,27 @@ def _replay(task, upto_turn=None):
 def test_all_subsets_load_with_ground_truth():
     assert [sum(t.subset == s for t in TASKS) for s in SUBSETS] == [200, 200, 200, 200]
     assert all(len(t.turns) == len(t.ground_truth) for t in TASKS)
-    assert all(t.turns[turn][0]["content"] == bfcl.ADDED_FUNCTIONS_PROMPT
-               for t in TASKS for turn in t.added_functions)
+    assert all(
+        t.turns[turn][0]["content"] == bfcl.ADDED_FUNCTIONS_PROMPT
+        for t in TASKS
+        for turn in t.added_functions
+    )
 
 
 def test_function_documents_match_bfcls_own_assembly(tmp_path):
     """Compare with bfcl_eval.utils.load_dataset_entry, run in a subprocess so its folders go to tmp_path."""
-    script = ("import json, sys\nfrom bfcl_eval.utils import load_dataset_entry\nout = {}\n"
-              "for s in sys.argv[1:]:\n    for e in load_dataset_entry('multi_turn_' + s, "
-              "include_language_specific_hint=False):\n"
-              "        out[e['id']] = [e['function'], e.get('missed_function', {})]\nprint(json.dumps(out))")
+    script = (
+        "import json, sys\nfrom bfcl_eval.utils import load_dataset_entry\nout = {}\n"
+        "for s in sys.argv[1:]:\n    for e in load_dataset_entry('multi_turn_' + s, "
+        "include_language_specific_hint=False):\n"
+        "        out[e['id']] = [e['function'], e.get('missed_function', {})]\nprint(json.dumps(out))"
+    )
     env = dict(os.environ, BFCL_PROJECT_ROOT=str(tmp_path))
-    official = json.loads(subprocess.run([sys.executable, "-c", script, *SUBSETS], env=env, capture_output=True,
-                                         text=True, check=True).stdout)
+    official = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", script, *SUBSETS], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert set(official) == set(BY_ID)
     for task_id, (functions, missed) in official.items():
         task = BY_ID[task_id]
@@ -54,8 +69,11 @@ def test_function_documents_match_bfcls_own_assembly(tmp_path):
 
 
 def test_replaying_ground_truth_passes_the_official_checker_for_every_task():
-    failures = [(task.id, verdict.error_type) for task in TASKS
-                if not (verdict := check_bfcl(task, _replay(task)[0].calls)).valid]
+    failures = [
+        (task.id, verdict.error_type)
+        for task in TASKS
+        if not (verdict := check_bfcl(task, _replay(task)[0].calls)).valid
+    ]
     assert failures == []
 
 
@@ -63,10 +81,15 @@ def test_wrong_or_missing_calls_fail_the_checker():
     task = BY_ID["multi_turn_base_0"]
     backend, _ = _replay(task)
     calls = backend.calls
-    calls[0] = [["cd(folder='document')", "mkdir(dir_name='tmp')", "mv(source='final_report.pdf', "
-                 "destination='tmp')"]]
+    calls[0] = [
+        ["cd(folder='document')", "mkdir(dir_name='tmp')", "mv(source='final_report.pdf', destination='tmp')"]
+    ]
     verdict = check_bfcl(task, calls)
-    assert not verdict.valid and verdict.error_type == "multi_turn:instance_state_mismatch" and verdict.reward == 0
+    assert (
+        not verdict.valid
+        and verdict.error_type == "multi_turn:instance_state_mismatch"
+        and verdict.reward == 0
+    )
     calls = backend.calls
     calls[2] = []
     assert check_bfcl(task, calls).error_type == "multi_turn:empty_turn_model_response"
@@ -97,8 +120,13 @@ def test_backend_execution_equals_bfcls_own_executor():
                     backend.next_turn()
                 step = list(calls) + extra
                 official, _ = bfcl.multi_turn_utils.execute_multi_turn_func_call(
-                    step, task.initial_config, list(task.involved_classes), name, task.id,
-                    long_context=task.long_context)
+                    step,
+                    task.initial_config,
+                    list(task.involved_classes),
+                    name,
+                    task.id,
+                    long_context=task.long_context,
+                )
                 ours = backend.execute(step)
                 # cd(*['a']) is evaluated by BFCL but refused here: the only intended difference
                 assert ours[:-1] == official[:-1], task.id
@@ -136,8 +164,11 @@ def test_scripted_agent_through_qwen3_tool_calls_reaches_reward_one():
     """Render ground truth as Qwen3 <tool_call> blocks, parse them back, execute, and check."""
     import ast
 
-    tasks = [t for t in SAMPLE if all(not ast.parse(c, mode="eval").body.args for turn in t.ground_truth
-                                      for c in turn)][:12]
+    tasks = [
+        t
+        for t in SAMPLE
+        if all(not ast.parse(c, mode="eval").body.args for turn in t.ground_truth for c in turn)
+    ][:12]
     assert len(tasks) >= 8
     for task in tasks:
         backend = BfclBackend(task)
@@ -148,8 +179,11 @@ def test_scripted_agent_through_qwen3_tool_calls_reaches_reward_one():
             for call in calls:
                 node = ast.parse(call, mode="eval").body
                 arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-                blocks.append("<tool_call>\n" + json.dumps({"name": node.func.id, "arguments": arguments})
-                              + "\n</tool_call>")
+                blocks.append(
+                    "<tool_call>\n"
+                    + json.dumps({"name": node.func.id, "arguments": arguments})
+                    + "\n</tool_call>"
+                )
             parsed = parse_tool_calls("Let me do that.\n" + "\n".join(blocks))
             assert all(isinstance(c, ToolCall) for c in parsed)
             if parsed:
@@ -161,7 +195,9 @@ def test_stored_split_is_the_seeded_80_20_split_by_scenario():
     stored = load_bfcl_split()
     assert stored == make_bfcl_split(seed=stored["seed"], test_fraction=stored["test_fraction"])
     assert len(stored["train"]) == 160 and len(stored["test"]) == 40
-    assert set(stored["train"]).isdisjoint(stored["test"]) and set(stored["train"]) | set(stored["test"]) == set(range(200))
+    assert set(stored["train"]).isdisjoint(stored["test"]) and set(stored["train"]) | set(
+        stored["test"]
+    ) == set(range(200))
     train, test = load_bfcl_tasks(split="train"), load_bfcl_tasks(split="test")
     assert len(train) == 640 and len(test) == 160
     assert {t.scenario for t in train}.isdisjoint({t.scenario for t in test})

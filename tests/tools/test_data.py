@@ -22,17 +22,25 @@ def cache(tmp_path):
 
 
 def test_deepscaler_style_jsonl(tmp_path, cache):
-    path = _jsonl(tmp_path / "train.jsonl", [
-        {"problem": "What is 1+1?", "answer": "2", "solution": "It is \\boxed{2}."},
-        {"problem": "Compute 3/6.", "answer": "\\frac{1}{2}", "solution": "..."}])
+    path = _jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"problem": "What is 1+1?", "answer": "2", "solution": "It is \\boxed{2}."},
+            {"problem": "Compute 3/6.", "answer": "\\frac{1}{2}", "solution": "..."},
+        ],
+    )
     problems = load_math_problems(path, cache_dir=cache)
-    assert [(p.id, p.problem, p.answer) for p in problems] == [("0", "What is 1+1?", "2"),
-                                                               ("1", "Compute 3/6.", "\\frac{1}{2}")]
+    assert [(p.id, p.problem, p.answer) for p in problems] == [
+        ("0", "What is 1+1?", "2"),
+        ("1", "Compute 3/6.", "\\frac{1}{2}"),
+    ]
 
 
 def test_aime_style_parquet_with_capitalised_fields_and_integer_answers(tmp_path, cache):
     path = tmp_path / "aime.parquet"
-    pq.write_table(pa.table({"ID": ["2024-I-1", "2024-I-2"], "Problem": ["p1", "p2"], "Answer": [204, 25]}), path)
+    pq.write_table(
+        pa.table({"ID": ["2024-I-1", "2024-I-2"], "Problem": ["p1", "p2"], "Answer": [204, 25]}), path
+    )
     problems = load_math_problems(path, cache_dir=cache)
     assert [(p.id, p.answer) for p in problems] == [("2024-I-1", "204"), ("2024-I-2", "25")]
 
@@ -52,7 +60,9 @@ def test_hub_style_repository_folder_with_splits(tmp_path, cache):
     repo = tmp_path / "repo"
     repo.mkdir()
     _jsonl(repo / "train.jsonl", [{"problem": "train problem", "answer": "1"}])
-    _jsonl(repo / "test.jsonl", [{"problem": "test problem", "answer": "2"}, {"problem": "t2", "answer": "3"}])
+    _jsonl(
+        repo / "test.jsonl", [{"problem": "test problem", "answer": "2"}, {"problem": "t2", "answer": "3"}]
+    )
     problems = load_math_problems(repo, split="test", limit=1, cache_dir=cache)
     assert [(p.problem, p.answer) for p in problems] == [("test problem", "2")]
 
@@ -81,22 +91,36 @@ def test_missing_fields_name_the_columns(tmp_path, cache):
 
 
 def test_hotpotqa_hub_layout(tmp_path, cache):
-    row = {"id": "5a8b57f25542995d1e6f1371", "question": "Which magazine was started first?",
-           "answer": "Arthur's Magazine", "type": "comparison", "level": "medium",
-           "supporting_facts": {"title": ["Arthur's Magazine", "First for Women", "Arthur's Magazine"],
-                                "sent_id": [0, 0, 1]},
-           "context": {"title": ["Arthur's Magazine"], "sentences": [["Arthur's Magazine was ..."]]}}
+    row = {
+        "id": "5a8b57f25542995d1e6f1371",
+        "question": "Which magazine was started first?",
+        "answer": "Arthur's Magazine",
+        "type": "comparison",
+        "level": "medium",
+        "supporting_facts": {
+            "title": ["Arthur's Magazine", "First for Women", "Arthur's Magazine"],
+            "sent_id": [0, 0, 1],
+        },
+        "context": {"title": ["Arthur's Magazine"], "sentences": [["Arthur's Magazine was ..."]]},
+    }
     [example] = load_qa_examples(_jsonl(tmp_path / "hotpot.jsonl", [row]), cache_dir=cache)
-    assert example == QAExample("5a8b57f25542995d1e6f1371", "Which magazine was started first?",
-                                ("Arthur's Magazine",), ("Arthur's Magazine", "First for Women"))
+    assert example == QAExample(
+        "5a8b57f25542995d1e6f1371",
+        "Which magazine was started first?",
+        ("Arthur's Magazine",),
+        ("Arthur's Magazine", "First for Women"),
+    )
 
 
 def test_2wiki_original_layout(tmp_path, cache):
-    row = {"_id": "13f5ad2c088c11ebbd6fac1f6bf848b6", "type": "compositional",
-           "question": "Who is the mother of the director of film Polish-Russian War?",
-           "answer": "Małgorzata Braunek",
-           "supporting_facts": [["Polish-Russian War (film)", 1], ["Xawery Żuławski", 2]],
-           "context": [["Xawery Żuławski", ["Xawery Żuławski is a Polish film director."]]]}
+    row = {
+        "_id": "13f5ad2c088c11ebbd6fac1f6bf848b6",
+        "type": "compositional",
+        "question": "Who is the mother of the director of film Polish-Russian War?",
+        "answer": "Małgorzata Braunek",
+        "supporting_facts": [["Polish-Russian War (film)", 1], ["Xawery Żuławski", 2]],
+        "context": [["Xawery Żuławski", ["Xawery Żuławski is a Polish film director."]]],
+    }
     [example] = load_qa_examples(_jsonl(tmp_path / "2wiki.jsonl", [row]), cache_dir=cache)
     assert example.id == "13f5ad2c088c11ebbd6fac1f6bf848b6" and example.answers == ("Małgorzata Braunek",)
     assert example.supporting_titles == ("Polish-Russian War (film)", "Xawery Żuławski")
@@ -104,15 +128,26 @@ def test_2wiki_original_layout(tmp_path, cache):
 
 def test_search_r1_layout_with_golden_answer_lists(tmp_path, cache):
     path = tmp_path / "nq_hotpotqa.parquet"
-    pq.write_table(pa.table({"id": ["train_0"], "question": ["who sang x?"],
-                             "golden_answers": [["Alice", "Alice Cooper"]], "data_source": ["nq"]}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["train_0"],
+                "question": ["who sang x?"],
+                "golden_answers": [["Alice", "Alice Cooper"]],
+                "data_source": ["nq"],
+            }
+        ),
+        path,
+    )
     [example] = load_qa_examples(path, cache_dir=cache)
     assert example.answers == ("Alice", "Alice Cooper") and example.supporting_titles == ()
 
 
 def test_squad_answers_dict(tmp_path, cache):
-    path = _jsonl(tmp_path / "squad.jsonl", [{"id": "a", "question": "q?", "answers": {"text": ["x", "y"],
-                                                                                      "answer_start": [0, 5]}}])
+    path = _jsonl(
+        tmp_path / "squad.jsonl",
+        [{"id": "a", "question": "q?", "answers": {"text": ["x", "y"], "answer_start": [0, 5]}}],
+    )
     assert load_qa_examples(path, cache_dir=cache)[0].answers == ("x", "y")
 
 
@@ -122,7 +157,7 @@ def test_demo_set_is_consistent():
     questions = load_demo_questions()
     raw = [json.loads(line) for line in demo_paths()[1].read_text().splitlines()]
     assert 30 <= len(corpus) <= 60 and 10 <= len(questions) <= 20
-    for example, row in zip(questions, raw):
+    for example, row in zip(questions, raw, strict=True):
         gold_ids = [hop["doc_id"] for hop in row["hops"]]
         assert len(gold_ids) == 2 and all(doc in corpus for doc in gold_ids)
         assert example.supporting_titles == tuple(corpus[doc]["title"] for doc in gold_ids)

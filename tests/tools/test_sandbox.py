@@ -37,8 +37,9 @@ def test_error_is_reported_with_user_frames_only():
     assert "ZeroDivisionError: division by zero" in result.stderr
     assert 'File "<cell 0>", line 2, in f' in result.stderr
     assert "_sandbox_child" not in result.stderr
-    assert result.observation().endswith("[execution stopped: the code raised an error or exited with a "
-                                         "non-zero status]")
+    assert result.observation().endswith(
+        "[execution stopped: the code raised an error or exited with a non-zero status]"
+    )
 
 
 def test_scientific_imports_work_inside_the_sandbox():
@@ -56,8 +57,9 @@ def test_infinite_loop_hits_the_cpu_limit():
 
 
 def test_sleeping_code_hits_the_wall_clock_limit():
-    result = run_python("import time\nprint('before', flush=True)\ntime.sleep(60)",
-                        limits=SandboxLimits(wall_seconds=1.5))
+    result = run_python(
+        "import time\nprint('before', flush=True)\ntime.sleep(60)", limits=SandboxLimits(wall_seconds=1.5)
+    )
     assert result.status == "timeout" and result.exit_code is None
     assert 1.4 < result.wall_seconds < 4.0
     assert result.stdout == "before\n"
@@ -65,28 +67,38 @@ def test_sleeping_code_hits_the_wall_clock_limit():
 
 
 def test_memory_blow_up_is_a_memory_error():
-    result = run_python("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))",
-                        limits=SandboxLimits(memory_bytes=512 << 20))
+    result = run_python(
+        "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))",
+        limits=SandboxLimits(memory_bytes=512 << 20),
+    )
     assert result.status == "memory_limit"
     assert "MemoryError" in result.observation()
 
 
-@pytest.mark.skipif(not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it")
+@pytest.mark.skipif(
+    not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it"
+)
 def test_fork_bomb_is_bounded_and_fully_cleaned_up():
     before = _processes_of(65534)
     start = time.monotonic()
-    result = run_python("import os\nwhile True:\n    os.fork()", limits=SandboxLimits(wall_seconds=3.0, max_processes=8))
+    result = run_python(
+        "import os\nwhile True:\n    os.fork()", limits=SandboxLimits(wall_seconds=3.0, max_processes=8)
+    )
     assert time.monotonic() - start < 6.0
     assert result.status in ("timeout", "error")
     time.sleep(0.2)
     assert _processes_of(65534) == before
 
 
-@pytest.mark.skipif(not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it")
+@pytest.mark.skipif(
+    not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it"
+)
 def test_process_limit_stops_forking():
-    code = ("import os\nchildren = 0\ntry:\n    for _ in range(50):\n        if os.fork() == 0:\n"
-            "            import time; time.sleep(30)\n        children += 1\nexcept OSError as e:\n"
-            "    print('stopped after', children, type(e).__name__)\n")
+    code = (
+        "import os\nchildren = 0\ntry:\n    for _ in range(50):\n        if os.fork() == 0:\n"
+        "            import time; time.sleep(30)\n        children += 1\nexcept OSError as e:\n"
+        "    print('stopped after', children, type(e).__name__)\n"
+    )
     result = run_python(code, limits=SandboxLimits(wall_seconds=3.0, max_processes=5))
     assert "stopped after" in result.stdout, result.observation()
     assert int(result.stdout.split()[2]) <= 4
@@ -107,8 +119,9 @@ def test_writing_outside_the_working_directory_is_denied(tmp_path):
 def test_subprocess_cannot_write_outside_either(tmp_path):
     tmp_path.chmod(0o755)
     target = tmp_path / "outside.txt"
-    result = run_python(f"import subprocess\nprint(subprocess.run(['sh', '-c', 'echo x > {target}'])"
-                        ".returncode)")
+    result = run_python(
+        f"import subprocess\nprint(subprocess.run(['sh', '-c', 'echo x > {target}']).returncode)"
+    )
     assert result.stdout.strip() != "0"
     assert not target.exists()
 
@@ -133,10 +146,12 @@ def test_network_namespace_isolates_even_a_fresh_interpreter():
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     port = server.getsockname()[1]
-    code = (f"import subprocess, sys\nsnippet = 'import socket; socket.create_connection((\"127.0.0.1\", {port}), "
-            "timeout=2)'\nr = subprocess.run([sys.executable, '-c', snippet], capture_output=True, text=True)\n"
-            "print(r.returncode, r.stderr.strip().splitlines()[-1])\n"
-            "print(open('/proc/self/net/dev').read())")
+    code = (
+        f'import subprocess, sys\nsnippet = \'import socket; socket.create_connection(("127.0.0.1", {port}), '
+        "timeout=2)'\nr = subprocess.run([sys.executable, '-c', snippet], capture_output=True, text=True)\n"
+        "print(r.returncode, r.stderr.strip().splitlines()[-1])\n"
+        "print(open('/proc/self/net/dev').read())"
+    )
     try:
         result = run_python(code)
     finally:
@@ -150,8 +165,10 @@ def test_network_namespace_isolates_even_a_fresh_interpreter():
 
 
 def test_huge_output_is_truncated_without_flooding_the_caller():
-    result = run_python("import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10000)",
-                        limits=SandboxLimits(max_output_bytes=1000))
+    result = run_python(
+        "import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10000)",
+        limits=SandboxLimits(max_output_bytes=1000),
+    )
     assert result.status == "ok"
     assert result.stdout == "y" * 1000
     assert result.truncated_bytes == 2000 * 10000 - 1000
@@ -159,27 +176,34 @@ def test_huge_output_is_truncated_without_flooding_the_caller():
 
 
 def test_file_size_limit():
-    result = run_python("open('big', 'wb').write(b'0' * (2 << 20))", limits=SandboxLimits(max_file_bytes=1 << 20))
+    result = run_python(
+        "open('big', 'wb').write(b'0' * (2 << 20))", limits=SandboxLimits(max_file_bytes=1 << 20)
+    )
     assert result.status == "file_size_limit"
 
 
 def test_limits_cannot_be_lifted_from_inside():
-    code = ("import resource, os\n"
-            "for name in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_NPROC', 'RLIMIT_FSIZE'):\n"
-            "    limit = getattr(resource, name)\n"
-            "    try:\n"
-            "        resource.setrlimit(limit, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
-            "        print(name, 'raised')\n"
-            "    except (ValueError, OSError) as e:\n"
-            "        print(name, 'refused')\n"
-            "print(resource.getrlimit(resource.RLIMIT_AS))\n"
-            "try:\n    os.setuid(0)\n    print('root')\nexcept PermissionError:\n    print('setuid refused')\n"
-            "import sys\ntry:\n    sys.addaudithook(lambda *a: None)\n    print('hook added, guard still there')\n"
-            "except Exception:\n    pass\n"
-            "import socket\ntry:\n    socket.socket()\nexcept PermissionError:\n    print('socket refused')\n")
+    code = (
+        "import resource, os\n"
+        "for name in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_NPROC', 'RLIMIT_FSIZE'):\n"
+        "    limit = getattr(resource, name)\n"
+        "    try:\n"
+        "        resource.setrlimit(limit, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "        print(name, 'raised')\n"
+        "    except (ValueError, OSError) as e:\n"
+        "        print(name, 'refused')\n"
+        "print(resource.getrlimit(resource.RLIMIT_AS))\n"
+        "try:\n    os.setuid(0)\n    print('root')\nexcept PermissionError:\n    print('setuid refused')\n"
+        "import sys\ntry:\n    sys.addaudithook(lambda *a: None)\n"
+        "    print('hook added, guard still there')\n"
+        "except Exception:\n    pass\n"
+        "import socket\ntry:\n    socket.socket()\nexcept PermissionError:\n    print('socket refused')\n"
+    )
     result = run_python(code, limits=SandboxLimits(memory_bytes=700 << 20))
     lines = result.stdout.splitlines()
-    assert lines[:4] == [f"{name} refused" for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE")]
+    assert lines[:4] == [
+        f"{name} refused" for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE")
+    ]
     assert lines[4] == f"({700 << 20}, {700 << 20})"
     if ROOT:
         assert "setuid refused" in lines
@@ -199,7 +223,9 @@ def test_without_namespaces_rlimits_and_the_hook_remain():
     result = run_python("print('hi')", limits=SandboxLimits(namespaces="off"))
     assert result.stdout == "hi\n" and "network-namespace" not in result.isolation
     assert "rlimits" in result.isolation and "audit-hook" in result.isolation
-    assert run_python("import socket\nsocket.socket()", limits=SandboxLimits(namespaces="off")).status == "error"
+    assert (
+        run_python("import socket\nsocket.socket()", limits=SandboxLimits(namespaces="off")).status == "error"
+    )
 
 
 def test_session_keeps_state_and_snapshots_restore_exactly():
@@ -239,13 +265,16 @@ def test_replayed_output_is_silent():
     assert session.run("print('second')").stdout == "second\n"
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"wall_seconds": 0}, "`wall_seconds` must be positive, got 0"),
-    ({"cpu_seconds": 0}, "`cpu_seconds` must be a positive integer, got 0"),
-    ({"memory_bytes": 1.5}, "`memory_bytes` must be a positive integer, got 1.5"),
-    ({"sandbox_uid": 0}, "`sandbox_uid` and `sandbox_gid` must not be 0 (root)"),
-    ({"namespaces": "maybe"}, "`namespaces` must be one of ('auto', 'require', 'off'), got 'maybe'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"wall_seconds": 0}, "`wall_seconds` must be positive, got 0"),
+        ({"cpu_seconds": 0}, "`cpu_seconds` must be a positive integer, got 0"),
+        ({"memory_bytes": 1.5}, "`memory_bytes` must be a positive integer, got 1.5"),
+        ({"sandbox_uid": 0}, "`sandbox_uid` and `sandbox_gid` must not be 0 (root)"),
+        ({"namespaces": "maybe"}, "`namespaces` must be one of ('auto', 'require', 'off'), got 'maybe'"),
+    ],
+)
 def test_limits_are_validated(kwargs, message):
     with pytest.raises(ValueError) as info:
         SandboxLimits(**kwargs)

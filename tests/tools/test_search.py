@@ -13,8 +13,15 @@ import pytest
 
 from trace_train.data.qa import demo_paths, load_demo_questions
 from trace_train.tools.retrieval_server import make_server, serve_in_background
-from trace_train.tools.search import (BM25Retriever, HttpRetriever, Passage, RetrieverError, SearchTool,
-                                      format_hits, load_corpus)
+from trace_train.tools.search import (
+    BM25Retriever,
+    HttpRetriever,
+    Passage,
+    RetrieverError,
+    SearchTool,
+    format_hits,
+    load_corpus,
+)
 from trace_train.verifiers.qa import exact_match
 
 CORPUS, QUESTIONS = demo_paths()
@@ -37,8 +44,9 @@ def server_url(bm25):
 
 
 def _post(url, payload):
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.loads(response.read())
 
@@ -53,7 +61,7 @@ def test_scripted_queries_retrieve_the_gold_passages_first(bm25, row):
 def test_scripted_search_agent_reaches_reward_one(bm25):
     """Two searches, then answer with the gold answer found verbatim in the second hop's top passage."""
     tool = SearchTool(bm25, topk=3)
-    for example, row in zip(load_demo_questions(), HOPS):
+    for example, row in zip(load_demo_questions(), HOPS, strict=True):
         observations = [tool(hop["query"]) for hop in row["hops"]]
         answer = next(a for a in example.answers if a in observations[1].split("\n")[0])
         assert exact_match(answer, example.answers) == 1.0
@@ -69,7 +77,9 @@ def test_results_are_ranked_limited_and_only_matching(bm25):
 
 def test_corpus_layouts_and_errors(tmp_path):
     path = tmp_path / "c.jsonl"
-    path.write_text('{"id": 1, "title": "A", "text": "alpha"}\n\n{"id": "2", "contents": "\\"B b\\"\\nbeta text"}\n')
+    path.write_text(
+        '{"id": 1, "title": "A", "text": "alpha"}\n\n{"id": "2", "contents": "\\"B b\\"\\nbeta text"}\n'
+    )
     assert load_corpus(path) == [Passage("1", "A", "alpha"), Passage("2", "B b", "beta text")]
     assert Passage("2", "B b", "beta text").contents == '"B b"\nbeta text'
     path.write_text('{"id": 1, "text": "a"}\n{"id": 1, "text": "b"}\n')
@@ -84,17 +94,20 @@ def test_corpus_layouts_and_errors(tmp_path):
 
 def test_format_is_search_r1s(bm25):
     [hits] = bm25.search(["Maren Osk born"], topk=1)
-    assert format_hits(hits) == ('Doc 1(Title: "Maren Osk") Maren Osk (1790-1862) was a clockmaker and engineer. '
-                                 "She was born in the fishing town of Havrelund and later ran a workshop in the "
-                                 "capital.")
+    assert format_hits(hits) == (
+        'Doc 1(Title: "Maren Osk") Maren Osk (1790-1862) was a clockmaker and engineer. '
+        "She was born in the fishing town of Havrelund and later ran a workshop in the "
+        "capital."
+    )
 
 
 def test_http_client_matches_local_bm25(bm25, server_url):
     queries = [hop["query"] for row in HOPS for hop in row["hops"]] + ["zebra"]
     remote = HttpRetriever(server_url).search(queries, topk=3)
     local = bm25.search(queries, topk=3)
-    assert [[(h.passage, round(h.score, 5)) for h in hits] for hits in remote] == \
-           [[(h.passage, round(h.score, 5)) for h in hits] for hits in local]
+    assert [[(h.passage, round(h.score, 5)) for h in hits] for hits in remote] == [
+        [(h.passage, round(h.score, 5)) for h in hits] for hits in local
+    ]
 
 
 def test_server_speaks_the_search_r1_protocol(server_url):
@@ -107,12 +120,15 @@ def test_server_speaks_the_search_r1_protocol(server_url):
     assert all(len(docs) == 2 and "score" not in docs[0] for docs in plain["result"])
 
 
-@pytest.mark.parametrize(("payload", "message"), [
-    ({"queries": "tidal"}, '"queries" must be a list of strings'),
-    ({"queries": ["x"], "topk": -2}, '"topk" must be a positive integer, got -2'),
-    ({"queries": ["x"], "return_scores": "yes"}, '"return_scores" must be true or false'),
-    ([1, 2], "the request must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"queries": "tidal"}, '"queries" must be a list of strings'),
+        ({"queries": ["x"], "topk": -2}, '"topk" must be a positive integer, got -2'),
+        ({"queries": ["x"], "return_scores": "yes"}, '"return_scores" must be true or false'),
+        ([1, 2], "the request must be a JSON object"),
+    ],
+)
 def test_server_rejects_bad_requests(server_url, payload, message):
     with pytest.raises(urllib.error.HTTPError) as info:
         _post(server_url, payload)
@@ -137,13 +153,15 @@ def test_failures_become_observations():
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/retrieve"
         observation = SearchTool(HttpRetriever(url, timeout=0.5))("anything")
     assert observation.startswith("Error: search failed:") and "timed out" in observation
-    assert SearchTool(HttpRetriever("http://127.0.0.1:1/retrieve"))("  ") == "Error: the search query is empty."
+    assert (
+        SearchTool(HttpRetriever("http://127.0.0.1:1/retrieve"))("  ") == "Error: the search query is empty."
+    )
 
 
 class _Garbage(BaseHTTPRequestHandler):
     body = b""
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         self.send_response(200)
         self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
@@ -153,11 +171,14 @@ class _Garbage(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    (b"not json", "invalid JSON"),
-    (b'{"result": []}', '"result" with 1 lists'),
-    (b'{"result": [[{"document": {"contents": "x"}, "score": 1}]]}', "malformed retrieval result"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "invalid JSON"),
+        (b'{"result": []}', '"result" with 1 lists'),
+        (b'{"result": [[{"document": {"contents": "x"}, "score": 1}]]}', "malformed retrieval result"),
+    ],
+)
 def test_malformed_server_answers_become_errors(body, message):
     handler = type("Handler", (_Garbage,), {"body": body})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -174,8 +195,19 @@ def test_server_command_line(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "trace_train.tools.retrieval_server", "--corpus",
-                                str(CORPUS), "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trace_train.tools.retrieval_server",
+            "--corpus",
+            str(CORPUS),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout.readline().strip() == f"serving {CORPUS} at http://127.0.0.1:{port}/retrieve"
         [hits] = HttpRetriever(f"http://127.0.0.1:{port}/retrieve").search(["Lake Ormen outflow"], topk=1)

@@ -7,20 +7,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trace_train.tools.sandbox import run_python
 from trace_train.verifiers.answers import extract_answer_tag, extract_boxed, extract_math_answer
 from trace_train.verifiers.math import MathChecker, check_math_answer, math_answers_equal
 from trace_train.verifiers.qa import exact_match, f1_match, normalize_answer, token_f1
-from trace_train.tools.sandbox import run_python
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    (r"so \boxed{\frac{1}{2}} and finally \boxed{\frac{3}{4}}.", r"\frac{3}{4}"),
-    (r"\boxed{\{1, \{2\}\}}", r"\{1, \{2\}\}"),
-    (r"\fbox{7}", "7"),
-    (r"the answer is \boxed 5.", "5."),
-    (r"\boxed{unclosed", None),
-    ("no box", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so \boxed{\frac{1}{2}} and finally \boxed{\frac{3}{4}}.", r"\frac{3}{4}"),
+        (r"\boxed{\{1, \{2\}\}}", r"\{1, \{2\}\}"),
+        (r"\fbox{7}", "7"),
+        (r"the answer is \boxed 5.", "5."),
+        (r"\boxed{unclosed", None),
+        ("no box", None),
+    ],
+)
 def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
@@ -37,10 +40,19 @@ def test_math_answer_prefers_the_tag_and_its_box():
     assert extract_math_answer("nothing") is None
 
 
-@pytest.mark.parametrize(("prediction", "gold"), [
-    ("1/2", r"\frac{1}{2}"), ("0.5", r"\frac{1}{2}"), ("x=3", "3"), ("34.0", "34"),
-    (r"\{2,1\}", r"\{1,2\}"), ("(0, 1]", "(0,1]"), ("2^{1/2}", r"\sqrt{2}"), (r"\dfrac{10}{2}", "5"),
-])
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("1/2", r"\frac{1}{2}"),
+        ("0.5", r"\frac{1}{2}"),
+        ("x=3", "3"),
+        ("34.0", "34"),
+        (r"\{2,1\}", r"\{1,2\}"),
+        ("(0, 1]", "(0,1]"),
+        ("2^{1/2}", r"\sqrt{2}"),
+        (r"\dfrac{10}{2}", "5"),
+    ],
+)
 def test_equivalent_answers_are_correct(prediction, gold):
     assert math_answers_equal(prediction, gold) == "correct"
 
@@ -67,7 +79,7 @@ def test_a_slow_comparison_times_out_and_the_checker_recovers():
 
 
 def test_scripted_agent_python_that_computes_the_answer_passes_math_verify():
-    """The issue's scripted math agent: code run in the sandbox computes the answer, math-verify accepts it."""
+    """The issue's scripted math agent: sandboxed code computes the answer, math-verify accepts it."""
     problem_gold = "\\frac{7}{12}"
     result = run_python("from fractions import Fraction\nprint(Fraction(1, 3) + Fraction(1, 4))")
     response = f"The tool says {result.stdout.strip()}, so the answer is \\boxed{{{result.stdout.strip()}}}."
@@ -76,8 +88,10 @@ def test_scripted_agent_python_that_computes_the_answer_passes_math_verify():
 
 def test_checking_works_from_threads_and_a_private_checker_can_be_closed():
     results = []
-    threads = [threading.Thread(target=lambda g=g: results.append(math_answers_equal("0.5", g)))
-               for g in ("\\frac{1}{2}", "\\frac{1}{3}")]
+    threads = [
+        threading.Thread(target=lambda g=g: results.append(math_answers_equal("0.5", g)))
+        for g in ("\\frac{1}{2}", "\\frac{1}{3}")
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

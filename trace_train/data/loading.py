@@ -16,8 +16,14 @@ from typing import Any
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-def load_rows(source: str | os.PathLike, *, split: str = "train", subset: str | None = None,
-              limit: int | None = None, cache_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+def load_rows(
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    limit: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[dict[str, Any]]:
     """Rows of a data set as plain dicts, in file order; at most ``limit`` of them.
 
     ``split`` and ``subset`` (a Hub configuration name) apply to Hub ids only: a local file is one split.
@@ -33,11 +39,16 @@ def load_rows(source: str | os.PathLike, *, split: str = "train", subset: str | 
         builder = _BUILDERS.get(path.suffix)
         if builder is None:
             raise ValueError(f"local data files must end in .jsonl, .json or .parquet, got {str(path)!r}")
-        dataset = datasets.load_dataset(builder, data_files=str(path.resolve()), split="train",
-                                        cache_dir=None if cache_dir is None else str(cache_dir))
+        dataset = datasets.load_dataset(
+            builder,
+            data_files=str(path.resolve()),
+            split="train",
+            cache_dir=None if cache_dir is None else str(cache_dir),
+        )
     else:
-        dataset = datasets.load_dataset(str(source), subset, split=split,
-                                        cache_dir=None if cache_dir is None else str(cache_dir))
+        dataset = datasets.load_dataset(
+            str(source), subset, split=split, cache_dir=None if cache_dir is None else str(cache_dir)
+        )
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     return dataset.to_list()
@@ -52,5 +63,7 @@ def pick_field(row: dict[str, Any], candidates: tuple[str, ...], explicit: str |
     for name in candidates:
         if name in row:
             return name
-    raise ValueError(f"no {what} field found among {list(candidates)}; columns are {sorted(row)}; "
-                     f"pass the column name explicitly")
+    raise ValueError(
+        f"no {what} field found among {list(candidates)}; columns are {sorted(row)}; "
+        f"pass the column name explicitly"
+    )

@@ -29,9 +29,16 @@ class MathProblem:
     answer: str
 
 
-def load_math_problems(source: str | os.PathLike, *, split: str = "train", subset: str | None = None,
-                       problem_field: str | None = None, answer_field: str | None = None,
-                       limit: int | None = None, cache_dir: str | os.PathLike | None = None) -> list[MathProblem]:
+def load_math_problems(
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    limit: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[MathProblem]:
     """Load math problems from a Hub id or a local JSONL/JSON/Parquet file (see ``loading.load_rows``)."""
     rows = load_rows(source, split=split, subset=subset, limit=limit, cache_dir=cache_dir)
     if not rows:
@@ -51,5 +58,7 @@ def _problem(row, index, problem_key, answer_key, id_key) -> MathProblem:
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"row {index}: the problem ({problem_key!r}) is empty or not text: {problem!r}")
     if not isinstance(answer, str) or not answer.strip():
-        raise ValueError(f"row {index}: the answer ({answer_key!r}) is empty or not text: {row[answer_key]!r}")
+        raise ValueError(
+            f"row {index}: the answer ({answer_key!r}) is empty or not text: {row[answer_key]!r}"
+        )
     return MathProblem(id=str(row[id_key]) if id_key else str(index), problem=problem, answer=answer.strip())

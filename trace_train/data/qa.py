@@ -33,9 +33,16 @@ class QAExample:
     supporting_titles: tuple[str, ...] = ()
 
 
-def load_qa_examples(source: str | os.PathLike, *, split: str = "train", subset: str | None = None,
-                     question_field: str | None = None, answer_field: str | None = None,
-                     limit: int | None = None, cache_dir: str | os.PathLike | None = None) -> list[QAExample]:
+def load_qa_examples(
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    limit: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[QAExample]:
     """Load QA examples from a Hub id (e.g. ``hotpotqa/hotpot_qa`` with subset ``distractor``) or a file."""
     rows = load_rows(source, split=split, subset=subset, limit=limit, cache_dir=cache_dir)
     if not rows:
@@ -57,15 +64,21 @@ def load_demo_questions() -> list[QAExample]:
     return load_qa_examples(demo_paths()[1])
 
 
-def _example(row: dict[str, Any], index: int, question_key: str, answer_key: str, id_key: str | None) -> QAExample:
+def _example(
+    row: dict[str, Any], index: int, question_key: str, answer_key: str, id_key: str | None
+) -> QAExample:
     question = row[question_key]
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"row {index}: the question ({question_key!r}) is empty or not text: {question!r}")
     answers = _answers(row[answer_key])
     if not answers:
         raise ValueError(f"row {index}: no gold answer in {answer_key!r}: {row[answer_key]!r}")
-    return QAExample(id=str(row[id_key]) if id_key else str(index), question=question.strip(),
-                     answers=answers, supporting_titles=_titles(row.get("supporting_facts")))
+    return QAExample(
+        id=str(row[id_key]) if id_key else str(index),
+        question=question.strip(),
+        answers=answers,
+        supporting_titles=_titles(row.get("supporting_facts")),
+    )
 
 
 def _answers(value: Any) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Child side of the Python sandbox: run as a script by ``sandbox.py``, never imported.
 
-The parent (``sandbox.py``) starts this script (with ``-s -P`` and a minimal environment) in a new session and writes one JSON object to its stdin:
+The parent (``sandbox.py``) starts this script (with ``-s -P`` and a minimal environment) in a new
+session and writes one JSON object to its stdin:
 ``{"cells": [str, ...], "replay": int, "workdir": str, "limits": {...}, "drop_to": [uid, gid] | null,
 "namespaces": "auto" | "require" | "off", "seed": int, "report_fd": int}``.
 
@@ -44,8 +45,19 @@ PR_SET_PDEATHSIG = 1
 MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # Audit events whose first (and for rename/link also second) argument is a path that gets modified.
-PATH_EVENTS = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-               "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod"}
+PATH_EVENTS = {
+    "os.remove",
+    "os.rmdir",
+    "os.mkdir",
+    "os.chmod",
+    "os.chown",
+    "os.truncate",
+    "os.utime",
+    "os.chflags",
+    "os.lchflags",
+    "os.mkfifo",
+    "os.mknod",
+}
 TWO_PATH_EVENTS = {"os.rename", "os.link"}
 
 
@@ -62,16 +74,20 @@ def _libc_call(name, *args):
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
+def _encode(value):
+    return None if value is None else os.fsencode(value)
+
+
 def _mount(source, target, fstype, flags, data=None):
-    encode = lambda value: None if value is None else os.fsencode(value)  # noqa: E731
-    _libc_call("mount", encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data))
+    encoded = [_encode(value) for value in (source, target, fstype)]
+    _libc_call("mount", *encoded, ctypes.c_ulong(flags), _encode(data))
 
 
 def _blocking_ancestor(path):
     """The top-most ancestor directory of ``path`` that others may not traverse, or None."""
     parts = os.path.realpath(path).split(os.sep)[1:-1]
     for depth in range(len(parts)):
-        ancestor = os.sep + os.path.join(*parts[:depth + 1])
+        ancestor = os.sep + os.path.join(*parts[: depth + 1])
         if not os.stat(ancestor).st_mode & 0o001:
             return ancestor
     return None
@@ -125,7 +141,9 @@ def _enter_namespaces(mode, expose):
             sys.stderr.write(f"sandbox: cannot create namespaces ({error}) and namespaces='require'\n")
             sys.exit(125)
         return []
-    return ["network-namespace", "pid-namespace", "mount-namespace"] + (["user-namespace"] if uid != 0 else [])
+    return ["network-namespace", "pid-namespace", "mount-namespace"] + (
+        ["user-namespace"] if uid != 0 else []
+    )
 
 
 def _processes_of(uid):
@@ -148,8 +166,12 @@ def _processes_of(uid):
 def _set_limits(limits, uid):
     cpu = limits["cpu_seconds"]
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["max_file_bytes"]),
-                        ("RLIMIT_NOFILE", limits["max_open_files"]), ("RLIMIT_CORE", 0)):
+    for name, value in (
+        ("RLIMIT_AS", limits["memory_bytes"]),
+        ("RLIMIT_FSIZE", limits["max_file_bytes"]),
+        ("RLIMIT_NOFILE", limits["max_open_files"]),
+        ("RLIMIT_CORE", 0),
+    ):
         resource.setrlimit(getattr(resource, name), (value, value))
     nproc = _processes_of(uid) + limits["max_processes"]
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
@@ -219,7 +241,8 @@ def _run_cell(source, index, namespace):
     except BaseException as error:  # the model's code may raise anything; report it like Python would
         report = traceback.TracebackException.from_exception(error)
         report.stack = traceback.StackSummary.from_list(
-            [frame for frame in report.stack if frame.filename != __file__])
+            [frame for frame in report.stack if frame.filename != __file__]
+        )
         sys.stderr.write("".join(report.format()))
         return False
     finally:

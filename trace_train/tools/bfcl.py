@@ -40,9 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC, MAXIMUM_STEP_LIMIT
-from bfcl_eval.constants.executable_backend_config import (CLASS_FILE_PATH_MAPPING, MULTI_TURN_FUNC_DOC_FILE_MAPPING,
-                                                           STATELESS_CLASSES)
+from bfcl_eval.constants.default_prompts import (
+    DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
+    MAXIMUM_STEP_LIMIT,
+)
+from bfcl_eval.constants.executable_backend_config import (
+    CLASS_FILE_PATH_MAPPING,
+    MULTI_TURN_FUNC_DOC_FILE_MAPPING,
+    STATELESS_CLASSES,
+)
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
@@ -114,7 +120,13 @@ def make_bfcl_split(*, seed: int = 0, test_fraction: float = 0.2) -> dict[str, A
     n_test = round(test_fraction * len(scenarios))
     test = sorted(scenarios[i] for i in order[:n_test])
     train = sorted(set(scenarios) - set(test))
-    return {"seed": seed, "test_fraction": test_fraction, "unit": "scenario index", "train": train, "test": test}
+    return {
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "unit": "scenario index",
+        "train": train,
+        "test": test,
+    }
 
 
 def load_bfcl_split() -> dict[str, Any]:
@@ -168,8 +180,11 @@ class BfclBackend:
 
     def state(self) -> dict[str, dict[str, Any]]:
         """Public attributes of every stateful instance: what the checker compares."""
-        return {name: {k: copy.deepcopy(v) for k, v in vars(instance).items() if not k.startswith("_")}
-                for name, instance in self._instances.items() if name not in STATELESS_CLASSES}
+        return {
+            name: {k: copy.deepcopy(v) for k, v in vars(instance).items() if not k.startswith("_")}
+            for name, instance in self._instances.items()
+            if name not in STATELESS_CLASSES
+        }
 
     def snapshot(self) -> BfclSnapshot:
         return BfclSnapshot(copy.deepcopy(self._instances), tuple(tuple(map(tuple, t)) for t in self._calls))
@@ -227,16 +242,27 @@ def check_bfcl(task: BfclTask, calls: Sequence[Sequence[Sequence[str]]]) -> Bfcl
     checker replays everything on fresh instances; the instances it creates are removed afterwards.
     """
     if len(calls) != len(task.ground_truth):
-        return BfclVerdict(False, "multi_turn:force_terminated",
-                           f"The length of the model result turns ({len(calls)}) does not match the length "
-                           f"of the ground truth turns ({len(task.ground_truth)}).")
+        return BfclVerdict(
+            False,
+            "multi_turn:force_terminated",
+            f"The length of the model result turns ({len(calls)}) does not match the length "
+            f"of the ground truth turns ({len(task.ground_truth)}).",
+        )
     decoded = [[list(step) for step in turn if step] for turn in calls]
-    entry = {"id": task.id, "initial_config": copy.deepcopy(task.initial_config),
-             "involved_classes": list(task.involved_classes)}
+    entry = {
+        "id": task.id,
+        "initial_config": copy.deepcopy(task.initial_config),
+        "involved_classes": list(task.involved_classes),
+    }
     model_name = f"trace_{uuid.uuid4().hex}"
     try:
-        result = multi_turn_checker(decoded, [list(turn) for turn in task.ground_truth], entry,
-                                    f"multi_turn_{task.subset}", model_name)
+        result = multi_turn_checker(
+            decoded,
+            [list(turn) for turn in task.ground_truth],
+            entry,
+            f"multi_turn_{task.subset}",
+            model_name,
+        )
     except Exception as error:  # an internal assertion of the checker; the episode cannot be valid
         return BfclVerdict(False, "multi_turn:checker_error", f"{type(error).__name__}: {error}")
     finally:
@@ -260,14 +286,18 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 @cache
 def _function_docs(class_name: str) -> tuple[dict, ...]:
-    return tuple(_read_jsonl(_data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+    return tuple(
+        _read_jsonl(_data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name])
+    )
 
 
 @cache
 def _load_subset(subset: str) -> tuple[BfclTask, ...]:
     rows = _read_jsonl(_data_dir() / f"BFCL_v4_multi_turn_{subset}.json")
-    answers = {row["id"]: row["ground_truth"]
-               for row in _read_jsonl(_data_dir() / "possible_answer" / f"BFCL_v4_multi_turn_{subset}.json")}
+    answers = {
+        row["id"]: row["ground_truth"]
+        for row in _read_jsonl(_data_dir() / "possible_answer" / f"BFCL_v4_multi_turn_{subset}.json")
+    }
     return tuple(_task(row, subset, answers[row["id"]]) for row in rows)
 
 
@@ -280,13 +310,23 @@ def _task(row: dict, subset: str, ground_truth: list[list[str]]) -> BfclTask:
             index = next(i for i, doc in enumerate(functions) if doc["name"] == name)
             held.append(functions.pop(index))
         added[int(turn)] = tuple(held)
-    turns = tuple(tuple(messages) if messages or t not in added
-                  else ({"role": "user", "content": ADDED_FUNCTIONS_PROMPT},)
-                  for t, messages in enumerate(row["question"]))
-    return BfclTask(id=row["id"], subset=subset, turns=turns, functions=tuple(functions), added_functions=added,
-                    initial_config=row["initial_config"], involved_classes=tuple(row["involved_classes"]),
-                    ground_truth=tuple(tuple(turn) for turn in ground_truth),
-                    excluded_functions=tuple(row.get("excluded_function", ())))
+    turns = tuple(
+        tuple(messages)
+        if messages or t not in added
+        else ({"role": "user", "content": ADDED_FUNCTIONS_PROMPT},)
+        for t, messages in enumerate(row["question"])
+    )
+    return BfclTask(
+        id=row["id"],
+        subset=subset,
+        turns=turns,
+        functions=tuple(functions),
+        added_functions=added,
+        initial_config=row["initial_config"],
+        involved_classes=tuple(row["involved_classes"]),
+        ground_truth=tuple(tuple(turn) for turn in ground_truth),
+        excluded_functions=tuple(row.get("excluded_function", ())),
+    )
 
 
 def _instantiate(task: BfclTask) -> dict[str, Any]:
@@ -294,7 +334,9 @@ def _instantiate(task: BfclTask) -> dict[str, Any]:
     for name in task.involved_classes:
         instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
         if name not in STATELESS_CLASSES:
-            instance._load_scenario(copy.deepcopy(task.initial_config.get(name, {})), long_context=task.long_context)
+            instance._load_scenario(
+                copy.deepcopy(task.initial_config.get(name, {})), long_context=task.long_context
+            )
         instances[name] = instance
     return instances
 

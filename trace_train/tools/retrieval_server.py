@@ -23,8 +23,9 @@ from trace_train.tools.search import BM25Retriever, Retriever
 MAX_REQUEST_BYTES = 1 << 20
 
 
-def make_server(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0,
-                default_topk: int = 3) -> ThreadingHTTPServer:
+def make_server(
+    retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3
+) -> ThreadingHTTPServer:
     """A server bound to ``host:port`` (port 0 picks a free one: see ``server.server_address``)."""
     if not isinstance(default_topk, int) or isinstance(default_topk, bool) or default_topk < 1:
         raise ValueError(f"`default_topk` must be a positive integer, got {default_topk!r}")
@@ -49,7 +50,7 @@ class _RetrieveHandler(BaseHTTPRequestHandler):
     retriever: Retriever
     default_topk: int
 
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):
         if self.path.rstrip("/") != "/retrieve":
             return self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve"})
         length = int(self.headers.get("Content-Length") or 0)
@@ -64,7 +65,7 @@ class _RetrieveHandler(BaseHTTPRequestHandler):
         result = [[_entry(hit, scores) for hit in hits] for hits in ranked]
         return self._send(200, {"result": result})
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         self._send(404, {"error": "use POST /retrieve"})
 
     def log_message(self, format, *args):  # silence per-request logging
@@ -107,8 +108,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--topk", type=int, default=3, help="default number of passages per query")
     args = parser.parse_args(argv)
-    server = make_server(BM25Retriever.from_jsonl(args.corpus), host=args.host, port=args.port,
-                         default_topk=args.topk)
+    server = make_server(
+        BM25Retriever.from_jsonl(args.corpus), host=args.host, port=args.port, default_topk=args.topk
+    )
     host, port = server.server_address[:2]
     print(f"serving {args.corpus} at http://{host}:{port}/retrieve", flush=True)
     try:

@@ -21,6 +21,12 @@ Kernel (cannot be lifted from inside, because the code runs without privileges t
   process it started is killed, including ones that left the process group. When the caller is not root
   a user namespace is created as well; if the kernel refuses namespaces, ``namespaces="auto"`` carries on
   without them (reported in :attr:`SandboxResult.isolation`) and ``"require"`` fails the run.
+- New mount namespace. When the code will run as the sandbox user, every directory on the way to the
+  interpreter's ``sys.path`` that others may not traverse (``/root`` when Python lives there) is
+  covered with an empty tmpfs into which only the interpreter's directories are bind-mounted back:
+  the code can import the standard library and the installed packages and sees nothing else there.
+  Without namespaces this is impossible, and such an interpreter can then import only the modules it
+  had loaded before dropping privileges.
 
 Parent (this module):
 
@@ -86,8 +92,14 @@ class SandboxLimits:
     def __post_init__(self):
         if not self.wall_seconds > 0:
             raise ValueError(f"`wall_seconds` must be positive, got {self.wall_seconds!r}")
-        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_file_bytes", "max_open_files",
-                     "max_output_bytes"):
+        for name in (
+            "cpu_seconds",
+            "memory_bytes",
+            "max_processes",
+            "max_file_bytes",
+            "max_open_files",
+            "max_output_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
@@ -107,8 +119,9 @@ class SandboxResult:
 
     ``status`` is one of ``"ok"`` (exit code 0), ``"error"`` (the code raised or exited non-zero),
     ``"timeout"`` (wall clock), ``"cpu_limit"`` (SIGXCPU), ``"memory_limit"`` (the code died of a
-    MemoryError), ``"file_size_limit"`` (it died writing past ``max_file_bytes``), ``"killed"`` (another signal, e.g. SIGKILL after an
-    ignored SIGXCPU) or ``"sandbox_error"`` (the sandbox could not start; ``stderr`` says why).
+    MemoryError), ``"file_size_limit"`` (it died writing past ``max_file_bytes``), ``"killed"``
+    (another signal, e.g. SIGKILL after an ignored SIGXCPU) or ``"sandbox_error"`` (the sandbox could
+    not start; ``stderr`` says why).
     """
 
     status: str
@@ -206,13 +219,26 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
     try:
         if drop:
             os.chown(workdir, *drop)
-        request = {"cells": list(cells), "replay": replay, "workdir": workdir, "limits": asdict(limits),
-                   "drop_to": drop, "namespaces": limits.namespaces, "seed": limits.seed,
-                   "report_fd": report_write}
+        request = {
+            "cells": list(cells),
+            "replay": replay,
+            "workdir": workdir,
+            "limits": asdict(limits),
+            "drop_to": drop,
+            "namespaces": limits.namespaces,
+            "seed": limits.seed,
+            "report_fd": report_write,
+        }
         process = subprocess.Popen(
-            [sys.executable, "-s", "-P", str(_CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, cwd=workdir, env=_child_environment(limits, workdir),
-            start_new_session=True, pass_fds=(report_write,))
+            [sys.executable, "-s", "-P", str(_CHILD)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=_child_environment(limits, workdir),
+            start_new_session=True,
+            pass_fds=(report_write,),
+        )
         os.close(report_write)
         report_write = -1
         try:
@@ -228,17 +254,36 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
-    stdout, stderr, report = (streams[key].decode("utf-8", "replace") for key in ("stdout", "stderr", "report"))
+    stdout, stderr, report = (
+        streams[key].decode("utf-8", "replace") for key in ("stdout", "stderr", "report")
+    )
     isolation = tuple(json.loads(report)["isolation"]) if report else ()
     status = _classify(exit_code, stderr, timed_out, started=bool(report))
-    return SandboxResult(status=status, stdout=stdout, stderr=stderr, exit_code=None if timed_out else exit_code,
-                         wall_seconds=time.monotonic() - start, truncated_bytes=dropped, isolation=isolation)
+    return SandboxResult(
+        status=status,
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=None if timed_out else exit_code,
+        wall_seconds=time.monotonic() - start,
+        truncated_bytes=dropped,
+        isolation=isolation,
+    )
 
 
 def _child_environment(limits: SandboxLimits, workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-            "PYTHONHASHSEED": str(limits.seed), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": str(limits.seed),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+    }
 
 
 def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, start: float):
@@ -267,7 +312,7 @@ def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, s
                 selector.unregister(key.fileobj)
                 continue
             room = keep[key.data] - len(streams[key.data])
-            streams[key.data] += data[:max(room, 0)]
+            streams[key.data] += data[: max(room, 0)]
             dropped += max(len(data) - max(room, 0), 0) if key.data != "report" else 0
     selector.close()
     process.stdout.close()

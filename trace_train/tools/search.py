@@ -94,8 +94,9 @@ class BM25Retriever:
             raise ValueError("`passages` must not be empty")
         self.passages = list(passages)
         self._index = bm25s.BM25(k1=k1, b=b)
-        tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in self.passages], stopwords="en",
-                                show_progress=False)
+        tokens = bm25s.tokenize(
+            [f"{p.title} {p.text}" for p in self.passages], stopwords="en", show_progress=False
+        )
         self._index.index(tokens, show_progress=False)
 
     @classmethod
@@ -112,8 +113,11 @@ class BM25Retriever:
             k = min(topk, len(self.passages))
             documents, scores = self._index.retrieve([known[i] for i in asked], k=k, show_progress=False)
             for row, i in enumerate(asked):
-                results[i] = [SearchHit(self.passages[int(d)], float(s))
-                              for d, s in zip(documents[row], scores[row]) if s > 0]
+                results[i] = [
+                    SearchHit(self.passages[int(d)], float(s))
+                    for d, s in zip(documents[row], scores[row], strict=True)
+                    if s > 0
+                ]
         return results
 
 
@@ -137,7 +141,9 @@ class HttpRetriever:
         except urllib.error.HTTPError as error:
             raise RetrieverError(f"retrieval server answered HTTP {error.code}") from None
         except (urllib.error.URLError, OSError) as error:
-            raise RetrieverError(f"retrieval server unreachable ({getattr(error, 'reason', error)})") from None
+            raise RetrieverError(
+                f"retrieval server unreachable ({getattr(error, 'reason', error)})"
+            ) from None
         except json.JSONDecodeError:
             raise RetrieverError("retrieval server sent invalid JSON") from None
         return _parse_response(payload, len(queries))
@@ -183,7 +189,9 @@ def _parse_response(payload: Any, expected: int) -> list[list[SearchHit]]:
     if not isinstance(result, list) or len(result) != expected:
         raise RetrieverError(f'retrieval server response needs "result" with {expected} lists')
     try:
-        return [[SearchHit(Passage.from_record(item["document"]), float(item["score"])) for item in ranked]
-                for ranked in result]
+        return [
+            [SearchHit(Passage.from_record(item["document"]), float(item["score"])) for item in ranked]
+            for ranked in result
+        ]
     except (KeyError, TypeError, ValueError) as error:
         raise RetrieverError(f"malformed retrieval result ({error})") from None

@@ -57,8 +57,10 @@ def parse_tool_calls(text: str) -> list[ToolCall | MalformedToolCall]:
         calls.append(_parse_block(match.group(1)))
         end = match.end()
     if _OPEN in text[end:]:
-        raw = text[text.index(_OPEN, end):]
-        calls.append(MalformedToolCall(raw, "Error: <tool_call> was opened but never closed with </tool_call>."))
+        raw = text[text.index(_OPEN, end) :]
+        calls.append(
+            MalformedToolCall(raw, "Error: <tool_call> was opened but never closed with </tool_call>.")
+        )
     return calls
 
 

@@ -77,8 +77,13 @@ class MathChecker:
 
     def _worker(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
-            self._process = subprocess.Popen([sys.executable, "-m", "trace_train.verifiers._math_worker"],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "trace_train.verifiers._math_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
             if _read_line(self._process, _STARTUP_SECONDS) is None:
                 self._stop()
                 raise RuntimeError("the math-verify worker did not start (is math-verify installed?)")
