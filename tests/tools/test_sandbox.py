@@ -1,0 +1,288 @@
+"""The Python sandbox under attack: every attack is contained and reported, the test process unharmed."""
+
+import os
+import socket
+import time
+
+import pytest
+
+from trace_train.tools.sandbox import PythonSession, SandboxLimits, run_python
+
+ROOT = os.geteuid() == 0
+FAST = SandboxLimits(wall_seconds=4.0, cpu_seconds=1)
+
+
+def _processes_of(uid):
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    count += any(line.startswith("Uid:") and int(line.split()[1]) == uid for line in f)
+            except OSError:
+                pass
+    return count
+
+
+def test_runs_code_and_echoes_a_trailing_expression():
+    result = run_python("x = 6 * 7\nprint('x is', x)\nx + 1")
+    assert result.status == "ok" and result.exit_code == 0
+    assert result.stdout == "x is 42\n43\n"
+    assert result.observation() == "x is 42\n43"
+
+
+def test_error_is_reported_with_user_frames_only():
+    result = run_python("def f():\n    return 1 / 0\nf()")
+    assert result.status == "error" and result.exit_code == 1
+    assert "ZeroDivisionError: division by zero" in result.stderr
+    assert 'File "<cell 0>", line 2, in f' in result.stderr
+    assert "_sandbox_child" not in result.stderr
+    assert result.observation().endswith(
+        "[execution stopped: the code raised an error or exited with a non-zero status]"
+    )
+
+
+def test_scientific_imports_work_inside_the_sandbox():
+    result = run_python("import sympy, numpy\nprint(sympy.factorint(360), int(numpy.arange(5).sum()))")
+    assert result.status == "ok", result.stderr
+    assert result.stdout == "{2: 3, 3: 2, 5: 1} 10\n"
+
+
+def test_infinite_loop_hits_the_cpu_limit():
+    start = time.monotonic()
+    result = run_python("while True:\n    pass", limits=FAST)
+    assert result.status == "cpu_limit"
+    assert time.monotonic() - start < 3.5
+    assert "CPU time limit exceeded" in result.observation()
+
+
+def test_sleeping_code_hits_the_wall_clock_limit():
+    result = run_python(
+        "import time\nprint('before', flush=True)\ntime.sleep(60)", limits=SandboxLimits(wall_seconds=1.5)
+    )
+    assert result.status == "timeout" and result.exit_code is None
+    assert 1.4 < result.wall_seconds < 4.0
+    assert result.stdout == "before\n"
+    assert "wall-clock time limit exceeded" in result.observation()
+
+
+def test_memory_blow_up_is_a_memory_error():
+    result = run_python(
+        "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))",
+        limits=SandboxLimits(memory_bytes=512 << 20),
+    )
+    assert result.status == "memory_limit"
+    assert "MemoryError" in result.observation()
+
+
+@pytest.mark.skipif(
+    not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it"
+)
+def test_fork_bomb_is_bounded_and_fully_cleaned_up():
+    before = _processes_of(65534)
+    start = time.monotonic()
+    result = run_python(
+        "import os\nwhile True:\n    os.fork()", limits=SandboxLimits(wall_seconds=3.0, max_processes=8)
+    )
+    assert time.monotonic() - start < 6.0
+    assert result.status in ("timeout", "error")
+    time.sleep(0.2)
+    assert _processes_of(65534) == before
+
+
+@pytest.mark.skipif(
+    not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it"
+)
+def test_process_limit_stops_forking():
+    code = (
+        "import os\nchildren = 0\ntry:\n    for _ in range(50):\n        if os.fork() == 0:\n"
+        "            import time; time.sleep(30)\n        children += 1\nexcept OSError as e:\n"
+        "    print('stopped after', children, type(e).__name__)\n"
+    )
+    result = run_python(code, limits=SandboxLimits(wall_seconds=3.0, max_processes=5))
+    assert "stopped after" in result.stdout, result.observation()
+    assert int(result.stdout.split()[2]) <= 4
+    assert "BlockingIOError" in result.stdout
+
+
+def test_writing_outside_the_working_directory_is_denied(tmp_path):
+    target = tmp_path / "outside.txt"
+    result = run_python(f"open({str(target)!r}, 'w').write('pwned')")
+    assert result.status == "error"
+    assert "PermissionError" in result.stderr and "outside the working directory" in result.stderr
+    assert not target.exists()
+    inside = run_python("open('notes.txt', 'w').write('ok')\nprint(open('notes.txt').read())")
+    assert inside.stdout == "ok\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="the kernel layer is the unprivileged sandbox user")
+def test_subprocess_cannot_write_outside_either(tmp_path):
+    tmp_path.chmod(0o755)
+    target = tmp_path / "outside.txt"
+    result = run_python(
+        f"import subprocess\nprint(subprocess.run(['sh', '-c', 'echo x > {target}']).returncode)"
+    )
+    assert result.stdout.strip() != "0"
+    assert not target.exists()
+
+
+def test_working_directory_is_thrown_away():
+    first = run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())")
+    workdir = first.stdout.strip()
+    assert workdir and not os.path.exists(workdir)
+    assert run_python("import os\nprint(os.listdir('.'))").stdout == "[]\n"
+
+
+def test_socket_creation_is_blocked_by_the_audit_hook():
+    result = run_python("import socket\ns = socket.socket()\ns.connect(('1.1.1.1', 80))")
+    assert result.status == "error"
+    assert "PermissionError: sandbox: network access is not permitted" in result.stderr
+
+
+@pytest.mark.skipif(not ROOT, reason="network namespaces need root (or user namespaces) on this kernel")
+def test_network_namespace_isolates_even_a_fresh_interpreter():
+    """A child interpreter has no audit hook; the namespace still keeps it off the host's loopback."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    code = (
+        f'import subprocess, sys\nsnippet = \'import socket; socket.create_connection(("127.0.0.1", {port}), '
+        "timeout=2)'\nr = subprocess.run([sys.executable, '-c', snippet], capture_output=True, text=True)\n"
+        "print(r.returncode, r.stderr.strip().splitlines()[-1])\n"
+        "print(open('/proc/self/net/dev').read())"
+    )
+    try:
+        result = run_python(code)
+    finally:
+        server.close()
+    assert result.status == "ok", result.observation()
+    first, *net_dev = result.stdout.splitlines()
+    assert first.startswith("1 ") and ("OSError" in first or "Error" in first)
+    interfaces = [line.split(":")[0].strip() for line in net_dev[2:] if ":" in line]
+    assert interfaces == ["lo"]
+    assert "network-namespace" in result.isolation and "pid-namespace" in result.isolation
+
+
+def test_huge_output_is_truncated_without_flooding_the_caller():
+    result = run_python(
+        "import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10000)",
+        limits=SandboxLimits(max_output_bytes=1000),
+    )
+    assert result.status == "ok"
+    assert result.stdout == "y" * 1000
+    assert result.truncated_bytes == 2000 * 10000 - 1000
+    assert "[output truncated: 19999000 more bytes]" in result.observation()
+
+
+def test_file_size_limit():
+    result = run_python(
+        "open('big', 'wb').write(b'0' * (2 << 20))", limits=SandboxLimits(max_file_bytes=1 << 20)
+    )
+    assert result.status == "file_size_limit"
+
+
+def test_limits_cannot_be_lifted_from_inside():
+    code = (
+        "import resource, os\n"
+        "for name in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_NPROC', 'RLIMIT_FSIZE'):\n"
+        "    limit = getattr(resource, name)\n"
+        "    try:\n"
+        "        resource.setrlimit(limit, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "        print(name, 'raised')\n"
+        "    except (ValueError, OSError) as e:\n"
+        "        print(name, 'refused')\n"
+        "print(resource.getrlimit(resource.RLIMIT_AS))\n"
+        "try:\n    os.setuid(0)\n    print('root')\nexcept PermissionError:\n    print('setuid refused')\n"
+        "import sys\ntry:\n    sys.addaudithook(lambda *a: None)\n"
+        "    print('hook added, guard still there')\n"
+        "except Exception:\n    pass\n"
+        "import socket\ntry:\n    socket.socket()\nexcept PermissionError:\n    print('socket refused')\n"
+    )
+    result = run_python(code, limits=SandboxLimits(memory_bytes=700 << 20))
+    lines = result.stdout.splitlines()
+    assert lines[:4] == [
+        f"{name} refused" for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE")
+    ]
+    assert lines[4] == f"({700 << 20}, {700 << 20})"
+    if ROOT:
+        assert "setuid refused" in lines
+    assert lines[-1] == "socket refused"
+
+
+def test_environment_is_minimal_and_interpreter_is_isolated_from_the_caller(monkeypatch):
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    result = run_python("import os\nprint(sorted(os.environ))\nprint('SECRET_TOKEN' in os.environ)")
+    assert result.stdout.splitlines()[-1] == "False"
+    if ROOT:
+        listing = run_python("import os\nprint(os.listdir('/root'))")
+        assert listing.stdout.strip() in ("[]", "['.pyenv']") or "PermissionError" in listing.stderr
+
+
+def test_without_namespaces_rlimits_and_the_hook_remain():
+    result = run_python("print('hi')", limits=SandboxLimits(namespaces="off"))
+    assert result.stdout == "hi\n" and "network-namespace" not in result.isolation
+    assert "rlimits" in result.isolation and "audit-hook" in result.isolation
+    assert (
+        run_python("import socket\nsocket.socket()", limits=SandboxLimits(namespaces="off")).status == "error"
+    )
+
+
+def test_session_keeps_state_and_snapshots_restore_exactly():
+    session = PythonSession()
+    assert session.run("import random\nx = random.random()\ndata = [x]").status == "ok"
+    first = session.run("print(x)").stdout
+    snap = session.snapshot()
+    session.run("data.append(2)\nx = 'changed'")
+    assert session.run("print(x, len(data))").stdout == "changed 2\n"
+    session.restore(snap)
+    assert session.run("print(x)").stdout == first
+    assert session.run("print(len(data))").stdout == "1\n"
+    other = PythonSession()
+    other.restore(snap)
+    assert other.run("print(x)").stdout == first
+
+
+def test_session_replays_files_and_hash_order():
+    session = PythonSession()
+    session.run("open('state.txt', 'w').write('kept')\nwords = list({'alpha', 'beta', 'gamma', 'delta'})")
+    order = session.run("print(words)").stdout
+    assert session.run("print(open('state.txt').read(), words)").stdout == f"kept {order}"
+
+
+def test_session_drops_cells_stopped_by_a_limit_and_keeps_erroring_cells():
+    session = PythonSession(limits=FAST)
+    session.run("x = 1")
+    assert session.run("while True:\n    pass").status == "cpu_limit"
+    assert session.run("y = x + 1\nraise RuntimeError('partial')").status == "error"
+    assert len(session.cells) == 2
+    assert session.run("print(x, y)").stdout == "1 2\n"
+
+
+def test_replayed_output_is_silent():
+    session = PythonSession()
+    session.run("print('first')")
+    assert session.run("print('second')").stdout == "second\n"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"wall_seconds": 0}, "`wall_seconds` must be positive, got 0"),
+        ({"cpu_seconds": 0}, "`cpu_seconds` must be a positive integer, got 0"),
+        ({"memory_bytes": 1.5}, "`memory_bytes` must be a positive integer, got 1.5"),
+        ({"sandbox_uid": 0}, "`sandbox_uid` and `sandbox_gid` must not be 0 (root)"),
+        ({"namespaces": "maybe"}, "`namespaces` must be one of ('auto', 'require', 'off'), got 'maybe'"),
+    ],
+)
+def test_limits_are_validated(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        SandboxLimits(**kwargs)
+    assert str(info.value) == message
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(TypeError, match="`code` must be a str, got bytes"):
+        run_python(b"print(1)")
+    with pytest.raises(ValueError, match="`snapshot` must be a tuple"):
+        PythonSession().restore(["x = 1"])

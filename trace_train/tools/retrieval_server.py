@@ -1,0 +1,125 @@
+"""A Search-R1-compatible retrieval server over a local BM25 index (standard library HTTP server).
+
+Serves ``POST /retrieve`` exactly as Search-R1's ``retrieval_server.py`` does (see ``search`` for the
+protocol), so a model trained against it can later be pointed at a dense Wikipedia retriever unchanged.
+Each returned document is ``{"id", "contents", "title", "text"}``. A missing or null ``topk`` means the
+server's default. Bad requests get HTTP 400 with ``{"error": message}``; other paths get 404.
+
+Run it on a corpus (JSONL with id/title/text or id/contents)::
+
+    python -m trace_train.tools.retrieval_server --corpus corpus.jsonl --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from trace_train.tools.search import BM25Retriever, Retriever
+
+MAX_REQUEST_BYTES = 1 << 20
+
+
+def make_server(
+    retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3
+) -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (port 0 picks a free one: see ``server.server_address``)."""
+    if not isinstance(default_topk, int) or isinstance(default_topk, bool) or default_topk < 1:
+        raise ValueError(f"`default_topk` must be a positive integer, got {default_topk!r}")
+
+    class Handler(_RetrieveHandler):
+        pass
+
+    Handler.retriever, Handler.default_topk = retriever, default_topk
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_background(server: ThreadingHTTPServer) -> threading.Thread:
+    """Start ``server.serve_forever`` in a daemon thread; stop it with ``server.shutdown()``."""
+    thread = threading.Thread(target=server.serve_forever, name="retrieval-server", daemon=True)
+    thread.start()
+    return thread
+
+
+class _RetrieveHandler(BaseHTTPRequestHandler):
+    retriever: Retriever
+    default_topk: int
+
+    def do_POST(self):
+        if self.path.rstrip("/") != "/retrieve":
+            return self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve"})
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= MAX_REQUEST_BYTES:
+            return self._send(400, {"error": f"request body must be 1 to {MAX_REQUEST_BYTES} bytes"})
+        try:
+            request = json.loads(self.rfile.read(length))
+            queries, topk, scores = _validate(request, self.default_topk)
+        except (json.JSONDecodeError, ValueError) as error:
+            return self._send(400, {"error": str(error)})
+        ranked = self.retriever.search(queries, topk=topk)
+        result = [[_entry(hit, scores) for hit in hits] for hits in ranked]
+        return self._send(200, {"result": result})
+
+    def do_GET(self):
+        self._send(404, {"error": "use POST /retrieve"})
+
+    def log_message(self, format, *args):  # silence per-request logging
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _validate(request, default_topk: int) -> tuple[list[str], int, bool]:
+    if not isinstance(request, dict):
+        raise ValueError("the request must be a JSON object")
+    queries = request.get("queries")
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise ValueError('"queries" must be a list of strings')
+    topk = request.get("topk") or default_topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        raise ValueError(f'"topk" must be a positive integer, got {topk!r}')
+    scores = request.get("return_scores", False)
+    if not isinstance(scores, bool):
+        raise ValueError('"return_scores" must be true or false')
+    return queries, topk, scores
+
+
+def _entry(hit, with_score: bool) -> dict:
+    passage = hit.passage
+    document = {"id": passage.id, "contents": passage.contents, "title": passage.title, "text": passage.text}
+    return {"document": document, "score": hit.score} if with_score else document
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", required=True, help="JSONL corpus (id/title/text or id/contents)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--topk", type=int, default=3, help="default number of passages per query")
+    args = parser.parse_args(argv)
+    server = make_server(
+        BM25Retriever.from_jsonl(args.corpus), host=args.host, port=args.port, default_topk=args.topk
+    )
+    host, port = server.server_address[:2]
+    print(f"serving {args.corpus} at http://{host}:{port}/retrieve", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

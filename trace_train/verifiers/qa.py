@@ -1,0 +1,69 @@
+"""Answer metrics for (multi-hop) QA, with SQuAD's answer normalisation.
+
+``normalize_answer`` lower-cases, removes punctuation, the articles a/an/the and extra whitespace
+(the SQuAD v1.1 evaluation script, also used by HotpotQA and Search-R1). Every metric takes one
+prediction and one or more gold answers and returns the best score over the golds.
+
+- ``exact_match``: 1.0 when the normalised strings are equal.
+- ``token_f1``: harmonic mean of token precision and recall of the normalised answers (SQuAD F1).
+- ``f1_match``: the paper's "exact match at F1 >= 0.3" (our reading: a prediction counts as correct,
+  1.0, when its token F1 against some gold answer is at least ``threshold``; else 0.0).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    if not isinstance(text, str):
+        raise TypeError(f"`text` must be a str, got {type(text).__name__}")
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """1.0 if the normalised prediction equals some normalised gold answer, else 0.0 (None scores 0)."""
+    golds = _golds(golds)
+    if prediction is None:
+        return 0.0
+    predicted = normalize_answer(prediction)
+    return float(any(predicted == normalize_answer(gold) for gold in golds))
+
+
+def token_f1(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """Best SQuAD token F1 of the prediction against the gold answers (None scores 0)."""
+    golds = _golds(golds)
+    if prediction is None:
+        return 0.0
+    predicted = normalize_answer(prediction).split()
+    return max(_f1(predicted, normalize_answer(gold).split()) for gold in golds)
+
+
+def f1_match(prediction: str | None, golds: str | Iterable[str], *, threshold: float = 0.3) -> float:
+    """1.0 if ``token_f1(prediction, golds) >= threshold``, else 0.0 (the paper's EM at F1 >= 0.3)."""
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"`threshold` must be in (0, 1], got {threshold!r}")
+    return float(token_f1(prediction, golds) >= threshold)
+
+
+def _f1(predicted: list[str], gold: list[str]) -> float:
+    common = sum((Counter(predicted) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _golds(golds: str | Iterable[str]) -> list[str]:
+    golds = [golds] if isinstance(golds, str) else list(golds)
+    if not golds or not all(isinstance(gold, str) for gold in golds):
+        raise ValueError(f"`golds` must be a str or a non-empty sequence of str, got {golds!r}")
+    return golds
