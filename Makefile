@@ -5,6 +5,7 @@
 
 PYTHON ?= python3
 TORCH  ?= 2.13.0
+BFCL   ?= 2026.3.23
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
@@ -16,7 +17,9 @@ $(STAMP):
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==$(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[test,train]"
+	$(BIN)/python -m pip install --quiet -e ".[test,train,tools]"
+	# bfcl-eval pins old numpy and would pull torch: install it alone; the parts used need only mpmath.
+	$(BIN)/python -m pip install --quiet --no-deps bfcl-eval==$(BFCL)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
