@@ -77,9 +77,15 @@ def _check_row(low: int, high: int, max_guesses: int, target: int) -> None:
 
 
 class GuessNumberEnv:
-    """The environment (see the module docstring). Rows hold ``target``, ``low``, ``high``, ``max_guesses``."""
+    """The environment (see the module docstring). Rows hold ``target``, ``low``, ``high``, ``max_guesses``.
 
-    def __init__(self):
+    ``system_prompt`` replaces the default rules (for example to add worked examples).
+    """
+
+    def __init__(self, *, system_prompt: str = SYSTEM_PROMPT):
+        if not system_prompt:
+            raise ValueError("`system_prompt` must not be empty")
+        self.system_prompt = system_prompt
         self._state: GuessState | None = None
 
     @property
@@ -96,7 +102,7 @@ class GuessNumberEnv:
         _check_row(low, high, max_guesses, target)
         self._state = GuessState(target=target, low=low, high=high, max_guesses=max_guesses)
         task = f"I am thinking of a number from {low} to {high}. You have {max_guesses} guesses. Your guess?"
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": task}]
 
     def step(self, action: str) -> StepResult:
         s = self.state
