@@ -137,7 +137,9 @@ class RolloutReport:
     rollouts: int
     """Leaves generated: the rollouts actually spent."""
     bare_rollouts: int
+    """Rollouts sampled at roots, top-ups included."""
     continuations: int
+    """Rollouts branched from prefixes."""
     top_up_rollouts: int
     """Bare rollouts added because no prefix could take part of the continuation budget."""
     generated_tokens: int
@@ -167,9 +169,9 @@ class RolloutReport:
         return self.continuation_prefix_cached / self.continuation_prefix_tokens
 
     def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["planned"] = {"roots": self.planned.roots, "continuations_per_root": self.planned.continuations_per_root}
-        return out
+        """Plain JSON-ready values, derived ones included."""
+        return dataclasses.asdict(self) | {"computed_prompt_tokens": self.computed_prompt_tokens,
+                                           "continuation_prefix_hit_rate": self.continuation_prefix_hit_rate}
 
 
 @dataclass(frozen=True)
@@ -226,19 +228,23 @@ class RolloutConfig:
     dapo_target: int | None = None
     """Mixed groups DAPO tries to keep; default: half of the groups the budget pays for (at least 1)."""
     temperature: float = 1.0
+    """Sampling temperature of every turn."""
     top_p: float = 1.0
+    """Nucleus sampling threshold of every turn."""
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    """Turn, per-turn token and context limits (see :mod:`trace_train.envs.base`)."""
     seed: int = 0
+    """Seed of a call that passes none."""
 
     def __post_init__(self):
         policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
-        RolloutBudget(self.roots, self.continuations_per_root)
+        RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
         if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
             raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
-        policy.replace(group_size=self.group_size)
+        policy.replace(group_size=self.group_size)  # validates G against the policy's other fields
         if self.dapo_target is not None and self.dapo_target < 1:
             raise ValueError(f"`dapo_target` must be at least 1, got {self.dapo_target}")
-        Sampling(temperature=self.temperature, top_p=self.top_p)
+        Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
 
@@ -293,9 +299,9 @@ class RolloutEngine:
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
         self.tokens_per_rollout: float | None = None
-        """Running mean of generated tokens per bare rollout, used to plan token budgets."""
+        """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for :meth:`plan`."""
         self.continuation_cost_ratio: float = 0.5
-        """Running mean cost of a continuation relative to a bare rollout (prior 0.5)."""
+        """Tokens of a continuation relative to a bare rollout, averaged the same way from a prior of 0.5."""
 
     # -----------------------------------------------------------------------------------------------
 
@@ -304,9 +310,9 @@ class RolloutEngine:
 
         With a rollout budget this is ``policy.split(RolloutBudget(M, N))``. With ``token_budget`` T,
         a flat policy gets M = T / L roots and a branching one M = T / (L (1 + N c)), where L is the
-        running mean of tokens per bare rollout (initially half of ``max_turns * max_turn_tokens``)
-        and c the running cost of a continuation relative to a bare rollout: equal tokens in
-        expectation, with what was actually spent in the report.
+        average of tokens per bare rollout over earlier calls (initially half of ``max_turns *
+        max_turn_tokens``) and c that of a continuation's tokens relative to a bare rollout's: equal
+        tokens in expectation, with what was actually spent in the report.
         """
         cfg, policy = self.config, self.config.allocation_policy
         if cfg.token_budget is None:

@@ -13,6 +13,10 @@ Rules every environment follows:
 * **Snapshots are complete.** ``restore(snapshot())`` on *any* instance, including one that was never
   reset, puts it in exactly the state it had, so a continuation branched from a prefix sees what the
   factual rollout saw at that turn. Snapshots are immutable values: later steps must not change them.
+  The engine takes one after every turn (any turn boundary may become a branch point), so they should
+  be cheap: a small state value, a log of the calls to replay, or copy-on-write storage.
+* **Fresh instances.** The engine builds one instance per rollout with its ``make_env`` factory, and
+  restores a continuation's instance from its prefix's snapshot instead of calling ``reset``.
 
 How a rollout ends (the engine records one :class:`EndReason` per leaf):
 
