@@ -189,7 +189,7 @@ def test_no_stale_prefix_cache_survives_a_vllm_weight_update(vllm_backend, tiny_
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    old, new = dict(model.state_dict()), _perturbed(model)
+    old, new = {k: v.clone() for k, v in model.state_dict().items()}, _perturbed(model)  # load_state_dict copies in place
     prompt = prompts[0] + prompts[1]
     request = [GenerationRequest(prompt, seed=7, max_new_tokens=4)]
     try:
