@@ -1,4 +1,5 @@
-"""trace_train: TRACE on real LLM agents (generation back ends, environments, tree rollouts).
+"""trace_train: TRACE on real LLM agents (torch, transformers, vLLM).
 
-Importing the package is cheap; torch, transformers and vLLM are imported by the modules that need them.
+Generation back ends, tool environments, the tree rollout engine, the success predictor, the
+tree-aware policy update and the training loop. Every allocation decision is made by ``trace_theory``.
 """
