@@ -8,8 +8,10 @@ agent-sized system prompt (rules plus worked example games, about 600 tokens):
   turn boundaries.
 
 For each it reports generated tokens, prompt tokens computed versus served from the prefix cache, the
-share of the continuations' shared-prefix tokens served from cache, wall time and tokens per second.
-Each run starts from an empty prefix cache.
+share of the continuations' shared-prefix tokens served from cache, and time per run (median wall
+clock and median CPU time of this process, which a busy shared machine disturbs less) with generated
+tokens per second. Token counts are deterministic for a seed. Each run starts from an empty prefix
+cache.
 
 Run it with ``python -m trace_train.bench_rollouts`` (add ``--backend hf`` for transformers only);
 results go to ``results/bench_rollouts.json``.
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -32,15 +35,15 @@ __all__ = ["BenchConfig", "main"]
 
 @dataclass(frozen=True)
 class BenchConfig:
-    backends: tuple[str, ...] = ("vllm", "hf")
-    """Back ends to measure, of "vllm" and "hf"."""
+    backends: tuple[str, ...] = ("hf", "vllm")
+    """Back ends to measure, of "hf" and "vllm" (transformers first: vLLM sets torch to one thread)."""
     prompts: int = 8
     """Prompts rolled out per run."""
     group_size: int = 4
     """G: bare rollouts per prompt in tree mode."""
     continuations_per_root: int = 3
     """N: continuations per bare rollout (flat mode gets G (1 + N) rollouts per prompt)."""
-    repeats: int = 3
+    repeats: int = 5
     """Timed runs per mode (after one untimed warm-up run)."""
     examples: int = 12
     """Worked example games in the system prompt (its length)."""
@@ -113,26 +116,32 @@ def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
     )
     if hasattr(backend, "reset_prefix_cache"):
         backend.reset_prefix_cache()
+    cpu = time.process_time()
     report = RolloutEngine(backend, env, rollout).rollout(pool, seed=seed).report
-    return report.as_dict()
+    return report.as_dict() | {"cpu_seconds": time.process_time() - cpu}
 
 
 def _summary(runs: list[dict]) -> dict:
+    """Token counts averaged over runs; times are medians (the machine may be shared)."""
     total = {k: sum(r[k] for r in runs) for k in ("rollouts", "generated_tokens", "prompt_tokens",
                                                    "cached_prompt_tokens", "continuation_prefix_tokens",
-                                                   "continuation_prefix_cached", "seconds")}
+                                                   "continuation_prefix_cached")}
     computed = total["prompt_tokens"] - total["cached_prompt_tokens"]
+    wall = float(np.median([r["seconds"] for r in runs]))
+    cpu = float(np.median([r["cpu_seconds"] for r in runs]))
+    generated = total["generated_tokens"] / len(runs)
     return {
         "leaves_per_run": total["rollouts"] / len(runs),
-        "generated_tokens_per_run": total["generated_tokens"] / len(runs),
+        "generated_tokens_per_run": generated,
         "prompt_tokens_per_run": total["prompt_tokens"] / len(runs),
         "computed_prompt_tokens_per_run": computed / len(runs),
         "cached_prompt_share": total["cached_prompt_tokens"] / max(1, total["prompt_tokens"]),
         "continuation_prefix_hit_rate": (total["continuation_prefix_cached"] / total["continuation_prefix_tokens"]
                                          if total["continuation_prefix_tokens"] else None),
-        "seconds_per_run": total["seconds"] / len(runs),
-        "generated_tokens_per_second": total["generated_tokens"] / total["seconds"],
-        "leaves_per_second": total["rollouts"] / total["seconds"],
+        "seconds_per_run": wall,
+        "cpu_seconds_per_run": cpu,
+        "generated_tokens_per_second": generated / wall,
+        "generated_tokens_per_cpu_second": generated / cpu,
     }
 
 
@@ -160,6 +169,7 @@ def main(config: BenchConfig) -> dict:
                 "prompt_tokens": tree["prompt_tokens_per_run"] / flat["prompt_tokens_per_run"],
                 "generated_tokens": tree["generated_tokens_per_run"] / flat["generated_tokens_per_run"],
                 "seconds": tree["seconds_per_run"] / flat["seconds_per_run"],
+                "cpu_seconds": tree["cpu_seconds_per_run"] / flat["cpu_seconds_per_run"],
             }
             results["backends"][name] = modes
     os.makedirs(os.path.dirname(os.path.abspath(config.out)), exist_ok=True)
@@ -179,7 +189,7 @@ def _parse(argv=None) -> BenchConfig:
     parser.add_argument("--out", default=defaults.out)
     args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
-    return BenchConfig(backends=("vllm", "hf") if backend == "both" else (backend,), **args)
+    return BenchConfig(backends=("hf", "vllm") if backend == "both" else (backend,), **args)
 
 
 if __name__ == "__main__":
