@@ -233,6 +233,8 @@ class RolloutConfig:
     """Nucleus sampling threshold of every turn."""
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     """Turn, per-turn token and context limits (see :mod:`trace_train.envs.base`)."""
+    binary_rewards: bool = True
+    """Whether the verifier's rewards are 0/1 (checked by the forest); False allows graded rewards."""
     seed: int = 0
     """Seed of a call that passes none."""
 
@@ -247,6 +249,8 @@ class RolloutConfig:
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
+        if policy.dynamic_sampling and not self.binary_rewards:
+            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: it needs binary_rewards=True")
 
     @property
     def allocation_policy(self):
@@ -371,7 +375,7 @@ class _Run:
         self.engine, self.cfg, self.chat = engine, engine.config, engine.chat
         self.policy = engine.config.allocation_policy
         self.pool, self.predictor, self.rng = pool, predictor, rng
-        self.builder = ForestBuilder()
+        self.builder = ForestBuilder(binary_rewards=engine.config.binary_rewards)
         self.parent: list[int] = []
         self.nodes: list[NodePayload] = []
         self.predictions: dict[int, float] = {}

@@ -232,6 +232,16 @@ def test_requests_are_validated(kwargs, message):
         GenerationRequest(**kwargs)
 
 
+def test_hf_generation_leaves_a_shared_model_in_its_mode(hf_backend, prompts):
+    hf_backend.model.train()
+    [[c]] = hf_backend.generate([GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4))
+    assert hf_backend.model.training
+    hf_backend.model.eval()
+    [[d]] = hf_backend.generate([GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4))
+    assert not hf_backend.model.training and c == d  # dropout-free either way: generation runs in eval mode
+    assert hf_backend.generate([], SAMPLE) == []
+
+
 def test_generate_rejects_what_is_not_a_request(hf_backend):
     with pytest.raises(ValueError, match="must hold GenerationRequest objects, got tuple"):
         hf_backend.generate([(1, 2)], SAMPLE)

@@ -220,6 +220,8 @@ def test_bad_arguments_fail_with_clear_messages(hf_backend):
         make_engine(hf_backend).rollout(POOL, predictor=lambda hs: np.full(len(hs), 1.5))
     with pytest.raises(ValueError, match="needs a predictor with a `concentration"):
         make_engine(hf_backend, policy="trace_beta").rollout(POOL, predictor=lambda hs: np.full(len(hs), 0.5))
+    with pytest.raises(ValueError, match="policy 'dapo' keeps groups with mixed 0/1 rewards"):
+        RolloutConfig(policy="dapo", binary_rewards=False)
     with pytest.raises(ValueError, match="`pool` must hold at least one"):
         make_engine(hf_backend).rollout([], predictor=TurnPredictor())
 
@@ -238,3 +240,22 @@ def test_vllm_serves_continuation_prefixes_from_its_prefix_cache(vllm_backend, b
     assert report.continuation_prefix_tokens == sum(lengths)
     assert report.continuation_prefix_cached == sum((n - 1) // block_size * block_size for n in lengths)
     assert report.continuation_prefix_hit_rate >= 0.9
+
+
+class PartialCreditGuessing(GuessNumberEnv):
+    """Guess the number with a graded verifier: 1 / (guesses used) for a solved game, else 0."""
+
+    def verify(self) -> float:
+        state = self.snapshot()
+        return 1.0 / len(state.guesses) if state.solved else 0.0
+
+
+def test_graded_rewards_need_binary_rewards_off(hf_backend):
+    config = dict(policy="uniform_tree", limits=LIMITS)
+    batch = RolloutEngine(hf_backend, PartialCreditGuessing, RolloutConfig(**config, binary_rewards=False)).rollout(POOL)
+    forest = batch.forest
+    expected = [1.0 / forest.depth[leaf] if batch.nodes[leaf].snapshot.solved else 0.0 for leaf in forest.leaves]
+    assert forest.reward[forest.leaves].tolist() == expected
+    assert any(0.0 < r < 1.0 for r in expected)
+    with pytest.raises(ValueError, match="rewards are declared binary"):
+        RolloutEngine(hf_backend, PartialCreditGuessing, RolloutConfig(**config)).rollout(POOL)

@@ -28,17 +28,18 @@ class HFBackend:
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A causal LM; it is put in eval mode and used as is (the trainer may share it).
+        A causal LM, used as is (a trainer may share it: generation runs in eval mode and then restores
+        the model's mode).
     tokenizer : transformers.PreTrainedTokenizerBase
         Its tokenizer (EOS, pad token and decoding for stop strings).
     max_batch_size : int
-        Most samples decoded together; larger calls run in chunks.
+        Most samples decoded together; larger calls run in chunks (a request's samples stay together).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64):
         if max_batch_size < 1:
             raise ValueError(f"`max_batch_size` must be at least 1, got {max_batch_size}")
-        self.model = model.eval()
+        self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.stats = GenerationStats()
@@ -69,14 +70,18 @@ class HFBackend:
     def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
         requests = check_requests(requests, sampling)
         results: list[list[Completion]] = [[] for _ in requests]
-        chunk: list[int] = []
+        chunks: list[list[int]] = [[]]
         for i, r in enumerate(requests):
-            if chunk and sum(requests[c].n for c in chunk) + r.n > self.max_batch_size:
+            if chunks[-1] and sum(requests[c].n for c in chunks[-1]) + r.n > self.max_batch_size:
+                chunks.append([])
+            chunks[-1].append(i)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk in chunks if requests else []:
                 self._run(requests, chunk, sampling, results)
-                chunk = []
-            chunk.append(i)
-        if chunk:
-            self._run(requests, chunk, sampling, results)
+        finally:
+            self.model.train(was_training)
         for r, out in zip(requests, results):
             for c in out:
                 self.stats.add(r.prompt_ids, c)
@@ -89,10 +94,9 @@ class HFBackend:
         owner = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs]))
         cache.reorder_cache(owner.to(self.device))
         logits = logits[owner]
-        positions = lengths[owner].to(self.device)
+        positions = lengths[owner].to(self.device)  # the next token's position in each sample
         width = cache.get_seq_length()
-        mask = torch.ones(len(owner), width, dtype=torch.long, device=self.device)
-        mask[:, : width] = (torch.arange(width, device=self.device)[None, :] >= width - positions[:, None]).long()
+        mask = (torch.arange(width, device=self.device)[None, :] >= width - positions[:, None]).long()
         samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
         decoder = _Decoder(self, samples, sampling)
         while True:
