@@ -82,17 +82,6 @@ def system_prompt(examples: int, seed: int) -> str:
     return "\n".join(lines)
 
 
-def _tiny_model(path: str, seed: int) -> str:
-    from .tiny import build_model, build_tokenizer, warm_start
-
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed)
-    warm_start(model, tokenizer, steps=60, seed=seed)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def _backend(name: str, model: str):
     if name == "vllm":
         from .backends.vllm_backend import VLLMBackend
@@ -148,12 +137,13 @@ def _summary(runs: list[dict]) -> dict:
 def main(config: BenchConfig) -> dict:
     """Run the benchmark, write ``config.out`` and return the results."""
     from .envs.guess_number import GuessNumberEnv, make_rows
+    from .tiny import save_tiny
 
     pool = make_rows(config.prompts, high=16, max_guesses=5, seed=config.seed)
     env = partial(GuessNumberEnv, system_prompt=system_prompt(config.examples, config.seed))
     results = {"config": dataclasses.asdict(config), "backends": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        model = config.model or _tiny_model(tmp, config.seed)
+        model = config.model or save_tiny(tmp, seed=config.seed, warm_steps=60)
         for name in config.backends:
             backend = _backend(name, model)
             _run(backend, env, pool, config, "tree", seed=config.seed + 10_000)  # warm-up, not timed

@@ -110,11 +110,14 @@ def build_model(tokenizer, *, hidden_size: int = 64, layers: int = 2, heads: int
     return model
 
 
-def save_tiny(path: str | os.PathLike, *, seed: int = 0, **model_kwargs) -> str:
-    """Build a tokenizer and a model and save both to ``path`` (a directory vLLM can load). Returns it."""
+def save_tiny(path: str | os.PathLike, *, seed: int = 0, warm_steps: int = 0, **model_kwargs) -> str:
+    """Build a tokenizer and a model, warm-start it for ``warm_steps`` steps (:func:`warm_start`), and save
+    both to ``path`` (a directory that vLLM and transformers load). Returns the path."""
     path = os.fspath(path)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed, **model_kwargs)
+    if warm_steps:
+        warm_start(model, tokenizer, steps=warm_steps, seed=seed)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

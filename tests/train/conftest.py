@@ -12,20 +12,14 @@ import pytest
 torch = pytest.importorskip("torch", reason="trace_train tests need the `train` extra (see README)")
 pytest.importorskip("transformers", reason="trace_train tests need the `train` extra (see README)")
 
-from trace_train.tiny import build_model, build_tokenizer, warm_start  # noqa: E402
+from trace_train.tiny import save_tiny  # noqa: E402
 
 BLOCK_SIZE = 32  # vLLM's CPU attention needs multiples of 32
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("tiny-qwen3"))
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=0)
-    warm_start(model, tokenizer, steps=60, seed=0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny(tmp_path_factory.mktemp("tiny-qwen3"), seed=0, warm_steps=60)
 
 
 @pytest.fixture(scope="session")

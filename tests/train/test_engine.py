@@ -119,6 +119,38 @@ def test_the_report_accounts_for_every_rollout_and_token(backend):
     assert scored[forest.roots].all() and not scored[forest.is_leaf].any()
 
 
+class RecordingBackend:
+    """Delegates to a real back end and records the requests of every ``generate`` call."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+        self.tokenizer, self.stats = backend.tokenizer, backend.stats
+
+    def generate(self, requests, sampling):
+        self.calls.append([(len(r.prompt_ids), r.n) for r in requests])
+        return self.backend.generate(requests, sampling)
+
+    def update_weights(self, state_dict):
+        self.backend.update_weights(state_dict)
+
+
+def test_generation_is_batched_across_prompts_turn_by_turn(hf_backend):
+    recorder = RecordingBackend(hf_backend)
+    batch = make_engine(recorder).rollout(POOL, predictor=TurnPredictor(), seed=0)
+    forest = batch.forest
+    bare_depth = int(forest.depth[forest.origin == Origin.BARE].max())
+    branch = branch_starts(forest)
+    anchors = np.unique(forest.parent[branch])
+    # Stage 1: one call per turn; the first holds one request per selected prompt with n = its group.
+    assert recorder.calls[0] == [(len(batch.nodes[r].observation_ids), len(forest.children(r))) for r in forest.roots]
+    # Stage 2: one request per anchor with n = its continuations (no top-ups here), then one per rollout.
+    stage2 = recorder.calls[bare_depth]
+    assert stage2 == [(len(batch.context_ids(int(a))), len(forest.children(a)) - 1) for a in anchors]
+    longest_branch = max(int((forest.factual_leaf == forest.factual_leaf[b]).sum()) for b in branch)
+    assert len(recorder.calls) == bare_depth + longest_branch
+    assert sum(n for call in recorder.calls for _, n in call) == len(forest) - forest.n_prompts
+
+
 def test_a_fixed_seed_reproduces_the_forest(backend):
     engine = make_engine(backend)
     a, b = (engine.rollout(POOL, predictor=TurnPredictor(), seed=5) for _ in range(2))
@@ -129,13 +161,14 @@ def test_a_fixed_seed_reproduces_the_forest(backend):
     assert [n.action_ids for n in c.nodes] != [n.action_ids for n in a.nodes]
 
 
+@pytest.mark.parametrize("roots, per_root", [(8, 1), (6, 3)])
 @pytest.mark.parametrize("name", POLICIES.names())
-def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name):
-    engine = make_engine(hf_backend, policy=name)
+def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, roots, per_root):
+    engine = make_engine(hf_backend, policy=name, roots=roots, continuations_per_root=per_root)
     batch = engine.rollout(POOL, predictor=TurnPredictor(), seed=2)
     forest, report = batch.forest, batch.report
     policy = get_policy(name, group_size=4)
-    planned = RolloutBudget(*policy.split(RolloutBudget(8, 1)))
+    planned = RolloutBudget(*policy.split(RolloutBudget(roots, per_root)))
     assert report.planned == planned
     groups = {int(forest.prompt[r]): len(forest.children(r)) for r in forest.roots}
     if policy.dynamic_sampling:
