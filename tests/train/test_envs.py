@@ -25,7 +25,12 @@ def test_a_game_is_played_as_documented():
     assert env.step("4").observation == "Higher. 2 guesses left."
     assert env.step("I guess 7.").observation == "Lower. 1 guess left."  # first integer of the text
     result = env.step("6")
-    assert (result.observation, result.done, result.invalid, env.verify()) == ("Correct! The number was 6.", True, False, 1.0)
+    assert (result.observation, result.done, result.invalid, env.verify()) == (
+        "Correct! The number was 6.",
+        True,
+        False,
+        1.0,
+    )
 
 
 @pytest.mark.parametrize("action", ["", "seven", "9", "0", "-3"])
@@ -44,14 +49,19 @@ def test_running_out_of_guesses_ends_with_reward_zero():
     env.step("1"), env.step("2")
     result = env.step("x")
     assert result.done and result.invalid and env.verify() == 0.0
-    assert result.observation == "Invalid guess. Reply with one whole number from 1 to 8. Out of guesses. The number was 6."
+    assert (
+        result.observation
+        == "Invalid guess. Reply with one whole number from 1 to 8. Out of guesses. The number was 6."
+    )
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step("6")
 
 
 @settings(max_examples=50, deadline=None)
-@given(actions=st.lists(st.sampled_from(["1", "3", "5", "6", "8", "x", "12"]), min_size=1, max_size=3),
-       cut=st.integers(0, 3))
+@given(
+    actions=st.lists(st.sampled_from(["1", "3", "5", "6", "8", "x", "12"]), min_size=1, max_size=3),
+    cut=st.integers(0, 3),
+)
 def test_restore_replays_the_same_observations(actions, cut):
     """A fresh instance restored from a snapshot answers exactly like the original from that point."""
     env = GuessNumberEnv()
@@ -67,7 +77,7 @@ def test_restore_replays_the_same_observations(actions, cut):
         return
     fresh = GuessNumberEnv()
     fresh.restore(snapshot)
-    replay = [fresh.step(a) for a in actions[cut:len(observations)]]
+    replay = [fresh.step(a) for a in actions[cut : len(observations)]]
     assert replay == observations[cut:]
     assert fresh.verify() == env.verify()
 
@@ -116,10 +126,12 @@ def test_success_probability_depends_on_the_turns_taken():
     # After "1": 2..8 remain; 5 wins, g < 5 wins with 1 / (8 - g), g > 5 with 1 / (g - 2).
     # After "x" (invalid): 1..8 remain; 5 wins, g < 5 wins with 1 / (8 - g), g > 5 with 1 / (g - 1).
     assert values["4"] == Fraction(1, 4) * (1 + 1 + Fraction(1, 2) + Fraction(1, 3))
-    assert values["1"] == Fraction(1, 7) * (1 + sum(Fraction(1, 8 - g) for g in (2, 3, 4))
-                                            + sum(Fraction(1, g - 2) for g in (6, 7, 8)))
-    assert values["x"] == Fraction(1, 8) * (1 + sum(Fraction(1, 8 - g) for g in (1, 2, 3, 4))
-                                            + sum(Fraction(1, g - 1) for g in (6, 7, 8)))
+    assert values["1"] == Fraction(1, 7) * (
+        1 + sum(Fraction(1, 8 - g) for g in (2, 3, 4)) + sum(Fraction(1, g - 2) for g in (6, 7, 8))
+    )
+    assert values["x"] == Fraction(1, 8) * (
+        1 + sum(Fraction(1, 8 - g) for g in (1, 2, 3, 4)) + sum(Fraction(1, g - 1) for g in (6, 7, 8))
+    )
     # Halving the range keeps success likely; a poor guess, or an invalid one, makes it much less so.
     assert values["4"] > 2 * values["1"] > 2 * values["x"]
 

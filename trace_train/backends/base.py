@@ -70,7 +70,8 @@ class GenerationRequest:
         if not self.prompt_ids:
             raise ValueError("`prompt_ids` must not be empty")
         _positive_int("n", self.n)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+        bad_seed = isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        if self.seed is not None and bad_seed:
             raise ValueError(f"`seed` must be a non-negative integer or None, got {self.seed!r}")
         if self.max_new_tokens is not None:
             _positive_int("max_new_tokens", self.max_new_tokens)
@@ -120,7 +121,8 @@ class GenerationStats:
 
     def since(self, earlier: "GenerationStats") -> "GenerationStats":
         """The totals accumulated after ``earlier`` (a copy taken before)."""
-        return GenerationStats(*(getattr(self, f.name) - getattr(earlier, f.name) for f in dataclasses.fields(self)))
+        fields = dataclasses.fields(self)
+        return GenerationStats(*(getattr(self, f.name) - getattr(earlier, f.name) for f in fields))
 
 
 @runtime_checkable

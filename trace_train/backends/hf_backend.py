@@ -188,7 +188,7 @@ class _Decoder:
         return (probs / q).argmax(dim=-1)
 
     def _stop(self, k: int, token: int):
-        """vLLM's order: EOS, then stop tokens, then stop strings (earliest end wins), then the length limit."""
+        """vLLM's order: EOS, stop tokens, stop strings (the earliest end wins), then the length limit."""
         if token == self.backend.eos_id:
             return ("stop", None)
         if token in self.stop_ids:

@@ -52,7 +52,7 @@ class StepResult:
     observation: str
     """Text shown to the model as the next user (or tool) message; an error message for invalid actions."""
     done: bool = False
-    """Whether the episode is over (the task was solved, answered, or the environment's own budget is spent)."""
+    """Whether the episode is over (solved, answered, or the environment's own budget spent)."""
     role: str = "user"
     """Chat role of the observation message ("user", or "tool" for templates that have one)."""
     invalid: bool = False

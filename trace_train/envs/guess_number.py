@@ -121,7 +121,8 @@ class GuessNumberEnv:
         else:
             feedback = "Higher." if s.target > guess else "Lower."
         if s.done:
-            return StepResult(f"{feedback} Out of guesses. The number was {s.target}.", done=True, invalid=guess is None)
+            over = f"{feedback} Out of guesses. The number was {s.target}."
+            return StepResult(over, done=True, invalid=guess is None)
         left = "1 guess left." if s.guesses_left == 1 else f"{s.guesses_left} guesses left."
         return StepResult(f"{feedback} {left}", invalid=guess is None)
 
