@@ -15,7 +15,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from trace_theory import RolloutBudget, RolloutForest
+from trace_theory import RolloutBudget, RolloutForest, budget_by_depth, effective_ratio, mixed_anchor_ratio
 
 from .envs.base import EndReason, Message
 
@@ -170,3 +170,13 @@ class RolloutBatch:
             owner += [n] * (len(p.action_ids) + len(p.observation_ids))
         return Trajectory(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8),
                           np.asarray(logp, dtype=np.float64), np.asarray(owner, dtype=np.int64))
+
+    def metrics(self) -> dict[str, Any]:
+        """Contrast and budget metrics of the forest (``trace_theory.metrics``), for logging."""
+        f = self.forest
+        return {
+            "effective_ratio": effective_ratio(f),
+            "mixed_anchor_ratio": mixed_anchor_ratio(f),
+            "rollouts_by_anchor_depth": budget_by_depth(f).tolist(),
+            "tokens_by_anchor_depth": budget_by_depth(f, unit="cost").tolist(),
+        }

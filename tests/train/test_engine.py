@@ -128,6 +128,11 @@ def test_the_report_accounts_for_every_rollout_and_token(backend):
         stats.cached_prompt_tokens,
     )
     assert sum(report.end_reasons.values()) == report.rollouts
+    metrics = batch.metrics()
+    assert sum(metrics["rollouts_by_anchor_depth"]) == report.rollouts
+    assert sum(metrics["tokens_by_anchor_depth"]) == report.generated_tokens
+    assert sum(metrics["rollouts_by_anchor_depth"][1:]) == report.continuations
+    assert 0.0 <= metrics["effective_ratio"] <= 1.0
     scored = np.isfinite(batch.predictions)
     assert scored[forest.roots].all() and not scored[forest.is_leaf].any()
 
