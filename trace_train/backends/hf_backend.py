@@ -106,7 +106,7 @@ class HFBackend:
             mask = torch.cat([mask, torch.ones(len(owner), 1, dtype=torch.long, device=self.device)], dim=1)
             out = self.model(
                 input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                past_key_values=cache, use_cache=True,
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
             )
             positions = positions + 1
             logits, cache = out.logits[:, -1].float(), out.past_key_values
@@ -125,7 +125,7 @@ class HFBackend:
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-            position_ids=position_ids.to(self.device), use_cache=True,
+            position_ids=position_ids.to(self.device), use_cache=True, logits_to_keep=1,  # last position only
         )
         return out.logits[:, -1].float(), out.past_key_values, lengths
 
