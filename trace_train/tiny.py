@@ -1,0 +1,192 @@
+"""Tiny models and tokenizers built locally, for tests, benchmarks and the CPU demo.
+
+Nothing here downloads anything: the tokenizer is a byte-level BPE trained in a second on text of the
+guess-the-number task, with Qwen3's special tokens and a Qwen3-style chat template; the model is a
+randomly initialised Qwen3 architecture small enough to train on a CPU. ``head_dim`` defaults to 32,
+the smallest vLLM's CPU attention accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tokenizer", "build_model", "save_tiny"]
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+# Qwen3's layout (ChatML turns, tool results wrapped in <tool_response> inside a user turn, an empty
+# think block after the generation prompt when thinking is disabled), without its tool-call machinery.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def _default_corpus() -> list[str]:
+    """Text of the guess-the-number task: prompts, feedback and numbers, enough for useful merges."""
+    from .envs.guess_number import GuessNumberEnv, make_rows
+
+    texts = []
+    for high in (4, 8, 16, 32, 64, 100):
+        for row in make_rows(8, high=high, max_guesses=6, seed=high):
+            env = GuessNumberEnv()
+            texts.extend(m["content"] for m in env.reset(row))
+            for guess in range(1, high + 1, max(1, high // 6)):
+                if env.snapshot().done:
+                    break
+                texts.append(env.step(str(guess)).observation)
+            env.reset(row)
+            texts.append(env.step("no idea").observation)
+    texts.extend(str(i) for i in range(0, 1000))
+    texts.extend(["system", "user", "assistant", "<tool_response>", "</tool_response>"] * 50)
+    return texts
+
+
+def build_tokenizer(corpus: Iterable[str] | None = None, *, vocab_size: int = 512):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen3's special tokens and chat template.
+
+    Any text round-trips (bytes are the base alphabet). Training is deterministic for a given corpus.
+    ``eos_token`` is ``<|im_end|>`` and ``pad_token`` is ``<|endoftext|>``, as in Qwen3.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus) if corpus is not None else _default_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:]),
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_model(tokenizer, *, hidden_size: int = 64, layers: int = 2, heads: int = 2, kv_heads: int = 1,
+                head_dim: int = 32, intermediate_size: int = 128, max_positions: int = 2048, seed: int = 0):
+    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized for ``tokenizer`` (tied embeddings)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if head_dim < 32:
+        raise ValueError(f"`head_dim` must be at least 32 (vLLM's CPU attention rejects less), "
+                         f"got {head_dim}")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_tiny(path: str | os.PathLike, *, seed: int = 0, warm_steps: int = 0, **model_kwargs) -> str:
+    """Build a tokenizer and a model, warm-start it for ``warm_steps`` steps (:func:`warm_start`), and save
+    both to ``path`` (a directory that vLLM and transformers load). Returns the path."""
+    path = os.fspath(path)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed, **model_kwargs)
+    if warm_steps:
+        warm_start(model, tokenizer, steps=warm_steps, seed=seed)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5, seed: int = 0):
+    """``n`` guess-the-number episodes played by a random guesser, as (token ids, loss mask) pairs.
+
+    The guesser picks uniformly among the numbers still possible, so every transcript is a valid,
+    well-formatted game; masks are 1 on the assistant's tokens only. Built with :class:`ChatFormat`
+    exactly as the rollout engine builds contexts.
+    """
+    import numpy as np
+
+    from .chat import ChatFormat
+    from .envs.guess_number import GuessNumberEnv, make_rows
+
+    chat, rng = ChatFormat(tokenizer), np.random.default_rng(seed)
+    out = []
+    for row in make_rows(n, high=high, max_guesses=max_guesses, seed=seed):
+        env = GuessNumberEnv()
+        ids = chat.prompt_ids(env.reset(row))
+        mask = [0] * len(ids)
+        low, top = row["low"], row["high"]
+        while True:
+            guess = int(rng.integers(low, top + 1))
+            action = chat.encode(str(guess)) + [chat.turn_end_ids[0]]
+            ids, mask = ids + action, mask + [1] * len(action)
+            result = env.step(str(guess))
+            if result.done:
+                break
+            low, top = (guess + 1, top) if guess < row["target"] else (low, guess - 1)
+            obs = chat.observation_ids(action, {"role": "user", "content": result.observation})
+            ids, mask = ids + obs, mask + [0] * len(obs)
+        out.append((ids, mask))
+    return out
+
+
+def warm_start(model, tokenizer, *, steps: int = 100, batch_size: int = 16, lr: float = 3e-3, seed: int = 0,
+               high: int = 16, max_guesses: int = 5) -> list[float]:
+    """Supervised warm start on random-guesser transcripts, so a tiny model plays valid games.
+
+    After it, the model answers with a number and ends its turn; which number it picks is still far
+    from optimal, so rewards are mixed and there is something left for RL to learn. Returns the losses.
+    """
+    import torch
+
+    data = guess_transcripts(tokenizer, steps * batch_size, high=high, max_guesses=max_guesses, seed=seed)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for step in range(steps):
+        batch = data[step * batch_size:(step + 1) * batch_size]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (seq, mask) in enumerate(batch):
+            ids[i, :len(seq)] = torch.tensor(seq)
+            attention[i, :len(seq)] = 1
+            labels[i, :len(seq)] = torch.where(torch.tensor(mask) == 1, torch.tensor(seq), -100)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
