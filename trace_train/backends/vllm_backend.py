@@ -16,6 +16,12 @@ vLLM raises ``max_num_batched_tokens`` to at least ``max_model_len`` itself.
 
 By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
 trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
+
+When vLLM registers its platform kernels it scans the namespace of every loaded module and calls
+``vars()`` on the values it finds (``vllm/triton_utils/dispatcher.py``). llvmlite's ``ffi.lib`` proxy
+(loaded with numba, which ``bm25s`` and others import) is a slotted object whose ``__getattr__`` also
+answers ``__dict__``, with a function wrapper, and the scan crashes on it. :func:`shield_from_kernel_scan`
+gives that class an empty ``__dict__`` before the engine starts, so a process may import both.
 """
 
 from __future__ import annotations
@@ -25,7 +31,25 @@ from typing import Any, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend"]
+__all__ = ["VLLMBackend", "shield_from_kernel_scan"]
+
+
+def shield_from_kernel_scan() -> None:
+    """Make llvmlite's library proxy safe for vLLM's module scan (see the module docstring)."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None) if ffi is not None else None
+    if lib is None or "__dict__" in vars(type(lib)):
+        return
+
+    class _ShieldedLibrary(type(lib)):
+        """The same slotted proxy, with an empty ``__dict__`` for ``vars()``."""
+
+        __slots__ = ()
+        __dict__ = property(lambda self: {})
+
+    lib.__class__ = _ShieldedLibrary  # one object, shared by every module that imported it
 
 
 class VLLMBackend:
@@ -59,6 +83,7 @@ class VLLMBackend:
                  enforce_eager: bool = False, in_process: bool = True, **engine_kwargs: Any):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        shield_from_kernel_scan()
         from vllm import LLM
         from vllm.platforms import current_platform
 
