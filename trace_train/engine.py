@@ -138,16 +138,22 @@ class RolloutEngine:
     config : RolloutConfig
     chat : ChatFormat, optional
         Token-level chat formatting; defaults to the back end tokenizer's template.
+    root_allocator : callable, optional
+        ``root_allocator(policy, v, budget, rng, concentration) -> m`` replaces
+        ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration)``. The distributed
+        trainer passes one that allocates the budget over the candidate pools of all ranks together
+        (``trace_train.distributed.GlobalRootAllocator``).
     """
 
     def __init__(self, backend: GenerationBackend, make_env: Callable[[], Environment], config: RolloutConfig,
-                 *, chat: ChatFormat | None = None):
+                 *, chat: ChatFormat | None = None, root_allocator: Callable | None = None):
         if not isinstance(config, RolloutConfig):
             raise ValueError(f"`config` must be a RolloutConfig, got {type(config).__name__}")
         self.backend = backend
         self.make_env = make_env
         self.config = config
         self.chat = chat or ChatFormat(backend.tokenizer)
+        self.root_allocator = root_allocator or _allocate_roots_locally
         self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
@@ -209,6 +215,11 @@ class RolloutEngine:
         if branch and mean > 0:
             ratio = float(np.mean(branch)) / mean
             self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
+
+
+def _allocate_roots_locally(policy, v, budget, rng, concentration):
+    """The default root allocator: this process's pool is the whole candidate pool."""
+    return policy.allocate_roots(v, budget, rng=rng, concentration=concentration)
 
 
 def _rollout_tokens(forest: RolloutForest, start: int) -> float:
@@ -300,7 +311,7 @@ class _Run:
             return self._finish(planned)
         prompts = list(range(len(self.pool)))
         v, kappa = self._predict([self._history(i) for i in prompts])
-        m = self.policy.allocate_roots(v, planned.roots, rng=self.rng, concentration=kappa)
+        m = np.asarray(self.engine.root_allocator(self.policy, v, planned.roots, self.rng, kappa), dtype=np.int64)
         roots = self._add_roots(prompts, m, v)
         m = m[m > 0]
         self._grow([(root, "bare", int(k)) for root, k in zip(roots, m)])

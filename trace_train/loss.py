@@ -98,6 +98,7 @@ def policy_loss(
     config: PolicyLossConfig = PolicyLossConfig(),
     *,
     ref_logprobs: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over masked tokens; returns (loss, metrics).
 
@@ -112,6 +113,9 @@ def policy_loss(
     config : PolicyLossConfig
     ref_logprobs : Tensor, optional
         Reference-policy log-probabilities; required when ``config.kl_coef > 0``.
+    token_weights : Tensor, optional
+        A weight per token (default 1), multiplying its loss and its share of the normaliser: a token of
+        weight w counts as w tokens (``trace_train.sequences`` uses it for turns shared by rollouts).
 
     Returns
     -------
@@ -126,7 +130,11 @@ def policy_loss(
         raise ValueError(f"logprobs, old_logprobs, advantages and loss_mask must share one 2-D shape, got {sorted(shapes)}")
     if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("`ref_logprobs` is required when `kl_coef` > 0")
+    if token_weights is not None and (token_weights.shape != logprobs.shape or bool((token_weights < 0).any())):
+        raise ValueError("`token_weights` must be non-negative and shaped like `logprobs`")
     mask = loss_mask.to(logprobs.dtype)
+    if token_weights is not None:
+        mask = mask * token_weights.to(logprobs.dtype)
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)

@@ -107,3 +107,17 @@ def test_call_errors():
         policy_loss(x, x, torch.zeros(1, 2), x)
     with pytest.raises(ValueError, match=r"`ref_logprobs` is required when `kl_coef` > 0"):
         policy_loss(x, x, x, x, PolicyLossConfig(kl_coef=0.1))
+
+
+def test_token_weights_count_a_token_as_several():
+    g = torch.Generator().manual_seed(3)
+    logp, old, adv = (torch.randn(1, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    weights = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    weighted, _ = policy_loss(logp, old, adv, mask, token_weights=weights)
+    # Weight 2 on the first token equals writing that token twice (the third, weight 0, drops out).
+    dup = lambda t: torch.cat([t[:, :1], t[:, :1], t[:, 1:2]], dim=1)  # noqa: E731
+    expanded, _ = policy_loss(dup(logp), dup(old), dup(adv), torch.ones(1, 3, dtype=torch.float64))
+    assert float(weighted) == pytest.approx(float(expanded), rel=1e-12)
+    with pytest.raises(ValueError, match=r"`token_weights` must be non-negative and shaped like `logprobs`"):
+        policy_loss(logp, old, adv, mask, token_weights=-weights)

@@ -1,0 +1,115 @@
+"""Several processes under ``torchrun``: one generation engine per rank, one policy, one allocation.
+
+The layout, following verl and TRL's multi-process GRPO:
+
+* **Data.** Each rank draws its own slice of the candidate pool (``PromptSampler`` shards by rank).
+* **Allocation over the global pool.** :class:`GlobalRootAllocator` gathers every rank's predictions,
+  runs the policy's root allocation once over the concatenated pool (every rank computes the same answer
+  from the same data; allocation is deterministic) and keeps its own slice. Prefix allocation stays on
+  the rank that owns the prompt: its budget is m_i N, local by construction.
+* **Policy.** The model is sharded with PyTorch FSDP (``fully_shard`` on every decoder layer, then the
+  whole model); gradients are averaged across ranks by FSDP, and :func:`global_normaliser` makes the
+  token-mean loss a mean over the *global* batch.
+* **Weight sync.** After each update every rank gathers the full weights (:func:`full_state_dict`) and
+  loads them into its own generation engine.
+
+The same code runs on CPUs with the gloo back end, which is how it is tested (2 processes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "shard_policy", "full_state_dict",
+           "global_normaliser", "all_mean"]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs); a single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    if world == 1:
+        return DistInfo(device="cuda" if use_cuda else "cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        torch.cuda.set_device(local)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local, f"cuda:{local}" if use_cuda else "cpu")
+
+
+class GlobalRootAllocator:
+    """A ``RolloutEngine`` root allocator that allocates the budget over every rank's pool together."""
+
+    def __init__(self, info: DistInfo):
+        self.info = info
+
+    def __call__(self, policy, v, budget, rng, concentration):
+        parts = [None] * self.info.world_size
+        dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration)))
+        sizes = [len(p[0]) for p in parts]
+        v_all = np.concatenate([p[0] for p in parts])
+        kappa_all = None if concentration is None else np.concatenate([p[1] for p in parts])
+        m_all = policy.allocate_roots(v_all, budget, rng=rng, concentration=kappa_all)
+        start = sum(sizes[: self.info.rank])
+        return m_all[start:start + sizes[self.info.rank]]
+
+
+def shard_policy(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: shard every decoder layer, then the rest of the model (in place; returns the model)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    for layer in layers if layers is not None else []:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:
+    """Unsharded weights on every rank (what a generation engine loads), with Hugging Face names."""
+    if not info.enabled:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def global_normaliser(local: float, info: DistInfo) -> float:
+    """The sum of ``local`` over ranks (the global token weight that the loss is divided by)."""
+    if not info.enabled:
+        return float(local)
+    t = torch.tensor([float(local)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def all_mean(values: dict[str, float], info: DistInfo) -> dict[str, float]:
+    """The mean over ranks of each scalar (NaN stays NaN)."""
+    if not info.enabled or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(x) / info.world_size for k, x in zip(keys, t.tolist())}

@@ -1,0 +1,111 @@
+"""From rollout trees to training sequences, with every generated token trained exactly once.
+
+A tree's turns are shared: the first turns of a prefix belong to every rollout that passed through it.
+We build **one sequence per leaf** (its root-to-leaf tokens, as the model saw them) and give a token loss
+mask 1 only in the sequence of the leaf its turn *belongs to*: the end of the turn's own rollout,
+``RolloutForest.factual_leaf`` (follow first children down). So
+
+* every generated token is in the loss of exactly one sequence, with the advantage of its turn (node);
+* a continuation's sequence trains only its own new turns; the shared prefix before the branch point is
+  context (mask 0) there, and is trained in the sequence of the rollout it came from.
+
+**Weight of a shared turn** (``shared_turn_weight``): ``"leaves"`` (default) weights each token of turn
+y by n_y, the number of leaves below y, so the loss equals flat GRPO on the root-to-leaf paths (each path
+a trajectory, shared tokens counted once per path) while computing each token once; ``"once"`` weights
+every token 1, so a turn shared by many rollouts counts like any other. The choice is explicit; nothing
+is weighted twice by accident. The loss's ``token_mean`` divides by the total weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .batch import RolloutBatch
+
+__all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS"]
+
+SHARED_TURN_WEIGHTS = ("leaves", "once")
+
+
+@dataclass(frozen=True)
+class TrainingSequences:
+    """Padded (batch, length) tensors, one row per leaf that owns at least one generated token."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    """1 where the token is trained in this row (generated, and owned by this row's leaf)."""
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    """Generation-time log-probabilities (0 where not trained)."""
+    weights: torch.Tensor
+    """Per-token weight in the loss (n_y or 1; see the module docstring), 0 where not trained."""
+    leaves: np.ndarray
+    """Leaf node id of each row."""
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def select(self, rows) -> "TrainingSequences":
+        """A micro-batch of rows, trimmed to its longest sequence."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        width = int(self.attention_mask[rows].sum(dim=1).max())
+        pick = lambda t: t[rows, :width]  # noqa: E731
+        return TrainingSequences(pick(self.input_ids), pick(self.attention_mask), pick(self.loss_mask),
+                                 pick(self.advantages), pick(self.old_logprobs), pick(self.weights),
+                                 self.leaves[rows.numpy()])
+
+
+def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int,
+                    shared_turn_weight: str = "leaves") -> TrainingSequences:
+    """One padded sequence per leaf; see the module docstring for which tokens each one trains.
+
+    Parameters
+    ----------
+    batch : RolloutBatch
+    advantages : ndarray, shape (n_nodes,)
+        Advantage of each node's turn (``trace_theory.compute_advantages``).
+    pad_token_id : int
+    shared_turn_weight : {"leaves", "once"}
+    """
+    forest = batch.forest
+    advantages = np.asarray(advantages, dtype=float)
+    if advantages.shape != (len(forest),):
+        raise ValueError(f"`advantages` must hold one value per node ({len(forest)}), got shape {advantages.shape}")
+    if shared_turn_weight not in SHARED_TURN_WEIGHTS:
+        raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {shared_turn_weight!r}")
+    node_weight = forest.leaf_count.astype(float) if shared_turn_weight == "leaves" else np.ones(len(forest))
+    rows = []
+    for leaf in forest.leaves.tolist():
+        traj = batch.trajectory(leaf)
+        owned = forest.factual_leaf[traj.node] == leaf
+        train = (traj.loss_mask == 1) & owned
+        if not train.any():
+            continue  # a leaf whose own turns generated no token (nothing to train)
+        rows.append((leaf, traj.token_ids, train, advantages[traj.node], traj.logprobs, node_weight[traj.node]))
+    width = max((len(r[1]) for r in rows), default=0)
+    n = len(rows)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask, adv, old, weight = (torch.zeros((n, width), dtype=torch.float32) for _ in range(4))
+    for i, (_, ids, train, a, logp, w) in enumerate(rows):
+        length = len(ids)
+        input_ids[i, :length] = torch.from_numpy(ids)
+        attention[i, :length] = 1
+        mask = torch.from_numpy(train.astype(np.float32))
+        loss_mask[i, :length] = mask
+        adv[i, :length] = torch.from_numpy(a.astype(np.float32)) * mask
+        old[i, :length] = torch.from_numpy(logp.astype(np.float32)) * mask
+        weight[i, :length] = torch.from_numpy(w.astype(np.float32)) * mask
+    leaves = np.array([r[0] for r in rows], dtype=np.int64)
+    return TrainingSequences(input_ids, attention, loss_mask, adv, old, weight, leaves)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log pi(token_t | tokens_<t) for every position t >= 1 (position 0 gets 0), shape (batch, length)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))
