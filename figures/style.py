@@ -13,14 +13,13 @@ import re
 from dataclasses import dataclass
 
 import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
+from scipy import stats
 
-matplotlib.use("Agg")  # figures are files; no display is ever needed
-
-import numpy as np  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter  # noqa: E402
-from scipy import stats  # noqa: E402
+matplotlib.use("Agg")  # figures are files: no display, and pyplot (never used here) would get Agg too
 
 OKABE_ITO = {
     "black": "#000000",
@@ -175,3 +174,9 @@ def log_axis(ax: Axes, axis: str = "x", *, base: float = 10, ticks=None) -> None
         target.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0)))
     target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     target.set_minor_formatter(NullFormatter())
+
+
+def new_mosaic(mosaic, *, height: float, width: float = WIDTH, **kwargs) -> tuple[Figure, dict]:
+    """A figure laid out by ``Figure.subplot_mosaic`` (axes keyed by their letters), like :func:`new_figure`."""
+    figure = Figure(figsize=(width, height), layout="constrained")
+    return figure, figure.subplot_mosaic(mosaic, **kwargs)
