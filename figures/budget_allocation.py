@@ -80,3 +80,11 @@ def draw(results: Results):
         "predictor's estimate: for TRACE (oracle V) the two coincide."
     )
     return figure, caption
+
+
+if __name__ == "__main__":  # python -m figures.NAME [--results DIR] [--out DIR]
+    import sys
+
+    from .cli import main
+
+    sys.exit(main([*sys.argv[1:], __spec__.name.rpartition(".")[2]]))

@@ -81,3 +81,11 @@ def draw(results: Results):
         + (f"Measured at the paper's shapes: {ours}." if ours else "The paper's shapes are not in this grid.")
     )
     return figure, caption
+
+
+if __name__ == "__main__":  # python -m figures.NAME [--results DIR] [--out DIR]
+    import sys
+
+    from .cli import main
+
+    sys.exit(main([*sys.argv[1:], __spec__.name.rpartition(".")[2]]))

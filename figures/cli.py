@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from . import FIGURES, figure_module
+from .claims import SECTIONS
 from .data import Results, ResultsError
-from .render import render
+from .render import Rendered, render
 from .report import write_report
 
 
@@ -45,39 +46,62 @@ def _list() -> int:
     return 0
 
 
+def _bad_arguments(args) -> str | None:
+    """Why the command line cannot be served, in one line, or None."""
+    unknown = [n for n in args.names if n not in FIGURES]
+    if unknown:
+        return f"unknown figure {unknown[0]!r}; known: {', '.join(FIGURES)}"
+    if not args.results.is_dir():
+        return f"{args.results}: no such results folder; run `trace-sim run all --out {args.results}` first"
+    return None
+
+
+def render_figures(names, results: Results, out: Path) -> tuple[dict[str, Rendered], list[str]]:
+    """Render ``names`` (printing each as it is saved); the figures saved and one message per failure."""
+    rendered, errors = {}, []
+    for name in names:
+        try:
+            rendered[name] = done = render(name, results, out)
+        except ResultsError as error:
+            errors.append(str(error))
+            continue
+        print(f"{name}: {done.seconds:.1f} s -> {done.png} (+ .pdf)")
+    return rendered, errors
+
+
+def report_or_errors(
+    results: Results, rendered: dict[str, Rendered], seconds: float, *, write: bool = True
+) -> tuple[Path | None, list[str]]:
+    """Write the report (if ``write``) when every summary it needs is usable; else one message per
+    unusable file."""
+    errors = []
+    for section in SECTIONS:
+        try:
+            results.summary(section.experiment)
+        except ResultsError as error:
+            errors.append(str(error))
+    if errors or not write:
+        return None, errors
+    try:
+        return write_report(results, rendered, seconds=seconds), []
+    except ResultsError as error:
+        return None, [str(error)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.names == ["list"]:
         return _list()
-    unknown = [n for n in args.names if n not in FIGURES]
-    if unknown:
-        print(
-            f"trace-figures: error: unknown figure {unknown[0]!r}; known: {', '.join(FIGURES)}",
-            file=sys.stderr,
-        )
+    problem = _bad_arguments(args)
+    if problem:
+        print(f"trace-figures: error: {problem}", file=sys.stderr)
         return 2
-    if not args.results.is_dir():
-        print(
-            f"trace-figures: error: {args.results}: no such results folder; run `trace-sim run all` first",
-            file=sys.stderr,
-        )
-        return 2
-    results, out = Results(args.results), args.out or args.results / "figures"
-    start, rendered, errors = time.perf_counter(), {}, []
-    for name in args.names or FIGURES:
-        try:
-            done = render(name, results, out)
-        except ResultsError as error:
-            errors.append(str(error))
-            continue
-        rendered[name] = done
-        print(f"{name}: {done.seconds:.1f} s -> {done.png} (+ .pdf)")
+    start, results, out = time.perf_counter(), Results(args.results), args.out or args.results / "figures"
+    rendered, errors = render_figures(args.names or FIGURES, results, out)
     report = None
-    if not args.names and not errors:
-        try:
-            report = write_report(results, rendered, seconds=time.perf_counter() - start)
-        except ResultsError as error:
-            errors.append(str(error))
+    if not args.names:
+        report, more = report_or_errors(results, rendered, time.perf_counter() - start, write=not errors)
+        errors += more
     for error in dict.fromkeys(errors):  # a file read by two figures is reported once
         print(f"trace-figures: error: {error}", file=sys.stderr)
     if errors:

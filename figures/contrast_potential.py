@@ -85,3 +85,11 @@ def draw(results: Results):
         f"1 after one turn) are left out. Largest |z|: {checks} (limit {z_limit:g})."
     )
     return figure, caption
+
+
+if __name__ == "__main__":  # python -m figures.NAME [--results DIR] [--out DIR]
+    import sys
+
+    from .cli import main
+
+    sys.exit(main([*sys.argv[1:], __spec__.name.rpartition(".")[2]]))

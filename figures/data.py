@@ -117,7 +117,7 @@ class Results:
 def _check_shared_columns(path: Path, table: pd.DataFrame) -> None:
     for column in COLUMNS:
         if column not in table:
-            raise ResultsError(path, f"no column `{column}`")
+            raise ResultsError(path, f"not a trace-sim results table (no column `{column}`)")
     if table.empty:
         raise ResultsError(path, "no rows")
     for column in NUMERIC:

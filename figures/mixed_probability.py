@@ -108,3 +108,11 @@ def draw(results: Results):
         "markers estimate. Larger groups mix more often, and most where v is near 1/2."
     )
     return figure, caption
+
+
+if __name__ == "__main__":  # python -m figures.NAME [--results DIR] [--out DIR]
+    import sys
+
+    from .cli import main
+
+    sys.exit(main([*sys.argv[1:], __spec__.name.rpartition(".")[2]]))

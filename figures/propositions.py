@@ -108,3 +108,11 @@ def draw(results: Results):
         "per bare rollout (d), against the rollout budget; 95% confidence intervals over pools."
     )
     return figure, caption
+
+
+if __name__ == "__main__":  # python -m figures.NAME [--results DIR] [--out DIR]
+    import sys
+
+    from .cli import main
+
+    sys.exit(main([*sys.argv[1:], __spec__.name.rpartition(".")[2]]))

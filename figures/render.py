@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib
 
 from . import figure_module
-from .data import Results
+from .data import Results, ResultsError
 from .style import RC
 
 
@@ -30,12 +30,20 @@ def render(name: str, results: Results, out: Path) -> Rendered:
     Raises
     ------
     figures.data.ResultsError
-        If a file the figure reads is missing or unusable (before anything is written).
+        If a file the figure reads is missing or unusable, or its table does not have the layout the figure
+        expects (before anything is written).
     """
     start = time.perf_counter()
     out = Path(out)
+    module = figure_module(name)
     with matplotlib.rc_context(RC):
-        figure, caption = figure_module(name).draw(results)
+        try:
+            figure, caption = module.draw(results)
+        except (KeyError, IndexError, TypeError, ValueError) as error:  # a table of another layout
+            path = results.path(module.EXPERIMENT, "results.csv")
+            raise ResultsError(
+                path, f"figure `{name}` cannot be drawn from it ({type(error).__name__}: {error})"
+            ) from None
         out.mkdir(parents=True, exist_ok=True)
         png, pdf = out / f"{name}.png", out / f"{name}.pdf"
         figure.savefig(png)

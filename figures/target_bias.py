@@ -83,3 +83,11 @@ def draw(results: Results):
         "factual and own-branches targets are unbiased under every rule."
     )
     return figure, caption
+
+
+if __name__ == "__main__":  # python -m figures.NAME [--results DIR] [--out DIR]
+    import sys
+
+    from .cli import main
+
+    sys.exit(main([*sys.argv[1:], __spec__.name.rpartition(".")[2]]))
