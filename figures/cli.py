@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace-figures: error: {error}", file=sys.stderr)
     if errors:
         return 2
-    print(f"figures: {len(rendered)} PNG + PDF in {out}{os.sep}")
+    if report:
+        print(
+            f"tables:  {args.results}{os.sep}NAME{os.sep}results.csv (+ summary.json, config.json), "
+            f"one folder per experiment"
+        )
+    print(f"figures: {out}{os.sep} ({len(rendered)} PNG + PDF)")
     if report:
         print(f"report:  {report}")
     return 0
