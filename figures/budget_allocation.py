@@ -33,9 +33,9 @@ def _bars(ax, summary, arms, positions, keys, *, span: float = 1.0) -> None:
         style = arm_style(arm)
         ax.bar(
             positions + (i - (len(arms) - 1) / 2) * width,
-            rows["value"].fillna(0),
+            rows["value"],
             width,
-            yerr=ci95(rows["stderr"].fillna(0), rows["n"].fillna(2)),
+            yerr=ci95(rows["stderr"], rows["n"]),
             label=style.label,
             **style.bar(),
         )

@@ -42,7 +42,7 @@ def _curves(ax_abs, ax_gain, wide, arms, x: str, end: float) -> None:
         rows = absolute[absolute["arm"] == arm]
         ax_abs.plot(rows["x"], rows["value"], **line)
         rows = gain[gain["arm"] == arm]
-        half = ci95(rows["stderr"].fillna(0), rows["n"])
+        half = ci95(rows["stderr"], rows["n"])
         ax_gain.plot(rows["x"], rows["value"], **line)
         ax_gain.fill_between(
             rows["x"], rows["value"] - half, rows["value"] + half, color=style.colour, alpha=0.2, linewidth=0
@@ -62,7 +62,7 @@ def _final_gains(ax, wide, arms, equal_turns: float) -> None:
             ax.errorbar(
                 summary["value"].iloc[i],
                 y[i] + offset,
-                xerr=ci95(summary["stderr"].fillna(0).iloc[i], summary["n"].iloc[i]),
+                xerr=ci95(summary["stderr"].iloc[i], summary["n"].iloc[i]),
                 marker="o" if filled else "s",
                 color=style.colour,
                 linestyle="none",

@@ -52,7 +52,7 @@ def draw(results: Results):
             ax.errorbar(
                 x,
                 group["value"],
-                yerr=ci95(group["stderr"].fillna(0), group["n"]),
+                yerr=ci95(group["stderr"], group["n"]),
                 color=style.colour,
                 linestyle=style.linestyle,
                 marker=style.marker,
