@@ -24,6 +24,7 @@ METRICS = ("effective_ratio", "mixed_prompts")
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.after_warmup(EXPERIMENT, metrics=METRICS, columns=("study",))
     table = table[(table["study"] == "ablation") & table["metric"].isin(METRICS)]
     summary = seed_summary(table, ["arm", "metric"])

@@ -43,6 +43,7 @@ def _bars(ax, summary, arms, positions, keys, *, span: float = 1.0) -> None:
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.after_warmup(EXPERIMENT, metrics=(f"{DEPTH}0", f"{V_BIN}0.0_0.1"), columns=("view",))
     table = table[table["view"] == "equal_rollouts"]
     arms = [a for a in ARMS if a in set(table["arm"])]

@@ -16,6 +16,7 @@ METRICS = ("effective_ratio", "mixed_prompts")
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.after_warmup(EXPERIMENT, metrics=METRICS, columns=("study", "roots", "continuations"))
     table = table[(table["study"] == "shape") & table["metric"].isin(METRICS)]
     summary = seed_summary(table, ["roots", "continuations", "metric"])

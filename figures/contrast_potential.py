@@ -19,6 +19,7 @@ KEYS = ["check", "informativeness", "group_size", "v_low"]
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.table(EXPERIMENT, metrics=("observed", "theory", "z"), columns=tuple(KEYS) + ("n",))
     z_limit = results.config(EXPERIMENT, "z_limit")["z_limit"]
     wide = table.pivot_table(index=KEYS, columns="metric", values="value").join(

@@ -17,6 +17,7 @@ EXPERIMENT = "effective_ratio"
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.after_warmup(EXPERIMENT, metrics=("effective_ratio", "mixed_prompts"), columns=("view",))
     summary = seed_summary(
         table[table["metric"].isin(["effective_ratio", "mixed_prompts"])], ["view", "arm", "metric"]

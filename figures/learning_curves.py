@@ -88,6 +88,7 @@ def _final_gains(ax, wide, arms, equal_turns: float) -> None:
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.table(EXPERIMENT, metrics=METRICS, columns=("step", "estimator"))
     if REFERENCE not in set(table["arm"]):
         raise ResultsError(

@@ -75,6 +75,7 @@ def _panel(ax, pooled, shift: int) -> None:
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.table(
         EXPERIMENT,
         metrics=("observed", "theory"),

@@ -44,6 +44,7 @@ def _references(ax, refs, metric: str) -> None:
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.after_warmup(EXPERIMENT, metrics=METRICS, columns=("noise", "temperature"))
     table = table[table["metric"].isin(METRICS)]
     sweep = seed_summary(table[table["arm"] == SWEEP], ["temperature", "noise", "metric"])

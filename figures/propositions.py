@@ -78,6 +78,7 @@ def _allocation(table, stage: str, metric: str, ax) -> None:
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.table(
         EXPERIMENT,
         metrics=P1 + ("expected_mixed_groups", "expected_flipped_anchors"),

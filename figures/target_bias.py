@@ -24,6 +24,7 @@ METHOD_NAMES = {
 
 
 def draw(results: Results):
+    """The figure, drawn from ``results`` alone, and its caption."""
     table = results.table(
         EXPERIMENT,
         metrics=("weighted_bias",),
