@@ -25,6 +25,8 @@ PAPER_GRPO_RATIO = 0.268
 """Effective ratio of GRPO (8 rollouts per prompt), math, Qwen3-8B (PAPER.md, "Results")."""
 PAPER_TRACE_RATIO = 0.606
 """Effective ratio of TRACE in the same setting."""
+V_BINS = 10
+"""Equal-width bins of an anchor's true V for the ``rollout_share_v_*`` metrics."""
 
 
 def calibrated(model: BernoulliTreeModel, target: float, group_size: int) -> BernoulliTreeModel:
@@ -60,6 +62,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         "continuation_share": float(by_depth[1:].sum() / by_depth.sum()),
         "rounds": batch.rounds,
     }
+    metrics.update(_where_the_budget_goes(batch, by_depth))
     if batch.predicted.size:
         metrics["predictor_brier"] = brier_score(batch.predicted, batch.actual)
         metrics["predictor_ece"] = expected_calibration_error(batch.predicted, batch.actual)
@@ -67,6 +70,19 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
             if at.any():
                 metrics[f"predictor_brier_{where}"] = brier_score(batch.predicted[at], batch.actual[at])
     return metrics
+
+
+def _where_the_budget_goes(batch: Batch, by_depth: np.ndarray) -> dict[str, float]:
+    """Shares of the batch's rollouts by the depth of the anchor they were sampled from
+    (``rollout_share_depth_D``) and by that anchor's true V (``rollout_share_v_LO_HI``, ``V_BINS`` bins)."""
+    forest = batch.sampled.forest
+    shares = {f"rollout_share_depth_{d}": float(n / by_depth.sum()) for d, n in enumerate(by_depth)}
+    leaves = np.flatnonzero(forest.is_leaf)
+    anchor_v = batch.sampled.nodes["v"][forest.rollout_anchor[leaves]]
+    counts = np.bincount(np.clip((anchor_v * V_BINS).astype(np.int64), 0, V_BINS - 1), minlength=V_BINS)
+    for b, n in enumerate(counts):
+        shares[f"rollout_share_v_{b / V_BINS:.1f}_{(b + 1) / V_BINS:.1f}"] = float(n / leaves.size)
+    return shares
 
 
 def online_batches(

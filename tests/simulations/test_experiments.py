@@ -101,6 +101,38 @@ def test_batch_metrics_are_the_trace_theory_metrics():
     assert metrics["predictor_brier"] == pytest.approx(weighted)
 
 
+@pytest.mark.parametrize("policy", ["grpo", "trace"])
+def test_rollout_shares_follow_each_leaf_to_its_anchor(policy):
+    """Budget by anchor depth and by the anchor's true V, against a walk from every leaf to its anchor."""
+    model = calibrated(BernoulliTreeModel(), 0.268, 8)
+    batch = sample_batch(
+        model,
+        get_policy(policy),
+        RolloutBudget(64, 2),
+        OraclePredictor(),
+        pool=48,
+        rng=np.random.default_rng(2),
+    )
+    forest, v = batch.sampled.forest, batch.sampled.nodes["v"]
+    depth_counts, v_counts = {}, np.zeros(10)
+    for leaf in np.flatnonzero(forest.is_leaf):
+        node = leaf  # climb while the node is its parent's first child and the parent is not a root
+        while forest.parent[forest.parent[node]] != -1 and forest.first_child[forest.parent[node]] == node:
+            node = forest.parent[node]
+        anchor = forest.parent[node]
+        depth_counts[forest.depth[anchor]] = depth_counts.get(forest.depth[anchor], 0) + 1
+        v_counts[min(int(v[anchor] * 10), 9)] += 1
+    metrics = batch_metrics(batch)
+    leaves = forest.is_leaf.sum()
+    for d, n in depth_counts.items():
+        assert metrics[f"rollout_share_depth_{d}"] == pytest.approx(n / leaves)
+    for b in range(10):
+        assert metrics[f"rollout_share_v_{b / 10:.1f}_{(b + 1) / 10:.1f}"] == pytest.approx(
+            v_counts[b] / leaves
+        )
+    assert (depth_counts.keys() == {0}) == (policy == "grpo")
+
+
 def test_grpo_reproduces_the_calibrated_effective_ratio():
     """Simulated GRPO groups of 8 mix as often as the exact calibration says, within 4 standard errors."""
     model = calibrated(BernoulliTreeModel(), 0.268, 8)

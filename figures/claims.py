@@ -1,0 +1,254 @@
+"""The claims of the method the report checks: for each, the experiment that tests it, its figures, and
+the numbers worth setting side by side (the paper's, where it has one, and ours).
+
+Our numbers are read from each experiment's ``summary.json`` (``headline`` and ``details``); a number
+missing from a summary (a smaller or custom run) is left out of the table rather than guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import paper
+
+Row = tuple[str, str, str]
+"""(quantity, the paper's number, ours)."""
+NONE = "-"
+
+
+def _num(data, *keys) -> float | None:
+    """``data[k1][k2]...`` as a float, or None when a key is missing or the value is not a number."""
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return float(data) if isinstance(data, (int, float)) and not isinstance(data, bool) else None
+
+
+def _pm(data, key: str, spec: str = ".1%") -> str | None:
+    """``mean ± stderr`` of ``data[key]`` (and ``data[key + '_stderr']``), or None when missing."""
+    mean, se = _num(data, key), _num(data, f"{key}_stderr")
+    if mean is None:
+        return None
+    return format(mean, spec) + (f" ± {format(se, spec)}" if se is not None else "")
+
+
+def _rows(candidates) -> list[Row]:
+    return [(q, p, ours) for q, p, ours in candidates if ours is not None]
+
+
+def _contrast(summary: dict) -> list[Row]:
+    head = summary["headline"]
+    return _rows(
+        (f"largest |z| over bins, {check.replace('_', ' ')}", "identity, no number", _fmt_z(head.get(check)))
+        for check in head
+    )
+
+
+def _fmt_z(entry) -> str | None:
+    z, bins = _num(entry, "max_abs_z"), _num(entry, "bins")
+    return None if z is None else f"{z:.2f}" + (f" over {bins:.0f} bins" if bins is not None else "")
+
+
+def _propositions(summary: dict) -> list[Row]:
+    head = summary["headline"]
+    rows = []
+    for s, entry in head.get("prefix_conditioning", {}).items():
+        root, prefix = _num(entry, "brier_rate_root_deepest"), _num(entry, "brier_rate_prefix_deepest")
+        if root is not None and prefix is not None:
+            rows.append(
+                (
+                    f"Brier score of the group's success rate at the deepest prefix, {s}",
+                    NONE,
+                    f"from the root {root:.4f}, from the prefix {prefix:.4f}",
+                )
+            )
+    names = {
+        "roots": "expected mixed groups, active / uniform roots",
+        "prefixes": "expected flipped anchors, active / uniform prefixes",
+    }
+    for stage, gains in head.get("active_over_uniform", {}).items():
+        listed = ", ".join(
+            f"x{v:.2f} ({k.replace('=', ' ')})" for k, v in gains.items() if _num(gains, k) is not None
+        )
+        rows.append((names.get(stage, stage), NONE, listed or None))
+    return _rows(rows)
+
+
+def _effective_ratio(summary: dict) -> list[Row]:
+    head = summary["headline"]
+    rows = [
+        (
+            "effective ratio, GRPO (calibrated)",
+            f"{paper.GRPO_RATIO:.1%}",
+            _pm(head.get("grpo"), "effective_ratio"),
+        ),
+        (
+            "effective ratio, TRACE (learned predictor)",
+            f"{paper.TRACE_RATIO:.1%}",
+            _pm(head.get("trace"), "effective_ratio"),
+        ),
+        ("effective ratio, TRACE (oracle V)", NONE, _pm(head.get("trace[oracle]"), "effective_ratio")),
+    ]
+    grpo, trace = head.get("grpo", {}), head.get("trace", {})
+    g, t = _num(grpo, "mixed_prompts_at_equal_turns"), _num(trace, "mixed_prompts_at_equal_turns")
+    if g is not None and t is not None:
+        rows.append(("mixed prompts per batch at equal turns, TRACE vs GRPO", NONE, f"{t:.0f} vs {g:.0f}"))
+    return _rows(rows)
+
+
+def _ablation(summary: dict) -> list[Row]:
+    head = summary["headline"]
+    names = {
+        "uniform_tree": "uniform roots + uniform prefixes",
+        "active_root_uniform_prefix": "active roots + uniform prefixes",
+        "prefix_only": "uniform roots + active prefixes",
+        "trace": "active roots + active prefixes (TRACE)",
+    }
+    rows = [
+        (
+            f"effective ratio, {name}",
+            f"{paper.ABLATION_RATIO[arm]:.1%}" if arm in paper.ABLATION_RATIO else NONE,
+            _pm(head.get(arm), "effective_ratio"),
+        )
+        for arm, name in names.items()
+    ]
+    shapes = summary["details"].get("budget_shapes", {})
+    rows += [
+        (
+            f"effective ratio, TRACE at (M, N) = ({m}, {n})",
+            f"{value:.1%}",
+            _pm(shapes.get(f"M={m},N={n}"), "effective_ratio"),
+        )
+        for (m, n), value in paper.SHAPE_RATIO.items()
+    ]
+    rows += [
+        (
+            f"mixed prompts per batch, TRACE at (M, N) = ({m}, {n})",
+            NONE,
+            _pm(shapes.get(f"M={m},N={n}"), "mixed_prompts", ".0f"),
+        )
+        for m, n in paper.SHAPE_RATIO
+    ]
+    return _rows(rows)
+
+
+def _learning_curves(summary: dict) -> list[Row]:
+    head, details = summary["headline"], summary["details"]
+    g, t = head.get("grpo", {}), head.get("trace", {})
+    reported = (
+        f"accuracy {paper.MATH_ACCURACY['grpo']:.1f} -> {paper.MATH_ACCURACY['trace']:.1f} (math, Qwen3-8B)"
+    )
+    rows = [("initial J (uniform policy)", NONE, _fmt(_num(details, "initial_success")))]
+    if _num(g, "final_success") is not None and _num(t, "final_success") is not None:
+        rows.append(
+            ("final J, GRPO -> TRACE", reported, f"{g['final_success']:.3f} -> {t['final_success']:.3f}")
+        )
+    for view, entry in details.get("paired", {}).items():
+        diff, se = _num(entry, "trace_minus_grpo"), _num(entry, "stderr")
+        if diff is not None:
+            rows.append(
+                (
+                    f"TRACE minus GRPO, paired, {view.replace('_', ' ')}",
+                    "+1.1 points (accuracy)" if view == "equal_rollouts" else NONE,
+                    f"{diff:+.3f}" + (f" ± {se:.3f}" if se is not None else ""),
+                )
+            )
+    best = max(
+        (a for a in head if _num(head[a], "final_success") is not None),
+        key=lambda a: head[a]["final_success"],
+        default=None,
+    )
+    if best:
+        rows.append(("best final J", NONE, f"{best} {head[best]['final_success']:.3f}"))
+    return _rows(rows)
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str | None:
+    return None if value is None else format(value, spec)
+
+
+def _predictor_quality(summary: dict) -> list[Row]:
+    head, details = summary["headline"], summary["details"]
+    sweep = {k: v for k, v in head.items() if k.startswith("trace[noisy]") and k.endswith("temperature=1")}
+    rows = [
+        (
+            f"effective ratio, noisy oracle, {k.removeprefix('trace[noisy] ').replace('=', ' ')}",
+            NONE,
+            _pm(v, "effective_ratio"),
+        )
+        for k, v in sweep.items()
+    ]
+    rows += [
+        ("effective ratio, GRPO", NONE, _pm(head.get("grpo"), "effective_ratio")),
+        ("effective ratio, TRACE (learned predictor)", NONE, _pm(head.get("trace"), "effective_ratio")),
+        (
+            "noise at which the noisy oracle matches the learned predictor",
+            NONE,
+            _fmt(_num(details, "learned_equivalent_noise"), ".2f"),
+        ),
+        (
+            "Spearman correlation, Brier score vs effective ratio",
+            NONE,
+            _fmt(_num(details, "spearman_brier_vs_ratio"), ".2f"),
+        ),
+    ]
+    return _rows(rows)
+
+
+def _target_bias(summary: dict) -> list[Row]:
+    head = summary["headline"]
+    rows = []
+    for arm, entry in head.items():
+        for method in ("leaf_weighted", "own_branches"):
+            z = _num(entry, f"{method}_weighted_bias_max_bin_z")
+            rows.append(
+                (
+                    f"{method.replace('_', '-')} target, largest |bias| / SE over V bins, {arm}",
+                    NONE,
+                    _fmt(z, ".1f"),
+                )
+            )
+    return _rows(rows)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One claim of the method: the experiment that tests it, its figures and how to read its numbers."""
+
+    experiment: str
+    title: str
+    figures: tuple[str, ...]
+    numbers: Callable[[dict], list[Row]]
+
+
+SECTIONS = (
+    Section(
+        "contrast_identities",
+        "The contrast identities",
+        ("contrast_potential", "mixed_probability"),
+        _contrast,
+    ),
+    Section(
+        "propositions",
+        "The propositions: prefix conditioning and active allocation",
+        ("propositions",),
+        _propositions,
+    ),
+    Section(
+        "effective_ratio",
+        "Effective ratio at equal budget",
+        ("effective_ratio", "budget_allocation"),
+        _effective_ratio,
+    ),
+    Section("ablation", "Ablation and budget shape", ("ablation", "budget_shape"), _ablation),
+    Section("learning_curves", "Learning curves in a tree MDP", ("learning_curves",), _learning_curves),
+    Section(
+        "predictor_quality",
+        "Predictor quality against allocation quality",
+        ("predictor_quality",),
+        _predictor_quality,
+    ),
+    Section("target_bias", "Bias of the recursive targets", ("target_bias",), _target_bias),
+)
