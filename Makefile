@@ -29,6 +29,7 @@ $(STAMP):
 run: $(STAMP)
 	$(BIN)/python -m trace_theory.selfcheck
 	$(BIN)/trace-sim run all --out results
+	$(BIN)/trace-figures --results results --out results/figures
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q

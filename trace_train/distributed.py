@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "shard_policy", "full_state_dict",
-           "global_normaliser", "all_mean"]
+           "global_normaliser", "max_over_ranks", "merge_metrics"]
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,30 @@ def global_normaliser(local: float, info: DistInfo) -> float:
     return float(t.item())
 
 
-def all_mean(values: dict[str, float], info: DistInfo) -> dict[str, float]:
-    """The mean over ranks of each scalar (NaN stays NaN)."""
-    if not info.enabled or not values:
+def max_over_ranks(value: int, info: DistInfo) -> int:
+    """The largest ``value`` over ranks (so that all ranks run the same number of passes)."""
+    if not info.enabled:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def merge_metrics(values: dict[str, float], weight: float, info: DistInfo, *, sums: tuple[str, ...] = ()) -> dict[str, float]:
+    """Combine every rank's metrics: keys in ``sums`` are added, the rest averaged with weight ``weight``
+    (ranks without a finite value for a key are left out). Ranks may report different keys."""
+    if not info.enabled:
         return values
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return {k: float(x) / info.world_size for k, x in zip(keys, t.tolist())}
+    parts: list = [None] * info.world_size
+    dist.all_gather_object(parts, (values, float(weight)))
+    keys = sorted({k for part, _ in parts for k in part})
+    out = {}
+    for k in keys:
+        pairs = [(float(part[k]), w) for part, w in parts if k in part and np.isfinite(part[k])]
+        if k in sums:
+            out[k] = sum(v for v, _ in pairs)
+        elif pairs and sum(w for _, w in pairs) > 0:
+            out[k] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+        else:
+            out[k] = float("nan")
+    return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -39,7 +40,8 @@ from trace_theory import ADVANTAGES, VALUE_METHODS, Origin, compute_advantages, 
 from .batch import History, RolloutBatch
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import config_to_dict, fingerprint, load_config
-from .distributed import DistInfo, GlobalRootAllocator, all_mean, full_state_dict, global_normaliser, init_distributed
+from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
+                          max_over_ranks, merge_metrics)
 from .engine import RolloutConfig, RolloutEngine
 from .envs.base import EpisodeLimits
 from .loss import PolicyLossConfig, policy_loss
@@ -327,7 +329,7 @@ def _update_predictor(predictor: HashedSuccessPredictor, batch: RolloutBatch, va
     return metrics
 
 
-def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, info: DistInfo) -> dict:
+def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
     """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step."""
     loss_cfg = cfg.algorithm.loss
     per_token = loss_cfg.aggregation == "token_mean"
@@ -337,15 +339,25 @@ def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, 
     optimizer.zero_grad(set_to_none=True)
     stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
     mb = cfg.optim.micro_batch_size
-    n_micro = max(1, math.ceil(len(seqs) / mb))
+    # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
+    # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
+    n_micro = max_over_ranks(max(1, math.ceil(len(seqs) / mb)), info)
     device = next(model.parameters()).device
     for i in range(n_micro):
-        part = seqs.select(range(i * mb, min(len(seqs), (i + 1) * mb)))
-        if len(part) == 0:
+        if i * mb >= len(seqs):
+            ids = torch.full((1, 2), _pad_id_of(model), dtype=torch.long, device=device)
+            (model(input_ids=ids).logits.sum() * 0.0).backward()
             continue
-        logp = token_logprobs(model, part.input_ids.to(device), part.attention_mask.to(device))
+        part = seqs.select(range(i * mb, min(len(seqs), (i + 1) * mb)))
+        ids, attention = part.input_ids.to(device), part.attention_mask.to(device)
+        logp = token_logprobs(model, ids, attention)
+        ref_logp = None
+        if ref is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(ref, ids, attention)
         loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
-                              part.loss_mask.to(device), loss_cfg, token_weights=part.weights.to(device))
+                              part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,
+                              token_weights=part.weights.to(device))
         share = (float(part.weights.sum()) if per_token else float((part.loss_mask.sum(1) > 0).sum())) / max(total, 1e-12)
         scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
         if not torch.isfinite(loss):
@@ -419,8 +431,6 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     ckpt_path = latest_checkpoint(run_dir)
     if ckpt_path is not None:
         ckpt = load_checkpoint(ckpt_path)
-        if ckpt.config_fingerprint != fingerprint(cfg):
-            raise ValueError(f"{ckpt_path} was written with another config; use another run_dir")
         _load_policy_weights(policy, ckpt.policy, info)
         optimizer.load_state_dict(ckpt.optimizer)
         predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
@@ -441,7 +451,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         if not info.is_main:
             return None
         return save_checkpoint(run_dir, step, policy=weights, optimizer=optimizer.state_dict(), extra=extra,
-                               config_fingerprint=fingerprint(cfg), keep=cfg.keep_checkpoints)
+                               config_fingerprint=resume_fingerprint(cfg), keep=cfg.keep_checkpoints)
 
     progress = _progress(range(start_step, cfg.steps), info, start_step, cfg.steps)
     try:
@@ -460,7 +470,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                                         shared_turn_weight=cfg.algorithm.shared_turn_weight)
             # ---- policy update and weight sync ----------------------------------------------------
             try:
-                update = _policy_update(policy, optimizer, sequences, cfg, info)
+                update = _policy_update(policy, optimizer, sequences, cfg, info, ref=ref)
             except NonFiniteLossError as err:
                 saved = checkpoint(step)
                 raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at "
@@ -483,13 +493,25 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     return metrics
 
 
+# Fields that do not change what a run computes: a run may be resumed with other values of these.
+_NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir")
+
+
+def resume_fingerprint(cfg: TrainConfig) -> str:
+    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks)."""
+    return fingerprint(dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT}))
+
+
 def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> None:
-    path = run_dir / "config.yaml"
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-    if path.exists() and latest_checkpoint(run_dir) is not None and path.read_text() != text:
-        raise ValueError(f"{run_dir} holds a run with another config (see {path}); use another run_dir")
+    """Write ``config.yaml``; refuse to resume a run directory whose checkpoint has another fingerprint."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        meta = json.loads((ckpt / "trainer_state.json").read_text())
+        if meta.get("config_fingerprint") != resume_fingerprint(cfg):
+            raise ValueError(f"{run_dir} holds a run with another config (see {run_dir / 'config.yaml'}); "
+                             "use another run_dir (only steps, checkpointing and logging may change)")
     if info.is_main:
-        path.write_text(text)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
@@ -499,6 +521,11 @@ def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _pad_id_of(model) -> int:
+    config = model.config
+    return config.pad_token_id if config.pad_token_id is not None else (config.eos_token_id or 0)
 
 
 def _pad_id(tokenizer) -> int:
@@ -513,7 +540,7 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
                   info: DistInfo) -> dict:
     f, report = batch.forest, batch.report
     scalars = {
-        "reward_mean": float(f.reward[f.leaves].mean()),
+        "reward_mean": float(f.reward[f.leaves].mean()) if f.n_leaves else float("nan"),
         "effective_ratio": batch.metrics()["effective_ratio"],
         "mixed_anchor_ratio": batch.metrics()["mixed_anchor_ratio"],
         "prompts": float(f.n_prompts),
@@ -528,10 +555,11 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
         **{k: float(v) for k, v in update.items()},
         **{k: float(v) for k, v in predictor_metrics.items()},
     }
-    scalars = all_mean(scalars, info)
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
-    return scalars
+    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens", "predictor_examples",
+              *(k for k in scalars if k.startswith("rollouts_at_depth_")))
+    return merge_metrics(scalars, report.rollouts, info, sums=counts)
 
 
 def _log(logger: MetricsLogger | None, step: int, metrics: dict) -> None:
