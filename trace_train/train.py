@@ -38,6 +38,7 @@ import yaml
 from trace_theory import ADVANTAGES, VALUE_METHODS, Origin, compute_advantages, node_targets
 
 from .batch import History, RolloutBatch
+from .chat import ChatFormat
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import config_to_dict, fingerprint, load_config
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
@@ -101,6 +102,8 @@ class RolloutSettings:
     max_turns: int = 8
     max_turn_tokens: int = 64
     max_context_tokens: int = 2048
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
 
     def __post_init__(self):
         if self.pool_size < 1:
@@ -415,8 +418,9 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         ref.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
+    chat = ChatFormat(backend.tokenizer, template_kwargs=cfg.rollout.chat_template_kwargs)
     engine = RolloutEngine(backend, task.make_env, cfg.rollout.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards),
-                           root_allocator=GlobalRootAllocator(info) if info.enabled else None)
+                           chat=chat, root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     predictor = HashedSuccessPredictor(cfg.predictor)
     sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
                             world_size=info.world_size)
@@ -425,7 +429,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         eval_cfg = dataclasses.replace(cfg.rollout, policy="grpo", group_size=cfg.eval.samples,
                                        roots=cfg.eval.samples * min(cfg.eval.prompts, len(task.eval_rows)),
                                        continuations_per_root=0, temperature=cfg.eval.temperature, token_budget=None)
-        eval_engine = RolloutEngine(backend, task.make_env, eval_cfg.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards))
+        eval_engine = RolloutEngine(backend, task.make_env, eval_cfg.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards),
+                                    chat=chat)
 
     start_step = 0
     ckpt_path = latest_checkpoint(run_dir)

@@ -69,3 +69,14 @@ def test_unknown_preset():
 def test_from_dict_requires_mappings():
     with pytest.raises(ValueError, match=r"`optim.lr` must be a number, got 'x'"):
         config_from_dict(Demo, {"optim": {"lr": "x"}})
+
+
+def test_every_shipped_preset_is_a_valid_training_config():
+    from trace_train.config import available_presets
+    from trace_train.train import TrainConfig
+
+    presets = available_presets()
+    assert "cpu_demo" in presets and "gpu_smoke" in presets
+    for name in presets:
+        cfg = load_config(TrainConfig, name)
+        assert cfg.steps > 0 and cfg.run_dir
