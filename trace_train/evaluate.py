@@ -367,7 +367,8 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     with open(path, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
-            rollouts = _KPerTask(policy="grpo", roots=config.k * len(chunk), group_size=config.k,
+            rollouts = _KPerTask(policy="grpo", roots=config.k * len(chunk), continuations_per_root=0,
+                                 group_size=config.k,
                                  temperature=config.temperature, top_p=config.top_p, limits=config.limits,
                                  binary_rewards=factory.binary_rewards, seed=config.seed)
             batch = RolloutEngine(backend, factory, rollouts, chat=chat).rollout(
@@ -423,8 +424,9 @@ def cli(argv: Sequence[str] | None = None) -> int:
     hints = typing.get_type_hints(EvalConfig)
     for f in dataclasses.fields(EvalConfig):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        value = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        default = "" if required else f" (default: {value})"
+        default = ""
+        if not required:
+            default = f" (default: {f.default_factory() if f.default is dataclasses.MISSING else f.default})"
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, required=required,
                             metavar=f.name.upper(), help=f.metadata["help"] + default)
     args = vars(parser.parse_args(argv))
