@@ -140,6 +140,8 @@ class EvalConfig:
             raise ValueError("give `corpus` or `retriever_url`, not both")
         if self.data != "demo" and self.corpus is None and self.retriever_url is None:
             raise ValueError("benchmark qa needs `corpus` (a JSONL file) or `retriever_url` unless data=demo")
+        if self.corpus is not None and not Path(self.corpus).is_file():
+            raise ValueError(f"the corpus {self.corpus!r} is not a file")
 
     def _check_bfcl(self):
         from .tools.bfcl import SUBSETS
