@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ DEFAULT_TOOL_CALLS = {"math": 8, "qa": 4}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESULTS, SUMMARY, CONFIG = "results.jsonl", "summary.json", "config.json"
 _RESUMABLE = ("limit", "batch_size")  # may change between runs into one folder
+_DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
 
 
 def _help(text: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -119,8 +121,10 @@ class EvalConfig:
             raise ValueError(f"`dtype` must be one of {DTYPES}, got {self.dtype!r}")
         if self.observation_role not in ("auto", "tool", "user"):
             raise ValueError(f"`observation_role` must be auto, tool or user, got {self.observation_role!r}")
-        if self.seed < 0:
-            raise ValueError(f"`seed` must be non-negative, got {self.seed}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"`seed` must be a non-negative integer, got {self.seed!r}")
+        if not _DEVICE.fullmatch(str(self.device)):
+            raise ValueError(f"`device` must be auto, cpu, cuda, cuda:N, mps or xpu, got {self.device!r}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.vllm_options, dict):
             raise ValueError(f"`vllm_options` must be a mapping, got {self.vllm_options!r}")
@@ -370,9 +374,9 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
             rollouts = _KPerTask(policy="grpo", roots=config.k * len(chunk), continuations_per_root=0,
-                                 group_size=config.k,
-                                 temperature=config.temperature, top_p=config.top_p, limits=config.limits,
-                                 binary_rewards=factory.binary_rewards, seed=config.seed)
+                                 group_size=config.k, temperature=config.temperature, top_p=config.top_p,
+                                 limits=config.limits, binary_rewards=factory.binary_rewards,
+                                 seed=config.seed)
             batch = RolloutEngine(backend, factory, rollouts, chat=chat).rollout(
                 chunk, seed=config.seed * 1_000_003 + position[chunk[0]["id"]])
             for record in _task_records(batch, chunk, factory):

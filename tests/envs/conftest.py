@@ -31,7 +31,8 @@ def arithmetic_rows(n: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     rows = []
     for i, (a, b, c) in enumerate(rng.integers(2, 30, size=(n, 3)).tolist()):
-        rows.append({"id": f"arith{seed}-{i}", "problem": f"What is {a} * {b} + {c}?", "answer": str(a * b + c)})
+        rows.append({"id": f"arith{seed}-{i}", "problem": f"What is {a} * {b} + {c}?",
+                     "answer": str(a * b + c)})
     return rows
 
 
@@ -134,11 +135,11 @@ def tiny_dir(tmp_path_factory, tiny_tokenizer, factories, episodes):
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
     model.train()
-    order = np.random.default_rng(0)
+    order, pad = np.random.default_rng(0), tiny_tokenizer.pad_token_id
     for step in range(100):
-        loss = _loss(model, tiny_tokenizer.pad_token_id, [short[i] for i in order.choice(len(short), 8, False)])
+        loss = _loss(model, pad, [short[i] for i in order.choice(len(short), 8, replace=False)])
         if step % 4 == 0:
-            loss = loss + _loss(model, tiny_tokenizer.pad_token_id, [data["bfcl"][step // 4 % len(data["bfcl"])]])
+            loss = loss + _loss(model, pad, [data["bfcl"][step // 4 % len(data["bfcl"])]])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

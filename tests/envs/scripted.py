@@ -20,7 +20,8 @@ TITLES = {p["id"]: p["title"] for p in map(json.loads, CORPUS.read_text().splitl
 # Problems whose answer Python computes; the reference answers are written in another form on purpose,
 # so that math-verify (not string equality) decides.
 MATH = [
-    ({"id": "sum", "problem": "What is the sum of the squares of the integers from 1 to 24?", "answer": "4900"},
+    ({"id": "sum", "problem": "What is the sum of the squares of the integers from 1 to 24?",
+      "answer": "4900"},
      ["n = 24", "print(sum(i * i for i in range(1, n + 1)))"], "\\boxed{4900}"),
     ({"id": "frac", "problem": "Compute 1/3 + 1/6 as a fraction.", "answer": "\\frac{1}{2}"},
      ["from fractions import Fraction\nprint(Fraction(1, 3) + Fraction(1, 6))"], "<answer>1/2</answer>"),

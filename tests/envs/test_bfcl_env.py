@@ -9,6 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from bfcl_eval.constants.default_prompts import (
+    DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING as ADDED_PROMPTING,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,8 +51,6 @@ def test_prompts_are_those_bfcl_builds_for_qwen(tmp_path):
     official = json.loads(subprocess.run([sys.executable, "-c", script, *SUBSETS], env=env,
                                          capture_output=True, text=True, check=True).stdout)
     assert set(official) == {row["id"] for row in ROWS}
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING as added
-
     for task_id, (functions, missed, question) in official.items():
         env = BfclEnv()
         system, first = env.reset({"id": task_id})
@@ -58,7 +59,10 @@ def test_prompts_are_those_bfcl_builds_for_qwen(tmp_path):
         assert opening_functions(bfcl_task(task_id)) == functions
         for turn, messages in enumerate(question[1:], 1):  # answer each turn with no call: next turn shows
             observation = env.step("No calls.").observation
-            expected = added.format(functions=missed[str(turn)]) if str(turn) in missed else messages[0]["content"]
+            if str(turn) in missed:  # BFCL's holdout turn has no user message of its own
+                expected = ADDED_PROMPTING.format(functions=missed[str(turn)])
+            else:
+                expected = messages[0]["content"]
             assert observation == expected, (task_id, turn)
 
 

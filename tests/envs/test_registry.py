@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trace_train.envs import ENVIRONMENTS, Environment, EnvFactory, make_env_factory
+from trace_train.envs import ENVIRONMENTS, EnvFactory, Environment, make_env_factory
 
 from .scripted import CORPUS, DEMO, MATH
 

@@ -17,7 +17,8 @@ from .scripted import DEMO
 
 ROWS = {
     "math_python": arithmetic_rows(3, seed=7),  # not among the fine-tuning problems
-    "search_qa": [{"id": q["id"], "question": q["question"], "answers": q["golden_answers"]} for q in DEMO[:3]],
+    "search_qa": [{"id": q["id"], "question": q["question"], "answers": q["golden_answers"]}
+                  for q in DEMO[:3]],
     "bfcl": [{"id": task_id} for task_id in BFCL_IDS],
 }
 LIMITS = {
@@ -29,13 +30,14 @@ LIMITS = {
 
 @pytest.fixture(scope="module", params=list(ROWS))
 def run(request, hf_backend, factories):
-    """(name, factory, rows, batch): one ``uniform_tree`` batch, 2 bare rollouts per task, 1 continuation each."""
+    """(name, factory, rows, batch): ``uniform_tree``, 2 bare rollouts per task, 1 continuation each."""
     name = request.param
     factory = factories[name]
     config = RolloutConfig(policy="uniform_tree", roots=2 * len(ROWS[name]), continuations_per_root=1,
                            group_size=2, temperature=0.6, limits=LIMITS[name],
                            binary_rewards=factory.binary_rewards, seed=0)
-    engine = RolloutEngine(hf_backend, factory, config, chat=chat_format(hf_backend.tokenizer, tools=factory.tools))
+    chat = chat_format(hf_backend.tokenizer, tools=factory.tools)
+    engine = RolloutEngine(hf_backend, factory, config, chat=chat)
     return name, factory, ROWS[name], engine.rollout(ROWS[name], seed=0)
 
 

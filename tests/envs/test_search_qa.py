@@ -1,4 +1,4 @@
-"""Multi-hop QA with search: the scripted queries find the gold passages; rewards; snapshots never re-query."""
+"""Multi-hop QA with search: scripted queries find the gold passages; rewards; snapshots never re-query."""
 
 from __future__ import annotations
 
@@ -74,11 +74,12 @@ def test_snapshots_hold_the_observations_and_restoring_never_queries_again(searc
 def test_budget_malformed_calls_and_missing_answers_are_observations(search):
     env = SearchQAEnv(search, max_searches=1, observation_role="user")
     env.reset(row_of(DEMO[1]))
-    assert env.step(tool_call("search", query="pendulum lantern")).observation.startswith("<tool_response>\nDoc 1")
+    first = env.step(tool_call("search", query="pendulum lantern"))
+    assert first.observation.startswith("<tool_response>\nDoc 1")
     over = env.step(tool_call("search", query="Ivo Tarrant") + tool_call("lookup", query="x"))
-    assert over.invalid and over.observation == (f"<tool_response>\n{BUDGET_EXHAUSTED}\n</tool_response>\n"
-                                                 "<tool_response>\nError: there is no tool 'lookup'; the only "
-                                                 "tool is 'search'.\n</tool_response>")
+    assert over.invalid and over.observation == (
+        f"<tool_response>\n{BUDGET_EXHAUSTED}\n</tool_response>\n"
+        "<tool_response>\nError: there is no tool 'lookup'; the only tool is 'search'.\n</tool_response>")
     plain = env.step("Korsbek")  # an answer without the tag is not an answer
     assert plain.observation == NO_ACTION and plain.invalid and plain.role == "user"
     assert env.snapshot() == QAState(DEMO[1]["question"], ("Korsbek",), env.snapshot().searches, None)
@@ -96,7 +97,8 @@ def test_no_action_raises(search, pieces):
 
 
 def test_rows_and_arguments_are_validated(search):
-    assert qa_rows([QAExample("q", "Who?", ("A", "B"))]) == [{"id": "q", "question": "Who?", "answers": ["A", "B"]}]
+    rows = qa_rows([QAExample("q", "Who?", ("A", "B"))])
+    assert rows == [{"id": "q", "question": "Who?", "answers": ["A", "B"]}]
     env = SearchQAEnv(search)
     with pytest.raises(ValueError, match="'answers'"):
         env.reset({"question": "Who?", "answers": []})

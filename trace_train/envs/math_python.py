@@ -36,8 +36,13 @@ from ..tools.sandbox import PythonSession, SandboxLimits
 from ..verifiers.answers import extract_math_answer
 from ..verifiers.math import check_math_answer
 from .base import Message, StepResult
-from .tooling import (check_observation_role, format_tool_results, function_schema, run_tool_calls,
-                      visible_text)
+from .tooling import (
+    check_observation_role,
+    format_tool_results,
+    function_schema,
+    run_tool_calls,
+    visible_text,
+)
 
 __all__ = ["MathPythonEnv", "MathState", "PYTHON_TOOL", "math_rows"]
 

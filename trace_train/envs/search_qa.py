@@ -37,8 +37,13 @@ from ..tools.search import SearchTool
 from ..verifiers.answers import extract_answer_tag
 from ..verifiers.qa import exact_match, f1_match, token_f1
 from .base import Message, StepResult
-from .tooling import (check_observation_role, format_tool_results, function_schema, run_tool_calls,
-                      visible_text)
+from .tooling import (
+    check_observation_role,
+    format_tool_results,
+    function_schema,
+    run_tool_calls,
+    visible_text,
+)
 
 __all__ = ["SearchQAEnv", "QAState", "SEARCH_TOOL", "REWARDS", "qa_rows"]
 
