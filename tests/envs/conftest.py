@@ -1,8 +1,9 @@
 """Fixtures of the environment tests: a tokenizer trained on the environments' text, Qwen3's chat
 template, and a tiny Qwen3 taught the tool-call format on scripted episodes. Nothing is downloaded.
 
-Torch runs on one thread in this package: the models are tiny, and a second thread only adds
-contention on a shared 2-core machine (a 4x64 matmul then takes 15 ms instead of 5 us).
+Torch runs on one thread while this package's model tests run (the ``torch`` fixture): the models are
+tiny, and a second thread only adds contention on a shared 2-core machine (a 4x64 matmul then takes
+15 ms instead of 5 us). The environment tests themselves need neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ from importlib import resources
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the rollout tests need the `train` extra (see README)")
-pytest.importorskip("transformers", reason="the rollout tests need the `train` extra (see README)")
+from trace_train.chat import ChatFormat
+from trace_train.envs.registry import make_env_factory
+from trace_train.tiny import CHAT_TEMPLATE, build_model, build_tokenizer
 
-from trace_train.chat import ChatFormat  # noqa: E402
-from trace_train.envs.registry import make_env_factory  # noqa: E402
-from trace_train.tiny import CHAT_TEMPLATE, build_model, build_tokenizer  # noqa: E402
-
-from .scripted import CORPUS, DEMO, bfcl_actions, play, qa_actions, tool_call  # noqa: E402
+from .scripted import CORPUS, DEMO, bfcl_actions, play, qa_actions, tool_call
 
 BFCL_IDS = ("multi_turn_base_105", "multi_turn_miss_func_116")
 
@@ -41,11 +39,13 @@ def arithmetic_actions(row: dict) -> list[str]:
     return [tool_call("python", code=f"print({expression})"), f"<answer>{row['answer']}</answer>"]
 
 
-@pytest.fixture(scope="package", autouse=True)
-def one_torch_thread():
+@pytest.fixture(scope="package")
+def torch():
+    """torch on one thread while this package's tests run (the environments alone need no torch)."""
+    torch = pytest.importorskip("torch", reason="the model tests need the `train` extra (see README)")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    yield torch
     torch.set_num_threads(threads)
 
 
@@ -68,6 +68,7 @@ def episodes(factories):
 
 @pytest.fixture(scope="package")
 def tiny_tokenizer(factories, episodes):
+    pytest.importorskip("transformers", reason="the model tests need the `train` extra (see README)")
     """A byte-level BPE (Qwen3 special tokens, the tiny chat template) trained on the episodes' text."""
     texts = []
     for name, row, actions in episodes:
@@ -104,7 +105,7 @@ def _transcript(chat: ChatFormat, env, row, actions):
     return ids, mask
 
 
-def _loss(model, pad_id: int, batch) -> torch.Tensor:
+def _loss(torch, model, pad_id: int, batch):
     """Mean cross-entropy on the action tokens of ``batch`` ((ids, mask) pairs, right-padded)."""
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad_id)
@@ -119,7 +120,7 @@ def _loss(model, pad_id: int, batch) -> torch.Tensor:
 
 
 @pytest.fixture(scope="package")
-def tiny_dir(tmp_path_factory, tiny_tokenizer, factories, episodes):
+def tiny_dir(torch, tmp_path_factory, tiny_tokenizer, factories, episodes):
     """A tiny Qwen3 fine-tuned for a few seconds on the scripted episodes, saved to disk.
 
     It then writes tool calls and answers in the right format (math and QA), and ends its turns in
@@ -137,9 +138,9 @@ def tiny_dir(tmp_path_factory, tiny_tokenizer, factories, episodes):
     model.train()
     order, pad = np.random.default_rng(0), tiny_tokenizer.pad_token_id
     for step in range(100):
-        loss = _loss(model, pad, [short[i] for i in order.choice(len(short), 8, replace=False)])
+        loss = _loss(torch, model, pad, [short[i] for i in order.choice(len(short), 8, replace=False)])
         if step % 4 == 0:
-            loss = loss + _loss(model, pad, [data["bfcl"][step // 4 % len(data["bfcl"])]])
+            loss = loss + _loss(torch, model, pad, [data["bfcl"][step // 4 % len(data["bfcl"])]])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -151,7 +152,7 @@ def tiny_dir(tmp_path_factory, tiny_tokenizer, factories, episodes):
 
 
 @pytest.fixture(scope="package")
-def hf_backend(tiny_dir):
+def hf_backend(torch, tiny_dir):
     from trace_train.backends.hf_backend import HFBackend
 
     return HFBackend.from_pretrained(tiny_dir)

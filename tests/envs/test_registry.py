@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from trace_train.envs import ENVIRONMENTS, EnvFactory, Environment, make_env_factory
@@ -69,3 +73,17 @@ def test_factories_describe_tools_and_rewards():
 def test_bad_options_fail_when_the_factory_is_built(name, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         make_env_factory(name, options)
+
+
+def test_imports_stay_light():
+    """The environments and the evaluation module load without torch, transformers or vLLM; the package
+    itself loads no tool back end until an environment is built (bm25s pulls numba; vLLM minds that)."""
+    script = (
+        "import json, sys\nimport trace_train.envs\nbare = sorted(sys.modules)\n"
+        "import trace_train.envs.math_python, trace_train.envs.search_qa, trace_train.envs.bfcl\n"
+        "import trace_train.evaluate\nprint(json.dumps([bare, sorted(sys.modules)]))"
+    )
+    bare, full = map(set, json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True,
+                                                    text=True, check=True).stdout))
+    assert not {"bm25s", "bfcl_eval", "torch", "transformers", "vllm"} & bare
+    assert {"bm25s", "bfcl_eval"} <= full and not {"torch", "transformers", "vllm", "bfcl_eval.utils"} & full
