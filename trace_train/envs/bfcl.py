@@ -133,7 +133,7 @@ class BfclEnv:
         self.observation_role = check_observation_role(observation_role)
         self.max_steps_per_turn = max_steps_per_turn
         self._backend: BfclBackend | None = None
-        self._state: BfclState | None = None
+        self._state: BfclState | None = None  # the position; snapshot() adds the back end's state
 
     @property
     def task(self) -> BfclTask:
