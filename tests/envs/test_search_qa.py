@@ -1,0 +1,111 @@
+"""Multi-hop QA with search: scripted queries find the gold passages; rewards; snapshots never re-query."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trace_train.data.qa import QAExample
+from trace_train.envs.search_qa import NO_ACTION, QAState, SearchQAEnv, qa_rows
+from trace_train.tools.budget import BUDGET_EXHAUSTED
+from trace_train.tools.retrieval_server import make_server, serve_in_background
+from trace_train.tools.search import BM25Retriever, HttpRetriever, SearchTool
+
+from .scripted import CORPUS, DEMO, TITLES, play, qa_actions, tool_call
+
+
+def row_of(question: dict) -> dict:
+    return {"id": question["id"], "question": question["question"], "answers": question["golden_answers"]}
+
+
+@pytest.fixture(scope="module")
+def search():
+    return SearchTool(BM25Retriever.from_jsonl(CORPUS), topk=3)
+
+
+@pytest.mark.parametrize("question", DEMO, ids=[q["id"] for q in DEMO])
+def test_the_right_queries_retrieve_the_gold_passages_and_the_right_answer_scores_one(search, question):
+    env = SearchQAEnv(search)
+    messages = env.reset(row_of(question))
+    assert messages[1]["content"] == question["question"] and '"name": "search"' in messages[0]["content"]
+    results = play(env, qa_actions(question))
+    for hop, result in zip(question["hops"], results):
+        assert result.role == "tool" and not result.done and not result.invalid
+        assert f'Doc 1(Title: "{TITLES[hop["doc_id"]]}")' in result.observation
+    assert results[-1].done and env.verify() == 1.0
+    assert env.metrics() == {"exact_match": 1.0, "f1_match": 1.0, "token_f1": 1.0, "answered": 1.0,
+                             "searches": 2.0}
+
+
+@pytest.mark.parametrize("reward, expected", [("exact_match", 0.0), ("f1_match", 1.0), ("token_f1", 2 / 3)])
+def test_reward_options(search, reward, expected):
+    env = SearchQAEnv(search, reward=reward)
+    env.reset({"question": "Where is Corwin Hale buried?", "answers": ["Elmsford Abbey"]})
+    env.step("<answer>Elmsford</answer>")  # precision 1, recall 1/2: token F1 2/3, above 0.3
+    assert env.verify() == pytest.approx(expected)
+    assert env.binary_rewards == (reward != "token_f1")
+
+
+def test_snapshots_hold_the_observations_and_restoring_never_queries_again(search):
+    """Over a real HTTP retriever: after the server is gone, a restored episode continues unharmed."""
+    server = make_server(search.retriever, default_topk=3)
+    serve_in_background(server)
+    host, port = server.server_address[:2]
+    question = DEMO[0]
+    env = SearchQAEnv(SearchTool(HttpRetriever(f"http://{host}:{port}/retrieve", timeout=2.0)))
+    env.reset(row_of(question))
+    actions = qa_actions(question)
+    first = env.step(actions[0])
+    snapshot = env.snapshot()
+    second = env.step(actions[1])
+    server.shutdown()
+    server.server_close()
+    assert snapshot.searches == ((question["hops"][0]["query"], first.observation),)
+    fresh = SearchQAEnv(SearchTool(HttpRetriever(f"http://{host}:{port}/retrieve", timeout=2.0)))
+    fresh.restore(env.snapshot())
+    assert fresh.snapshot().searches[-1] == (question["hops"][1]["query"], second.observation)
+    assert fresh.step(actions[2]).done and fresh.verify() == 1.0
+    fresh.restore(snapshot)  # a branch that searches now: the retriever is down, which is an observation
+    down = fresh.step(actions[1])
+    assert down.observation.startswith("Error: search failed: retrieval server unreachable") and not down.done
+
+
+def test_budget_malformed_calls_and_missing_answers_are_observations(search):
+    env = SearchQAEnv(search, max_searches=1, observation_role="user")
+    env.reset(row_of(DEMO[1]))
+    first = env.step(tool_call("search", query="pendulum lantern"))
+    assert first.observation.startswith("<tool_response>\nDoc 1")
+    over = env.step(tool_call("search", query="Ivo Tarrant") + tool_call("lookup", query="x"))
+    assert over.invalid and over.observation == (
+        f"<tool_response>\n{BUDGET_EXHAUSTED}\n</tool_response>\n"
+        "<tool_response>\nError: there is no tool 'lookup'; the only tool is 'search'.\n</tool_response>")
+    plain = env.step("Korsbek")  # an answer without the tag is not an answer
+    assert plain.observation == NO_ACTION and plain.invalid and plain.role == "user"
+    assert env.snapshot() == QAState(DEMO[1]["question"], ("Korsbek",), env.snapshot().searches, None)
+    assert len(env.snapshot().searches) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(list("<>/{}\":, ab") + ["tool_call", "answer", "search", "query", "\n"]),
+                max_size=40))
+def test_no_action_raises(search, pieces):
+    env = SearchQAEnv(search)
+    env.reset(row_of(DEMO[0]))
+    result = env.step("".join(pieces))
+    assert result.observation and env.verify() in (0.0, 1.0)
+
+
+def test_rows_and_arguments_are_validated(search):
+    rows = qa_rows([QAExample("q", "Who?", ("A", "B"))])
+    assert rows == [{"id": "q", "question": "Who?", "answers": ["A", "B"]}]
+    env = SearchQAEnv(search)
+    with pytest.raises(ValueError, match="'answers'"):
+        env.reset({"question": "Who?", "answers": []})
+    with pytest.raises(ValueError, match="'question'"):
+        env.reset({"query": "Who?", "answers": ["A"]})
+    assert env.reset({"question": "Who?", "answers": "A"}) and env.snapshot().answers == ("A",)
+    with pytest.raises(ValueError, match="reward"):
+        SearchQAEnv(search, reward="accuracy")
+    with pytest.raises(ValueError, match="SearchTool"):
+        SearchQAEnv(search.retriever)
