@@ -1,15 +1,18 @@
-"""Tasks: an environment plus its training and evaluation rows, by name (the trainer's ``task.name``).
+"""Tasks for the trainer: an environment (``trace_train.envs.ENVIRONMENTS``) plus training and held-out rows.
 
-A :class:`TaskSpec` says how to build a task from a :class:`TaskConfig`; ``TASKS`` maps names to specs.
-``build_task`` returns a :class:`Task`: a factory of fresh environments (the rollout engine makes one per
-rollout), the training rows, the held-out rows and whether rewards are 0/1.
+``task.name`` picks the environment; ``task.env`` holds its options (see ``trace_train/envs/registry.py``);
+``task.train`` / ``task.eval`` say where the rows come from. The same loaders serve ``trace-eval``.
 
-============  ======================================================================================
-name          what it is
-============  ======================================================================================
-guess_number  the synthetic multi-turn game of ``trace_train.envs.guess_number`` (rows generated from
-              ``options``: low, high, max_guesses; ``train_size`` and ``eval_size`` rows)
-============  ======================================================================================
+==============  ===================================================================================
+name            rows
+==============  ===================================================================================
+guess_number    generated: ``task.rows`` = {low, high, max_guesses}; ``train_size`` and ``eval_size``
+math_python     ``train`` / ``eval``: a Hugging Face data set id or a local JSONL/Parquet file with a
+                problem and an answer (DeepScaleR, AIME, AMC, MATH-500 layouts; ``trace_train.data.math``)
+search_qa       ``train`` / ``eval``: HotpotQA / 2WikiMultiHopQA-style questions (``trace_train.data.qa``)
+                or "demo" (the bundled demo set); ``task.env.corpus`` or ``task.env.retriever_url``
+bfcl            BFCL v4 multi-turn, the stored 80/20 split ("train" / "test"); ``task.rows.subsets``
+==============  ===================================================================================
 """
 
 from __future__ import annotations
@@ -17,79 +20,116 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trace_theory._registry import Registry
+from .envs import ENVIRONMENTS, EnvFactory, make_env_factory
 
-from .envs.guess_number import GuessNumberEnv, make_rows
+__all__ = ["TaskConfig", "Task", "build_task", "load_rows"]
 
-__all__ = ["TaskConfig", "Task", "TaskSpec", "TASKS", "build_task"]
+_GUESS_ROWS = {"low": 1, "high": 16, "max_guesses": 5}
+_ROW_OPTIONS = {"guess_number": set(_GUESS_ROWS), "bfcl": {"subsets"}, "math_python": set(), "search_qa": set()}
 
 
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = "guess_number"
-    """A registered task (see the module table)."""
+    """An environment registered in ``trace_train.envs.ENVIRONMENTS`` (see the module table)."""
+    env: dict = field(default_factory=dict)
+    """Options of the environment (``trace_train/envs/registry.py`` lists them per environment)."""
     train: str | None = None
-    """Training data: a Hugging Face data set id or a local JSONL/Parquet file (tasks with real data)."""
+    """Training rows: a Hugging Face data set id, a local JSONL/Parquet file, "demo" (search_qa) or a
+    BFCL split; generated for guess_number."""
     eval: str | None = None
-    """Held-out data, same forms (defaults to a slice the task documents)."""
+    """Held-out rows, in the same forms."""
+    split: str = "train"
+    """Split of the training data set on the Hub (local files have one)."""
+    eval_split: str = "train"
+    """Split of the held-out data set on the Hub (AIME, AMC and MATH-500 copies often ship only "train"/"test")."""
+    subset: str | None = None
+    """Configuration of the training data set on the Hub (e.g. FlashRAG's "hotpotqa")."""
+    eval_subset: str | None = None
+    """Configuration of the held-out data set on the Hub (e.g. FlashRAG's "2wikimultihopqa")."""
     train_size: int = 4096
-    """Rows to draw or keep for training."""
+    """At most this many training rows (generated for guess_number)."""
     eval_size: int = 64
-    """Held-out rows."""
-    reward: str = "exact"
-    """Reward variant where a task has several (e.g. QA: exact, f1_match, f1)."""
-    options: dict = field(default_factory=dict)
-    """Task-specific settings (documented per task)."""
+    """At most this many held-out rows."""
+    rows: dict = field(default_factory=dict)
+    """How rows are made: guess_number {low, high, max_guesses}; bfcl {subsets: [...]}."""
 
     def __post_init__(self):
-        spec = TASKS[self.name]  # unknown names fail here with the known ones
+        ENVIRONMENTS.check(self.name)
         if self.train_size < 1 or self.eval_size < 1:
             raise ValueError("`train_size` and `eval_size` must be at least 1")
-        spec.validate(self)
+        unknown = sorted(set(self.rows) - _ROW_OPTIONS.get(self.name, set()))
+        if unknown:
+            raise ValueError(f"task {self.name!r} has no row option {unknown[0]!r}; "
+                             f"row options: {sorted(_ROW_OPTIONS.get(self.name, set())) or 'none'}")
+        if self.name in ("math_python", "search_qa") and self.train is None:
+            raise ValueError(f"task {self.name!r} needs `task.train` (a data set id or a local file)")
+        if self.name == "guess_number" and (self.train or self.eval):
+            raise ValueError("guess_number generates its rows: leave `task.train` and `task.eval` unset")
+
+    @property
+    def binary_rewards(self) -> bool:
+        return self.env.get("reward", "exact_match") != "token_f1"
 
 
 @dataclass(frozen=True)
 class Task:
-    make_env: Callable[[], Any]
+    make_env: EnvFactory
+    """Fresh environments for the engine; also carries the tool schemas for the chat template."""
     train_rows: list
     eval_rows: list
     binary_rewards: bool = True
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    build: Callable[[TaskConfig, int], Task]
-    validate: Callable[[TaskConfig], None] = lambda cfg: None
-    binary_rewards: Callable[[TaskConfig], bool] = lambda cfg: True
+def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
+    """The ``which`` ("train" or "eval") rows of a task."""
+    source, size = (cfg.train, cfg.train_size) if which == "train" else (cfg.eval, cfg.eval_size)
+    if cfg.name == "guess_number":
+        from .envs.guess_number import make_rows
+
+        options = {**_GUESS_ROWS, **cfg.rows}
+        return make_rows(size, seed=seed if which == "train" else seed + 1_000_003, **options)
+    if cfg.name == "bfcl":
+        from .envs.bfcl import SUBSETS, bfcl_rows
+
+        split = source or ("train" if which == "train" else "test")
+        return bfcl_rows(tuple(cfg.rows.get("subsets", SUBSETS)), split=split)[:size]
+    if source is None:  # held-out rows default to the training file's first rows, the training rows skip them
+        return []
+    split, subset = (cfg.split, cfg.subset) if which == "train" else (cfg.eval_split, cfg.eval_subset)
+    loaders: dict[str, Callable[[], list]] = {"math_python": lambda: _math(source, split, subset, size),
+                                               "search_qa": lambda: _qa(source, split, subset, size)}
+    return loaders[cfg.name]()
 
 
-TASKS: Registry[TaskSpec] = Registry("task")
+def _math(source: str, split: str, subset: str | None, size: int) -> list[dict]:
+    from .data.math import load_math_problems
+    from .envs.math_python import math_rows
+
+    return math_rows(load_math_problems(source, split=split, subset=subset, limit=size))
+
+
+def _qa(source: str, split: str, subset: str | None, size: int) -> list[dict]:
+    from .data.qa import demo_paths, load_qa_examples
+    from .envs.search_qa import qa_rows
+
+    path = demo_paths()[1] if source == "demo" else source
+    return qa_rows(load_qa_examples(path, split=split, subset=subset, limit=size))
 
 
 def build_task(cfg: TaskConfig, *, seed: int) -> Task:
-    return TASKS[cfg.name].build(cfg, seed)
+    """The environment factory and the rows of a task."""
+    env_options: dict[str, Any] = dict(cfg.env)
+    if cfg.name == "search_qa" and "corpus" not in env_options and "retriever_url" not in env_options:
+        from .data.qa import demo_paths
 
-
-_GUESS_OPTIONS = {"low": 1, "high": 16, "max_guesses": 5}
-
-
-def _guess_options(cfg: TaskConfig) -> dict:
-    unknown = set(cfg.options) - set(_GUESS_OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown guess_number option(s) {sorted(unknown)}; known: {sorted(_GUESS_OPTIONS)}")
-    return {**_GUESS_OPTIONS, **cfg.options}
-
-
-def _validate_guess(cfg: TaskConfig) -> None:
-    if cfg.train is not None or cfg.eval is not None:
-        raise ValueError("guess_number generates its rows: leave `task.train` and `task.eval` unset")
-    make_rows(0, **_guess_options(cfg))  # checks low <= high and max_guesses >= 1
-
-
-def _build_guess(cfg: TaskConfig, seed: int) -> Task:
-    options = _guess_options(cfg)
-    return Task(GuessNumberEnv, make_rows(cfg.train_size, seed=seed, **options),
-                make_rows(cfg.eval_size, seed=seed + 1_000_003, **options))
-
-
-TASKS.add("guess_number", TaskSpec(_build_guess, _validate_guess))
+        env_options["corpus"] = str(demo_paths()[0])  # the bundled demo corpus
+    factory = make_env_factory(cfg.name, env_options)
+    train = load_rows(cfg, "train", seed=seed)
+    held_out = load_rows(cfg, "eval", seed=seed)
+    if not held_out:  # no separate held-out source: keep the first eval_size rows aside
+        held_out, train = train[:cfg.eval_size], train[cfg.eval_size:]
+    if not train:
+        raise ValueError(f"task {cfg.name!r} has no training rows left (train_size {cfg.train_size}, "
+                         f"eval_size {cfg.eval_size})")
+    return Task(factory, train, held_out, factory.binary_rewards)

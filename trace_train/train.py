@@ -38,18 +38,18 @@ import yaml
 from trace_theory import ADVANTAGES, VALUE_METHODS, Origin, compute_advantages, node_targets
 
 from .batch import History, RolloutBatch
-from .chat import ChatFormat
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import config_to_dict, fingerprint, load_config
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
 from .engine import RolloutConfig, RolloutEngine
 from .envs.base import EpisodeLimits
+from .envs.tooling import chat_format
 from .loss import PolicyLossConfig, policy_loss
 from .metrics_log import MetricsLogger
 from .predictor import HashedSuccessPredictor, PredictorConfig
 from .sequences import SHARED_TURN_WEIGHTS, TrainingSequences, build_sequences, token_logprobs
-from .tasks import TASKS, TaskConfig, build_task
+from .tasks import TaskConfig, build_task
 
 __all__ = ["TrainConfig", "main", "PromptSampler", "NonFiniteLossError"]
 
@@ -201,9 +201,9 @@ class TrainConfig:
             raise ValueError("`checkpoint_every` and `keep_checkpoints` must be at least 1")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if not TASKS[self.task.name].binary_rewards(self.task) and get_dynamic(self.rollout.policy):
+        if not self.task.binary_rewards and get_dynamic(self.rollout.policy):
             raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
-                             f"with reward {self.task.reward!r} gives graded ones")
+                             f"with reward {self.task.env.get('reward')!r} gives graded ones")
 
 
 def get_dynamic(policy: str) -> bool:
@@ -418,7 +418,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         ref.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
-    chat = ChatFormat(backend.tokenizer, template_kwargs=cfg.rollout.chat_template_kwargs)
+    chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
     engine = RolloutEngine(backend, task.make_env, cfg.rollout.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards),
                            chat=chat, root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     predictor = HashedSuccessPredictor(cfg.predictor)

@@ -1,0 +1,58 @@
+"""Tasks: every environment reachable from a training config, with rows and clear errors."""
+
+import pytest
+
+from trace_train.tasks import TaskConfig, build_task
+
+
+def test_guess_number_rows_and_held_out_rows_differ():
+    task = build_task(TaskConfig(rows={"high": 6, "max_guesses": 3}, train_size=50, eval_size=10), seed=0)
+    assert len(task.train_rows) == 50 and len(task.eval_rows) == 10
+    assert all(row["high"] == 6 for row in task.train_rows) and task.binary_rewards
+    assert task.make_env().reset(task.train_rows[0])
+
+
+def test_search_qa_on_the_demo_set_keeps_held_out_rows_aside():
+    task = build_task(TaskConfig(name="search_qa", train="demo", eval_size=4), seed=0)
+    ids = {row["id"] for row in task.train_rows}
+    assert task.eval_rows and not ids & {row["id"] for row in task.eval_rows}
+    assert task.make_env.tools  # the search tool's schema goes to the chat template
+
+
+def test_math_from_a_local_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(f'{{"problem": "What is {i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(12)))
+    task = build_task(TaskConfig(name="math_python", train=str(path), eval_size=2), seed=0)
+    assert len(task.eval_rows) == 2 and len(task.train_rows) == 10
+    assert task.train_rows[0]["answer"] == "4"
+
+
+def test_bfcl_uses_the_stored_split():
+    task = build_task(TaskConfig(name="bfcl", train="train", eval="test", train_size=8, eval_size=4,
+                                 rows={"subsets": ["base"]}), seed=0)
+    assert len(task.train_rows) == 8 and len(task.eval_rows) == 4
+    assert not {r["id"] for r in task.train_rows} & {r["id"] for r in task.eval_rows}
+
+
+def test_graded_rewards_are_declared():
+    assert not TaskConfig(name="search_qa", train="demo", env={"reward": "token_f1"}).binary_rewards
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(name="chess"), r"unknown environment 'chess'; known: bfcl, guess_number, math_python, search_qa"),
+        (dict(name="math_python"), r"task 'math_python' needs `task.train`"),
+        (dict(rows={"width": 3}), r"task 'guess_number' has no row option 'width'; row options: \['high', 'low', 'max_guesses'\]"),
+        (dict(train="x.jsonl"), r"guess_number generates its rows"),
+        (dict(eval_size=0), r"`train_size` and `eval_size` must be at least 1"),
+    ],
+)
+def test_task_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TaskConfig(**kwargs)
+
+
+def test_unknown_environment_option_fails_when_the_task_is_built():
+    with pytest.raises(ValueError, match=r"environment 'math_python' has no option 'max_calls'"):
+        build_task(TaskConfig(name="math_python", train="demo.jsonl", env={"max_calls": 3}), seed=0)
