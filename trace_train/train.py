@@ -14,8 +14,8 @@ One step (every line is one visible call; the machinery lives in the modules nam
     optimizer.step(); backend.update_weights(policy)           # weight sync, prefix cache reset
     log(metrics); maybe_checkpoint()                           # metrics.jsonl, TensorBoard; atomic checkpoints
 
-A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``tensorboard/`` and
-``checkpoints/``. Starting a run whose directory has a checkpoint resumes it (same config required);
+A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``tensorboard/``,
+``checkpoints/`` and, at the end, ``hf/`` (the trained policy as a Hugging Face model). Starting a run whose directory has a checkpoint resumes it (same config required);
 a non-finite loss stops the run with a checkpoint of the last good step and a one-line message.
 """
 
@@ -493,9 +493,19 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     finally:
         if logger is not None:
             logger.close()
+    _export(policy, tokenizer, run_dir / "hf", info)
     if info.is_main:
-        print(f"run finished: {cfg.steps} steps in {run_dir} (metrics.jsonl, checkpoints/)", file=sys.stderr)
+        print(f"run finished: {cfg.steps} steps in {run_dir} (metrics.jsonl, checkpoints/, hf/ for "
+              "trace-eval and vLLM)", file=sys.stderr)
     return metrics
+
+
+def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
+    """Save the trained policy as a Hugging Face model directory (what trace-eval and vLLM load)."""
+    weights = full_state_dict(policy, info)
+    if info.is_main:
+        policy.save_pretrained(path, state_dict={k: v.detach().cpu() for k, v in weights.items()})
+        tokenizer.save_pretrained(path)
 
 
 # Fields that do not change what a run computes: a run may be resumed with other values of these.

@@ -51,6 +51,9 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     straight = main(small_config(tmp_path / "straight"))
     main(small_config(tmp_path / "resumed", "steps=2"))
     resumed = main(small_config(tmp_path / "resumed"))  # picks up the checkpoint of step 2
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "hf").state_dict()
     assert _trainable_metrics(read_metrics(tmp_path / "resumed" / "metrics.jsonl")) == _trainable_metrics(
         read_metrics(tmp_path / "straight" / "metrics.jsonl"))
     a = load_checkpoint(latest_checkpoint(tmp_path / "straight"), restore_random_state=False)
@@ -58,6 +61,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     assert a.step == b.step == 4
     for name, tensor in a.policy.items():
         assert torch.equal(tensor, b.policy[name]), name
+        assert torch.equal(tensor, exported[name]), name  # hf/ holds the final policy
     assert np.array_equal(a.extra["predictor"]["weights"], b.extra["predictor"]["weights"])
     assert straight["reward_mean"] == resumed["reward_mean"]
 
