@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -27,6 +28,21 @@ PAPER_TRACE_RATIO = 0.606
 """Effective ratio of TRACE in the same setting."""
 V_BINS = 10
 """Equal-width bins of an anchor's true V for the ``rollout_share_v_*`` metrics."""
+
+
+class BatchShape:
+    """Derived sizes shared by the experiment configs that have ``roots``, ``continuations`` and, for
+    candidate pools, ``pool_factor`` and ``group_size`` fields."""
+
+    @property
+    def budget(self) -> RolloutBudget:
+        """M root rollouts and N continuations per root: M (1 + N) rollouts for every policy."""
+        return RolloutBudget(self.roots, self.continuations)
+
+    @property
+    def pool(self) -> int:
+        """Candidate prompts per batch: ``pool_factor`` times the prompts GRPO's groups of G need."""
+        return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
 
 def calibrated(model: BernoulliTreeModel, target: float, group_size: int) -> BernoulliTreeModel:

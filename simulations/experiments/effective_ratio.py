@@ -15,7 +15,6 @@ than a full rollout, so at equal turns tree policies afford more rollouts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +25,7 @@ from trace_theory import RolloutBudget, get_policy
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
-from .common import PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, calibrated, check_arms, online_batches
+from .common import BatchShape, PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, calibrated, check_arms, online_batches
 
 NAME = "effective_ratio"
 CLAIM = (
@@ -60,7 +59,7 @@ TURN_METRICS = ("effective_ratio", "mixed_prompts", "rollouts", "turns")
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(BatchShape):
     seed: int = 0
     """Base seed; every (arm, seed index) unit derives its own generator from it."""
     seeds: int = 10
@@ -109,14 +108,6 @@ class Config:
         check_arms(self.arms)
         if self.turn_reference not in self.arms:
             raise ValueError(f"`turn_reference` {self.turn_reference!r} must be one of `arms`")
-
-    @property
-    def budget(self) -> RolloutBudget:
-        return RolloutBudget(self.roots, self.continuations)
-
-    @property
-    def pool(self) -> int:
-        return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
     @classmethod
     def quick(cls) -> Config:

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_theory import ADVANTAGES, RolloutBudget, effective_ratio, get_policy
+from trace_theory import ADVANTAGES, effective_ratio, get_policy
 
 from ..mdp import MDPWorld, TreeMDP, policy_gradient_step
 from ..model import PassRates
 from ..predictors import make_predictor
 from ..runner import Arm, sample_batch
 from .base import Experiment, Outcome, Units, mean_and_stderr, register, tidy, unit_rng
-from .common import PAPER_GRPO_RATIO, check_arms
+from .common import BatchShape, PAPER_GRPO_RATIO, check_arms
 
 NAME = "learning_curves"
 CLAIM = (
@@ -45,7 +45,7 @@ ARMS = (
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(BatchShape):
     seed: int = 0
     seeds: int = 16
     steps: int = 60
@@ -84,10 +84,6 @@ class Config:
             raise ValueError(
                 f"flat arms draw up to {need} tasks per step; raise `mdp.n_tasks` (got {self.mdp.n_tasks})"
             )
-
-    @property
-    def budget(self) -> RolloutBudget:
-        return RolloutBudget(self.roots, self.continuations)
 
     @property
     def runs(self) -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ from trace_theory import RolloutBudget
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
-from .common import PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
+from .common import BatchShape, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
 
 NAME = "predictor_quality"
 CLAIM = (
@@ -43,7 +43,7 @@ METRICS = (
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(BatchShape):
     seed: int = 0
     seeds: int = 6
     batches: int = 6
@@ -79,14 +79,6 @@ class Config:
         check_arms(self.references)
         if not 0.0 < self.target_ratio < 1.0:
             raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
-
-    @property
-    def budget(self) -> RolloutBudget:
-        return RolloutBudget(self.roots, self.continuations)
-
-    @property
-    def pool(self) -> int:
-        return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
     @classmethod
     def quick(cls) -> Config:

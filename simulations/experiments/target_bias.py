@@ -26,7 +26,6 @@ share of turns whose sign agrees with it; for ``local``, whose scale is V's, als
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +34,6 @@ import pandas as pd
 from trace_theory import (
     ADVANTAGES,
     VALUE_METHODS,
-    RolloutBudget,
     compute_advantages,
     get_policy,
     node_targets,
@@ -45,7 +43,7 @@ from ..model import BernoulliTreeModel
 from ..predictors import make_predictor
 from ..runner import Arm, sample_batch
 from .base import Experiment, Outcome, Units, register, summarise, tidy, unit_rng
-from .common import PAPER_GRPO_RATIO, calibrated, check_arms
+from .common import BatchShape, PAPER_GRPO_RATIO, calibrated, check_arms
 
 NAME = "target_bias"
 CLAIM = (
@@ -58,7 +56,7 @@ ARMS = ("trace[oracle]", "trace", "uniform_tree", "random_prefix")
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(BatchShape):
     seed: int = 0
     seeds: int = 24
     """Independent repetitions (units); each samples ``batches`` batches."""
@@ -98,14 +96,6 @@ class Config:
             raise ValueError(f"`arms` must branch from prefixes; {flat[0]!r} does not")
         if not self.z_limit > 0:
             raise ValueError(f"`z_limit` must be positive, got {self.z_limit!r}")
-
-    @property
-    def budget(self) -> RolloutBudget:
-        return RolloutBudget(self.roots, self.continuations)
-
-    @property
-    def pool(self) -> int:
-        return math.ceil(self.pool_factor * self.budget.total / self.group_size)
 
     @classmethod
     def quick(cls) -> Config:

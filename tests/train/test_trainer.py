@@ -1,11 +1,9 @@
 """The training loop: learning end to end, exact resume, safe stops, clear errors, two processes."""
 
-import json
 import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
