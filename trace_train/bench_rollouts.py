@@ -47,6 +47,10 @@ class BenchConfig:
     """Timed runs per mode (after one untimed warm-up run)."""
     examples: int = 12
     """Worked example games in the system prompt (its length)."""
+    high: int = 16
+    """Targets lie in [1, high]; with ``max_guesses`` it sets how long games run."""
+    max_guesses: int = 5
+    """Turns per game at most (longer games leave more shared turns for continuations to skip)."""
     model: str | None = None
     """A model directory; default: a tiny Qwen3 built and warm-started here."""
     out: str = "results/bench_rollouts.json"
@@ -57,7 +61,7 @@ class BenchConfig:
         if unknown or not self.backends:
             raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), "
                              f"got {self.backends!r}")
-        for name in ("prompts", "group_size", "repeats"):
+        for name in ("prompts", "group_size", "repeats", "high", "max_guesses"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}")
         if self.continuations_per_root < 1:
@@ -103,7 +107,7 @@ def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
     rollout = RolloutConfig(
         policy="grpo" if mode == "flat" else "uniform_tree",
         roots=g * len(pool), continuations_per_root=n, group_size=g * (1 + n) if mode == "flat" else g,
-        limits=EpisodeLimits(max_turns=5, max_turn_tokens=8, max_context_tokens=2048),
+        limits=EpisodeLimits(max_turns=config.max_guesses, max_turn_tokens=8, max_context_tokens=4096),
     )
     if hasattr(backend, "reset_prefix_cache"):
         backend.reset_prefix_cache()
@@ -143,7 +147,7 @@ def main(config: BenchConfig) -> dict:
     from .envs.guess_number import GuessNumberEnv, make_rows
     from .tiny import save_tiny
 
-    pool = make_rows(config.prompts, high=16, max_guesses=5, seed=config.seed)
+    pool = make_rows(config.prompts, high=config.high, max_guesses=config.max_guesses, seed=config.seed)
     env = partial(GuessNumberEnv, system_prompt=system_prompt(config.examples, config.seed))
     results = {"config": dataclasses.asdict(config), "backends": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,7 +183,8 @@ def _parse(argv=None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
     parser.add_argument("--backend", choices=["vllm", "hf", "both"], default="both")
-    for field in ("prompts", "group_size", "continuations_per_root", "repeats", "examples", "seed"):
+    for field in ("prompts", "group_size", "continuations_per_root", "repeats", "examples", "high", "max_guesses",
+                  "seed"):
         parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=defaults.out)
