@@ -1,6 +1,7 @@
 """TRACE against GRPO and the other policies at equal generated tokens, on guess-the-number, several seeds.
 
     python -m trace_train.bench_policies                       # 4 policies x 3 seeds, about 15 min on 2 cores
+    python -m trace_train.bench_policies --task mixed          # prompts of very different difficulty
     python -m trace_train.bench_policies --policies trace grpo --seeds 0 1 --steps 20 --out runs/bench
 
 Every run is the ``cpu_demo`` preset (tiny Qwen3, transformers back end) with the same token budget per
@@ -27,14 +28,23 @@ from .train import TrainConfig, main as train
 DEFAULT_POLICIES = ("trace", "grpo", "dapo", "random_prefix")
 
 
-def run_one(out: Path, policy: str, seed: int, steps: int, token_budget: int) -> Path:
-    run_dir = out / f"{policy}-seed{seed}"
+TASKS = {
+    "uniform": "{low: 1, high: 6, max_guesses: 3}",
+    "mixed": "{low: 1, highs: [2, 6, 64], max_guesses: 3}",
+}
+"""Difficulty mixes: ``uniform`` (cpu_demo's games, every prompt about equally hard) and ``mixed`` (a third
+of the prompts almost always solved, a third almost never, as in real RL data sets)."""
+
+
+def run_one(out: Path, policy: str, seed: int, steps: int, token_budget: int, task: str = "uniform") -> Path:
+    run_dir = out / task / f"{policy}-seed{seed}"
     done = run_dir / "metrics.jsonl"
     if done.exists() and any(r["step"] == steps for r in read_metrics(done)):
         return run_dir
     cfg = load_config(TrainConfig, "cpu_demo", [
         f"run_dir={run_dir}", f"seed={seed}", f"steps={steps}", f"rollout.policy={policy}",
         f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={steps}",
+        f"task.rows={TASKS[task]}",
     ])
     train(cfg)
     return run_dir
@@ -79,13 +89,15 @@ def cli(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step")
+    parser.add_argument("--task", choices=sorted(TASKS), default="uniform", help="difficulty mix of the games")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_policies"))
     args = parser.parse_args(argv)
-    run_dirs = {p: [run_one(args.out, p, s, args.steps, args.token_budget) for s in args.seeds] for p in args.policies}
+    run_dirs = {p: [run_one(args.out, p, s, args.steps, args.token_budget, args.task) for s in args.seeds]
+                for p in args.policies}
     summary = summarise(run_dirs)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.out / args.task / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(table(summary))
-    print(f"runs and summary.json in {args.out}")
+    print(f"runs and summary.json in {args.out / args.task}")
     return 0
 
 

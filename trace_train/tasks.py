@@ -6,7 +6,8 @@
 ==============  ===================================================================================
 name            rows
 ==============  ===================================================================================
-guess_number    generated: ``task.rows`` = {low, high, max_guesses}; ``train_size`` and ``eval_size``
+guess_number    generated: ``task.rows`` = {low, high, max_guesses} (or ``highs``: a list of ranges to
+                mix difficulties); ``train_size`` and ``eval_size``
 math_python     ``train`` / ``eval``: a Hugging Face data set id or a local JSONL/Parquet file with a
                 problem and an answer (DeepScaleR, AIME, AMC, MATH-500 layouts; ``trace_train.data.math``)
 search_qa       ``train`` / ``eval``: HotpotQA / 2WikiMultiHopQA-style questions (``trace_train.data.qa``)
@@ -25,7 +26,7 @@ from .envs import ENVIRONMENTS, EnvFactory, make_env_factory
 __all__ = ["TaskConfig", "Task", "build_task", "load_rows"]
 
 _GUESS_ROWS = {"low": 1, "high": 16, "max_guesses": 5}
-_ROW_OPTIONS = {"guess_number": set(_GUESS_ROWS), "bfcl": {"subsets"}, "math_python": set(), "search_qa": set()}
+_ROW_OPTIONS = {"guess_number": {*_GUESS_ROWS, "highs"}, "bfcl": {"subsets"}, "math_python": set(), "search_qa": set()}
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class TaskConfig:
     eval_size: int = 64
     """At most this many held-out rows."""
     rows: dict = field(default_factory=dict)
-    """How rows are made: guess_number {low, high, max_guesses}; bfcl {subsets: [...]}."""
+    """How rows are made: guess_number {low, high, max_guesses, highs}; bfcl {subsets: [...]}."""
 
     def __post_init__(self):
         ENVIRONMENTS.check(self.name)
@@ -85,10 +86,7 @@ def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
     """The ``which`` ("train" or "eval") rows of a task."""
     source, size = (cfg.train, cfg.train_size) if which == "train" else (cfg.eval, cfg.eval_size)
     if cfg.name == "guess_number":
-        from .envs.guess_number import make_rows
-
-        options = {**_GUESS_ROWS, **cfg.rows}
-        return make_rows(size, seed=seed if which == "train" else seed + 1_000_003, **options)
+        return _guess_rows(cfg, size, seed if which == "train" else seed + 1_000_003)
     if cfg.name == "bfcl":
         from .envs.bfcl import SUBSETS, bfcl_rows
 
@@ -100,6 +98,23 @@ def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
     loaders: dict[str, Callable[[], list]] = {"math_python": lambda: _math(source, split, subset, size),
                                                "search_qa": lambda: _qa(source, split, subset, size)}
     return loaders[cfg.name]()
+
+
+def _guess_rows(cfg: TaskConfig, size: int, seed: int) -> list[dict]:
+    """Generated games. ``highs`` (a list) mixes difficulties: each row draws its range [low, high] from
+    it, so that, as in real data sets, some prompts are almost always solved and some almost never."""
+    import numpy as np
+
+    from .envs.guess_number import make_rows
+
+    options = {**_GUESS_ROWS, **cfg.rows}
+    highs = options.pop("highs", None)
+    if highs is None:
+        return make_rows(size, seed=seed, **options)
+    choice = np.random.default_rng([seed, 7]).integers(0, len(highs), size)
+    rows = {h: iter(make_rows(int((choice == i).sum()), seed=seed + i, **{**options, "high": int(h)}))
+            for i, h in enumerate(highs)}
+    return [next(rows[highs[i]]) for i in choice]
 
 
 def _math(source: str, split: str, subset: str | None, size: int) -> list[dict]:

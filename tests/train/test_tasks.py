@@ -12,6 +12,14 @@ def test_guess_number_rows_and_held_out_rows_differ():
     assert task.make_env().reset(task.train_rows[0])
 
 
+def test_guess_number_can_mix_difficulties():
+    task = build_task(TaskConfig(rows={"highs": [2, 64], "max_guesses": 3}, train_size=200, eval_size=20), seed=0)
+    highs = [row["high"] for row in task.train_rows]
+    assert set(highs) == {2, 64} and 60 < highs.count(2) < 140
+    assert task.train_rows == build_task(TaskConfig(rows={"highs": [2, 64], "max_guesses": 3}, train_size=200,
+                                                    eval_size=20), seed=0).train_rows
+
+
 def test_search_qa_on_the_demo_set_keeps_held_out_rows_aside():
     task = build_task(TaskConfig(name="search_qa", train="demo", eval_size=4), seed=0)
     ids = {row["id"] for row in task.train_rows}
@@ -43,7 +51,7 @@ def test_graded_rewards_are_declared():
     [
         (dict(name="chess"), r"unknown environment 'chess'; known: bfcl, guess_number, math_python, search_qa"),
         (dict(name="math_python"), r"task 'math_python' needs `task.train`"),
-        (dict(rows={"width": 3}), r"task 'guess_number' has no row option 'width'; row options: \['high', 'low', 'max_guesses'\]"),
+        (dict(rows={"width": 3}), r"task 'guess_number' has no row option 'width'; row options: \['high', 'highs', 'low', 'max_guesses'\]"),
         (dict(train="x.jsonl"), r"guess_number generates its rows"),
         (dict(eval_size=0), r"`train_size` and `eval_size` must be at least 1"),
     ],
