@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -38,7 +37,8 @@ import yaml
 from trace_theory import ADVANTAGES, VALUE_METHODS, Origin, compute_advantages, node_targets
 
 from .batch import History, RolloutBatch
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import load_latest_checkpoint, save_checkpoint
+from .files import writable_dir
 from .config import config_to_dict, fingerprint, load_config
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
@@ -396,8 +396,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     info = init_distributed(cfg.device)
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = writable_dir(cfg.run_dir, "`run_dir`")
     _check_or_write_config(cfg, run_dir, info)
 
     task = build_task(cfg.task, seed=cfg.seed)
@@ -433,9 +432,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                                     chat=chat)
 
     start_step = 0
-    ckpt_path = latest_checkpoint(run_dir)
-    if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path)
+    ckpt = load_latest_checkpoint(run_dir)
+    if ckpt is not None:
+        if ckpt.config_fingerprint != resume_fingerprint(cfg):
+            raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
+                             "(only steps, checkpointing and logging may change)")
         _load_policy_weights(policy, ckpt.policy, info)
         optimizer.load_state_dict(ckpt.optimizer)
         predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
@@ -445,7 +446,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         if not _shares_weights(backend, policy):
             backend.update_weights(full_state_dict(policy, info))
 
-    logger = MetricsLogger(run_dir, resume_step=start_step if ckpt_path else None, tensorboard=cfg.tensorboard and info.is_main,
+    logger = MetricsLogger(run_dir, resume_step=start_step if ckpt is not None else None, tensorboard=cfg.tensorboard and info.is_main,
                            wandb_project=cfg.wandb_project if info.is_main else None, config=config_to_dict(cfg)) if info.is_main else None
     metrics: dict[str, Any] = {}
 
@@ -518,15 +519,39 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
 
 
 def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> None:
-    """Write ``config.yaml``; refuse to resume a run directory whose checkpoint has another fingerprint."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is not None:
-        meta = json.loads((ckpt / "trainer_state.json").read_text())
-        if meta.get("config_fingerprint") != resume_fingerprint(cfg):
-            raise ValueError(f"{run_dir} holds a run with another config (see {run_dir / 'config.yaml'}); "
+    """Refuse a run directory that holds another run's ``config.yaml``; then write ours.
+
+    Another run is one whose resume fingerprint differs (only steps, checkpointing and logging may
+    change), whether or not it wrote a checkpoint: its config and metrics are never overwritten.
+    """
+    stored = run_dir / "config.yaml"
+    if stored.exists():
+        try:
+            previous = load_config(TrainConfig, stored)
+        except ValueError as err:
+            raise ValueError(f"{run_dir} holds a config.yaml that cannot be read as a trace-train config "
+                             f"({err}); use another run_dir") from None
+        if resume_fingerprint(previous) != resume_fingerprint(cfg):
+            differs = _differing_fields(config_to_dict(previous), config_to_dict(cfg))
+            raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
                              "use another run_dir (only steps, checkpointing and logging may change)")
     if info.is_main:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def _differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the leaves where two nested config dicts differ (ignoring run length and sinks)."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        name = prefix + key
+        if not prefix and key in _NOT_IN_FINGERPRINT:
+            continue
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differing_fields(x, y, name + ".")
+        elif x != y:
+            out.append(name)
+    return out
 
 
 def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
