@@ -23,8 +23,10 @@ def run_as_caller(scenario: str, *, uid: int, deny_unshare: bool = False, timeou
     if os.geteuid() != 0:
         return {"skip": "switching the sandbox's caller to another uid needs a root test process"}
     request = json.dumps({"scenario": scenario, "uid": uid, "deny_unshare": deny_unshare})
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, __file__], input=request, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": path})
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise AssertionError(f"the caller failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
