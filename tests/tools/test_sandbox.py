@@ -258,6 +258,18 @@ def test_session_drops_cells_stopped_by_a_limit_and_keeps_erroring_cells():
     assert session.run("print(x, y)").stdout == "1 2\n"
 
 
+def test_sys_exit_ends_the_cell_only():
+    session = PythonSession()
+    assert session.run("import sys\nx = 1\nsys.exit()\nx = 2").status == "ok"
+    assert session.run("exit(0)").status == "ok"
+    assert session.run("print(x)").stdout == "1\n", "later cells still run, after the replay"
+    assert session.run("sys.exit('bye')").stderr == "bye\n"
+    assert session.run("sys.exit(256)").status == "error", "256 is not success, though 256 % 256 == 0"
+    failed = session.run("exit(3)")
+    assert failed.status == "error" and failed.exit_code == 1
+    assert session.run("print(x + 1)").stdout == "2\n"
+
+
 def test_replayed_output_is_silent():
     session = PythonSession()
     session.run("print('first')")

@@ -271,12 +271,12 @@ except OSError as e:
 
 
 PYTHON_WRITE_PATHS = {
-    "sqlite3": "import sqlite3\nc = sqlite3.connect('{HOME}/victim.txt')\nc.execute('create table t(x)')",
+    "sqlite3": "import sqlite3\nc = sqlite3.connect('{HOME}/db')\nc.execute('create table t(x)')\nc.commit()",
     "sqlite3-attach": "import sqlite3\nsqlite3.connect(':memory:').execute(\"attach '{HOME}/db' as d\")",
     "os.open-dir_fd": "import os\nfd = os.open('{HOME}', os.O_RDONLY)\n"
                       "os.write(os.open('victim.txt', os.O_WRONLY | os.O_TRUNC, dir_fd=fd), b'pwned')",
-    "os.rename-dst_dir_fd": "import os\nopen('x', 'w').write('pwned')\nfd = os.open('{HOME}', os.O_RDONLY)\n"
-                            "os.rename('x', 'victim.txt', dst_dir_fd=fd)",
+    "os.rename-dst_dir_fd": "import ctypes, os\nfd = ctypes.CDLL(None).open(b'{HOME}', os.O_RDONLY)\n"
+                            "os.rename('victim.txt', 'db', src_dir_fd=fd, dst_dir_fd=fd)",
 }
 
 
