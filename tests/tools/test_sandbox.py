@@ -268,6 +268,8 @@ def test_sys_exit_ends_the_cell_only():
     failed = session.run("exit(3)")
     assert failed.status == "error" and failed.exit_code == 1
     assert session.run("print(x + 1)").stdout == "2\n"
+    assert session.run("import os\nos._exit(0)").finished is False
+    assert session.run("print(x + 2)").stdout == "3\n", "a cell that ended the interpreter is dropped"
 
 
 def test_replayed_output_is_silent():

@@ -323,3 +323,27 @@ def test_degraded_isolation_is_reported_once_and_require_fails_at_start_up(calle
     assert ("user-namespace" in warning) == (caller == "user")
     assert "namespaces='require'" in result["require"] and "Operation not permitted" in result["require"]
     assert "namespaces='require'" in result["preset"]
+
+
+def test_resource_limits_hold_for_a_user_caller():
+    scenario = """
+statuses = [
+    run_python("while True:\\n    pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=30)).status,
+    run_python("b = []\\nwhile True:\\n    b.append(bytearray(50 << 20))",
+               limits=SandboxLimits(memory_bytes=512 << 20)).status,
+    run_python("open('big', 'wb').write(b'0' * (2 << 20))", limits=SandboxLimits(max_file_bytes=1 << 20)).status,
+    run_python("import time\\ntime.sleep(60)", limits=SandboxLimits(wall_seconds=1.5)).status,
+]
+sandboxed('''
+import resource
+try:
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("raised")
+except (ValueError, OSError):
+    print("refused")
+''', namespaces="require")
+result["statuses"] = statuses
+"""
+    result = _run(scenario, "user")
+    assert result["statuses"] == ["cpu_limit", "memory_limit", "file_size_limit", "timeout"]
+    assert result["stdout"] == "refused\n"

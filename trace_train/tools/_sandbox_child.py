@@ -28,6 +28,8 @@ Process tree (everything below runs before any model-written code):
   directory, installs the audit-hook guard, writes the isolation report to ``report_fd`` and only then
   runs the cells. Cells before index ``replay`` are replayed with stdout and stderr sent to /dev/null;
   the last cell runs with output on the real pipes. ``sys.exit`` ends the cell that called it only.
+  After the last cell returns, ``finished`` is written to ``report_fd`` (absent when the code ended the
+  interpreter itself, e.g. with ``os._exit``).
 """
 
 import ast
@@ -492,9 +494,10 @@ def _worker(request, report_fd, isolation):
         sys.dont_write_bytecode = True
         install_guard(request["workdir"], *_private_tmp(isolation))
         isolation += ["rlimits", "audit-hook"]
-        os.write(report_fd, json.dumps({"isolation": isolation}).encode())
-        os.close(report_fd)
+        os.write(report_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
+        os.set_inheritable(report_fd, False)
         code = _run_cells(request)
+        os.write(report_fd, b"finished\n")
     except SystemExit as stop:  # namespaces='require' and a layer failed
         code = stop.code if isinstance(stop.code, int) else 1
     sys.stdout.flush()

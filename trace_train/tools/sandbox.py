@@ -139,6 +139,8 @@ class SandboxResult:
     """Isolation layers the child confirmed before running the code."""
     missing: tuple[str, ...] = field(default_factory=tuple)
     """Why configured layers are absent (``"unshare: Operation not permitted"``); empty when none are."""
+    finished: bool = False
+    """The last cell returned (False when a limit or the code itself, e.g. ``os._exit``, ended the run)."""
 
     @property
     def ok(self) -> bool:
@@ -181,9 +183,10 @@ class PythonSession:
     earlier cells silently (same seed, same working directory contents recreated) and then runs the new
     one, so :meth:`snapshot` is a tuple copy and :meth:`restore` is exact for code whose result depends
     only on the seeded ``random`` module, ``PYTHONHASHSEED`` and its own inputs (not on the clock or
-    ``os.urandom``). Limits apply to the whole replay. A cell that raised stays in the history (as in a
-    notebook, its effects up to the error persist); a cell stopped by a limit or timeout is dropped, and
-    the session continues from the state before it.
+    ``os.urandom``). Limits apply to the whole replay. A cell that raised or called ``sys.exit`` stays in
+    the history (as in a notebook, its effects up to that point persist); a cell stopped by a limit or
+    timeout, or one that ended the interpreter itself (``os._exit``), is dropped, and the session
+    continues from the state before it.
     """
 
     def __init__(self, *, limits: SandboxLimits = SandboxLimits()):
@@ -200,7 +203,7 @@ class PythonSession:
         if not isinstance(code, str):
             raise TypeError(f"`code` must be a str, got {type(code).__name__}")
         result = _run_cells(self._cells + (code,), replay=len(self._cells), limits=self.limits)
-        if result.status in ("ok", "error"):
+        if result.status in ("ok", "error") and result.finished:
             self._cells += (code,)
         return result
 
@@ -307,7 +310,8 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
     stdout, stderr, report = (
         streams[key].decode("utf-8", "replace") for key in ("stdout", "stderr", "report")
     )
-    layers = json.loads(report)["isolation"] if report else []
+    header, _, rest = report.partition("\n")
+    layers = json.loads(header)["isolation"] if header else []
     isolation = tuple(layer for layer in layers if not layer.startswith("missing: "))
     missing = tuple(layer.removeprefix("missing: ") for layer in layers if layer.startswith("missing: "))
     if report:
@@ -322,6 +326,7 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
         truncated_bytes=dropped,
         isolation=isolation,
         missing=missing,
+        finished="finished" in rest.split(),
     )
 
 
