@@ -29,6 +29,13 @@ def sandboxed(code, **limits):
                   missing=r.missing)
     return r
 
+def reached(server):  # whether anything connected to the listening server (1 s timeout) during the call
+    try:
+        server.accept()
+        return True
+    except socket.timeout:
+        return False
+
 def caller_files():
     result["victim"] = open(HOME + "/victim.txt").read()
     result["other"] = os.path.exists(HOME + "/other.txt")
@@ -169,11 +176,7 @@ import subprocess, sys
 r = subprocess.run([sys.executable, "-c", {snippet!r}], capture_output=True, text=True)
 print(r.stdout.strip() or r.stderr.strip().splitlines()[-1])
 ''', namespaces=MODE)
-try:
-    server.accept()
-    result["reached"] = True
-except socket.timeout:
-    result["reached"] = False
+result["reached"] = reached(server)
 """
 
 
@@ -197,11 +200,7 @@ server.settimeout(1.0)
 port = server.getsockname()[1]
 sandboxed(f"import os\\nos.system(\\"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected'\\")",
           namespaces=MODE)
-try:
-    server.accept()
-    result["reached"] = True
-except socket.timeout:
-    result["reached"] = False
+result["reached"] = reached(server)
 """
 
 
