@@ -410,12 +410,12 @@ def install_guard(workdir, *private):
             deny("sqlite3")
         if event == "open":
             path, mode, flags = args
-            if path is None or isinstance(path, int) or inside(path):
+            if path is None or isinstance(path, int):
                 return
             writing = (mode is not None and any(c in mode for c in "wax+")) or bool(flags & WRITE_FLAGS)
-            if writing:
+            if writing and not inside(path):
                 deny(f"writing {path!r} outside the working directory")
-            if os.path.isdir(path):
+            if mode is None and not inside(path) and os.path.isdir(path):  # os.open, whose dir_fd is unseen
                 deny(f"opening the directory {path!r} outside the working directory")
         elif event in PATH_EVENTS:
             at = PATH_EVENTS[event]

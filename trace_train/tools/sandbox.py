@@ -50,7 +50,7 @@ from pathlib import Path
 
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _NAMESPACE_MODES = ("auto", "require", "off")
-_NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
+_REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
                      "private-tmp", "private-proc", "seccomp")
 
 
@@ -222,7 +222,7 @@ def expected_layers(limits: SandboxLimits) -> tuple[str, ...]:
     """The isolation layers ``limits`` asks for, for this caller (user namespace when not root)."""
     if limits.namespaces == "off":
         return ()
-    return (("user-namespace",) if os.geteuid() != 0 else ()) + _NAMESPACE_LAYERS
+    return (("user-namespace",) if os.geteuid() != 0 else ()) + _REQUIRED_LAYERS
 
 
 _CHECKED: dict[tuple, tuple[str, ...]] = {}
