@@ -139,7 +139,7 @@ result["left"] = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(
 """
     result = _run(scenario, caller)
     assert result["status"] == "ok", result["stderr"]
-    assert result["stdout"].split()[:3] == ["0", "0", "0"], "the code may use its private /tmp, /var/tmp, /dev/shm"
+    assert result["stdout"].split()[:3] == ["0", "0", "0"], "its own /tmp, /var/tmp, /dev/shm are writable"
     assert result["stdout"].split()[3] != "0" and "No space left" in result["stderr"]
     assert result["left"] == [], "nothing is left in the host's temporary directories"
 
@@ -170,7 +170,8 @@ server.bind(HOME + "/agent.sock")
 os.chmod(HOME + "/agent.sock", 0o777)
 server.listen(1)
 server.settimeout(1.0)
-snippet = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({HOME + '/agent.sock'!r}); print('connected')"
+snippet = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({HOME + '/agent.sock'!r}); "
+           "print('connected')")
 sandboxed(f'''
 import subprocess, sys
 r = subprocess.run([sys.executable, "-c", {snippet!r}], capture_output=True, text=True)
@@ -213,7 +214,7 @@ def test_host_loopback_is_unreachable(caller, deny_unshare):
 
 
 KILL_CALLER = """
-sandboxed(f"import os\\nos.system('kill -9 {CALLER_PID}; kill -9 {os.getppid()}')\\nprint('sent')", namespaces=MODE)
+sandboxed(f"import os\\nos.system('kill -9 {CALLER_PID}')\\nprint('sent')", namespaces=MODE)
 result["survived"] = True
 """
 
@@ -335,7 +336,8 @@ def test_degraded_isolation_is_reported_once_and_require_fails_at_start_up(calle
     assert result["first"] == "2\n" or caller == "root"
     assert len(result["warnings"]) == 1, result["warnings"]
     warning = result["warnings"][0]
-    assert "network-namespace" in warning and "mount-namespace" in warning and "Operation not permitted" in warning
+    assert "network-namespace" in warning and "mount-namespace" in warning
+    assert "Operation not permitted" in warning
     assert ("user-namespace" in warning) == (caller == "user")
     assert "namespaces='require'" in result["require"] and "Operation not permitted" in result["require"]
     assert "namespaces='require'" in result["preset"]
@@ -347,7 +349,8 @@ statuses = [
     run_python("while True:\\n    pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=30)).status,
     run_python("b = []\\nwhile True:\\n    b.append(bytearray(50 << 20))",
                limits=SandboxLimits(memory_bytes=512 << 20)).status,
-    run_python("open('big', 'wb').write(b'0' * (2 << 20))", limits=SandboxLimits(max_file_bytes=1 << 20)).status,
+    run_python("open('big', 'wb').write(b'0' * (2 << 20))",
+               limits=SandboxLimits(max_file_bytes=1 << 20)).status,
     run_python("import time\\ntime.sleep(60)", limits=SandboxLimits(wall_seconds=1.5)).status,
 ]
 sandboxed('''

@@ -62,7 +62,8 @@ NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "re
 # System calls refused with EPERM by the seccomp filter, per machine: socket (every family, which also
 # keeps the host's pathname Unix sockets out of reach), ptrace, process_vm_readv/writev, io_uring.
 SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-SECCOMP_DENIED = {"x86_64": (41, 101, 310, 311, 425, 426, 427), "aarch64": (198, 117, 270, 271, 425, 426, 427)}
+SECCOMP_DENIED = {"x86_64": (41, 101, 310, 311, 425, 426, 427),
+                  "aarch64": (198, 117, 270, 271, 425, 426, 427)}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # Audit events that modify the path in their first argument; the last argument is the dir_fd, if any.
 PATH_EVENTS = {
@@ -168,7 +169,8 @@ def _enter_namespaces(request):
     layers += ["network-namespace", "pid-namespace", "mount-namespace"]
     try:
         if uid != 0:  # map our own ids, so that files keep their owner and nothing else is mapped
-            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+            for name, text in maps:
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
