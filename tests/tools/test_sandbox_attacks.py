@@ -240,8 +240,11 @@ if os.fork() == 0:
         os.execv("/bin/sleep", ["sleep", "{marker}"])
     os._exit(0)
 os.wait()
-print("daemon started")
-''', namespaces=MODE)
+print("daemon started", flush=True)
+if {TIME_OUT}:
+    import time
+    time.sleep(60)
+''', namespaces=MODE, wall_seconds=4 if TIME_OUT else 10)
 time.sleep(0.3)
 left = []
 for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -256,9 +259,10 @@ result["left"] = left
 
 @pytest.mark.parametrize("caller", CALLERS)
 @pytest.mark.parametrize("deny_unshare", [False, True], ids=["namespaces", "no-namespaces"])
-def test_no_process_outlives_the_call(caller, deny_unshare):
+@pytest.mark.parametrize("time_out", [False, True], ids=["returns", "times-out"])
+def test_no_process_outlives_the_call(caller, deny_unshare, time_out):
     mode = "auto" if deny_unshare else "require"
-    result = _run(f"MODE = {mode!r}" + DAEMON, caller, deny_unshare=deny_unshare)
+    result = _run(f"MODE = {mode!r}\nTIME_OUT = {time_out}" + DAEMON, caller, deny_unshare=deny_unshare)
     assert result["stdout"] == "daemon started\n", result["stderr"]
     assert result["left"] == [], "a daemonised process survived the call"
 

@@ -17,8 +17,9 @@ Process tree (everything below runs before any model-written code):
   traverse (``/root`` holding a pyenv Python) is first covered with an empty tmpfs into which only the
   interpreter's own directories are bind-mounted back. Then B forks C and exits with C's code.
 - C: PID 1 of the new PID namespace (and a child subreaper, for when there is none). Mounts a ``/proc``
-  of the new PID namespace over the host's, asks for SIGKILL when B dies, forks G, reaps every orphan
-  until G exits, then kills whatever is left and exits with G's exit code (128 + signal number when G
+  of the new PID namespace over the host's, forks G, moves itself out of the process group that the
+  caller kills at the wall-clock limit, reaps every orphan until G exits, then kills whatever is left
+  (orphaned descendants become its children) and exits with G's exit code (128 + signal number when G
   died from a signal). With a PID namespace the kernel also kills every process left in it.
 - G: sets the resource limits (soft = hard), becomes the sandbox user when started as root, drops every
   capability (the user namespace gave B all of them inside it), sets ``no_new_privs``, applies a
@@ -51,7 +52,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 36, 38, 22
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 36, 38, 22
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
@@ -225,7 +226,6 @@ def _kill_descendants():
 
 
 def _reaper(request, report_fd, isolation):
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1)
     if "pid-namespace" in isolation:
         try:
@@ -236,6 +236,9 @@ def _reaper(request, report_fd, isolation):
     worker = os.fork()
     if worker == 0:
         _worker(request, report_fd, isolation)
+    # Leave the process group that the caller kills at the wall-clock limit, so as to outlive the
+    # worker and kill what it left behind (in another session, say) even without a PID namespace.
+    os.setpgid(0, 0)
     os.close(report_fd)
     while True:
         pid, status = os.waitpid(-1, 0)
