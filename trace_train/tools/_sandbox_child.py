@@ -1,4 +1,4 @@
-"""Child side of the Python sandbox: run as a script by ``sandbox.py``, never imported.
+"""Child side of the Python sandbox: run as a script by ``sandbox.py`` (its helpers are importable).
 
 The parent (``sandbox.py``) starts this script (with ``-s -P`` and a minimal environment) in a new
 session and writes one JSON object to its stdin:
@@ -8,20 +8,29 @@ session and writes one JSON object to its stdin:
 Process tree (everything below runs before any model-written code):
 
 - B, this script: reads the request, then (unless namespaces are off) calls ``unshare(2)`` for new
-  network, PID and mount namespaces (plus a user namespace when not root). When it will drop root
-  privileges it also makes the interpreter reachable for the sandbox user in its private mount
-  namespace: each directory on the way to ``sys.path`` that others cannot traverse (``/root`` when
-  Python was installed there) is covered with an empty tmpfs into which only the interpreter's own
-  directories are bind-mounted back, which also hides everything else in it. Then B forks C and exits
-  with C's code.
-- C: PID 1 of the new PID namespace. Asks for SIGKILL when B dies, forks G, reaps every orphan until G
-  exits, then exits with G's exit code (128 + signal number when G died from a signal). When C exits the
-  kernel kills every process left in the namespace, so nothing the code started outlives the run.
-- G: sets the resource limits (soft = hard, so they cannot be raised again), drops root privileges to
-  the sandbox user when started as root, changes into the working directory, installs the audit-hook
-  guard (no sockets, no writes outside the working directory), writes the isolation report to
-  ``report_fd`` and only then runs the cells. Cells before index ``replay`` are replayed with stdout and
-  stderr sent to /dev/null; the last cells run with output on the real pipes.
+  network, PID and mount namespaces, plus a user namespace that maps the caller's own uid and gid when
+  the caller is not root. In the private mount namespace it makes every mount read-only (one
+  ``mount_setattr(2)`` with ``AT_RECURSIVE``), then mounts fresh size-limited tmpfs file systems on
+  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory: the only writable places, private to
+  this run and freed by the kernel when its last process exits. When the code will run as the
+  unprivileged sandbox user (root caller), each directory on the way to ``sys.path`` that others cannot
+  traverse (``/root`` holding a pyenv Python) is first covered with an empty tmpfs into which only the
+  interpreter's own directories are bind-mounted back. Then B forks C and exits with C's code.
+- C: PID 1 of the new PID namespace (and a child subreaper, for when there is none). Mounts a ``/proc``
+  of the new PID namespace over the host's, forks G, moves itself out of the process group that the
+  caller kills at the wall-clock limit, reaps every orphan until G exits, then kills whatever is left
+  (orphaned descendants become its children) and exits with G's exit code (128 + signal number when G
+  died from a signal). With a PID namespace the kernel also kills every process left in it.
+- G: sets the resource limits (soft = hard), becomes the sandbox user when started as root, drops every
+  capability (the user namespace gave B all of them inside it), sets ``no_new_privs``, applies a
+  Landlock domain (writes only under the working directory and the private temporary directories, no
+  signals or ptrace to processes outside the run, no TCP) where the kernel has Landlock, and a seccomp
+  filter (no ``socket(2)``, ``ptrace(2)``, ``process_vm_*`` or io_uring), changes into the working
+  directory, installs the audit-hook guard, writes the isolation report to ``report_fd`` and only then
+  runs the cells. Cells before index ``replay`` are replayed with stdout and stderr sent to /dev/null;
+  the last cell runs with output on the real pipes. ``sys.exit`` ends the cell that called it only.
+  After the last cell returns, ``finished`` is written to ``report_fd`` (absent when the code ended the
+  interpreter itself, e.g. with ``os._exit``).
 """
 
 import ast
@@ -33,32 +42,36 @@ import os
 import random
 import resource
 import signal
+import struct
 import sys
 import tempfile
+import time
 import traceback
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
-MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 36, 38, 22
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
+AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
+SYS_MOUNT_SETATTR, SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 442, 444, 445, 446
+PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
+                    "private-tmp", "private-proc")
+# System calls refused with EPERM by the seccomp filter, per machine: socket (every family, which also
+# keeps the host's pathname Unix sockets out of reach), ptrace, process_vm_readv/writev, io_uring.
+SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SECCOMP_DENIED = {"x86_64": (41, 101, 310, 311, 425, 426, 427),
+                  "aarch64": (198, 117, 270, 271, 425, 426, 427)}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-# Audit events whose first (and for rename/link also second) argument is a path that gets modified.
+# Audit events that modify the path in their first argument; the last argument is the dir_fd, if any.
 PATH_EVENTS = {
-    "os.remove",
-    "os.rmdir",
-    "os.mkdir",
-    "os.chmod",
-    "os.chown",
-    "os.truncate",
-    "os.utime",
-    "os.chflags",
-    "os.lchflags",
-    "os.mkfifo",
-    "os.mknod",
+    "os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.chmod": 2, "os.chown": 3, "os.truncate": None,
+    "os.utime": 3, "os.chflags": None, "os.lchflags": None, "os.mkfifo": 2, "os.mknod": 3,
 }
-TWO_PATH_EVENTS = {"os.rename", "os.link"}
+TWO_PATH_EVENTS = {"os.rename", "os.link"}  # (src, dst, src_dir_fd, dst_dir_fd)
 
 
 def _exit_code(status):
@@ -68,10 +81,15 @@ def _exit_code(status):
     return os.WEXITSTATUS(status)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def _libc_call(name, *args):
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
+    result = getattr(_LIBC, name)(*args)
+    if result < 0 or (result != 0 and name != "syscall"):
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+    return result
 
 
 def _encode(value):
@@ -81,6 +99,10 @@ def _encode(value):
 def _mount(source, target, fstype, flags, data=None):
     encoded = [_encode(value) for value in (source, target, fstype)]
     _libc_call("mount", *encoded, ctypes.c_ulong(flags), _encode(data))
+
+
+# --------------------------------------------------------------------------------------------------
+# B: namespaces and the private mount tree
 
 
 def _blocking_ancestor(path):
@@ -95,7 +117,6 @@ def _blocking_ancestor(path):
 
 def _expose_interpreter():
     """Make ``sys.path`` reachable for an unprivileged user, in this process's own mount namespace."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
     needed = {os.path.realpath(p) for p in sys.path + [sys.prefix, sys.base_prefix] if os.path.isdir(p)}
     needed.add(os.path.dirname(os.path.realpath(sys.executable)))
     covered = {}
@@ -116,34 +137,119 @@ def _expose_interpreter():
             os.rmdir(stage)
 
 
-def _enter_namespaces(mode, expose):
-    """Enter new network, PID and mount namespaces; return the isolation features obtained."""
-    if mode == "off":
+def _read_only_everywhere():
+    """Make every mount of this mount namespace read-only: ``mount_setattr(AT_RECURSIVE, RDONLY)``."""
+    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr, MOUNT_ATTR_SIZE_VER0
+    _libc_call("syscall", ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), b"/",
+               ctypes.c_uint(AT_RECURSIVE), attr, ctypes.c_size_t(len(attr)))
+
+
+def _private_mounts(workdir, owner, size):
+    """Read-only root; fresh tmpfs (``size`` bytes each) on the temporary directories and ``workdir``."""
+    _read_only_everywhere()
+    for path in PRIVATE_TMP:
+        if os.path.isdir(path) and not os.path.islink(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
+    os.makedirs(workdir, exist_ok=True)  # inside the new /tmp when the working directory was there
+    _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV,
+           f"mode=700,size={size},uid={owner[0]},gid={owner[1]}")
+
+
+def _enter_namespaces(request):
+    """Enter new user (non-root), network, PID and mount namespaces; return the layers obtained."""
+    if request["namespaces"] == "off":
         return []
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
-    if uid != 0:
-        flags |= CLONE_NEWUSER
+    owner = request["drop_to"] or (uid, gid)
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWUSER if uid != 0 else 0)
     try:
         _libc_call("unshare", flags)
-        if expose:
-            _expose_interpreter()
-        if uid != 0:
-            # Map our own ids so that files created in the working directory keep their owner.
-            with open("/proc/self/setgroups", "w") as f:
-                f.write("deny")
-            with open("/proc/self/uid_map", "w") as f:
-                f.write(f"{uid} {uid} 1")
-            with open("/proc/self/gid_map", "w") as f:
-                f.write(f"{gid} {gid} 1")
     except OSError as error:
-        if mode == "require":
-            sys.stderr.write(f"sandbox: cannot create namespaces ({error}) and namespaces='require'\n")
-            sys.exit(125)
-        return []
-    return ["network-namespace", "pid-namespace", "mount-namespace"] + (
-        ["user-namespace"] if uid != 0 else []
-    )
+        return _degraded(request, f"unshare: {error.strerror}", [])
+    layers = ["user-namespace"] if uid != 0 else []
+    layers += ["network-namespace", "pid-namespace", "mount-namespace"]
+    try:
+        if uid != 0:  # map our own ids, so that files keep their owner and nothing else is mapped
+            maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+            for name, text in maps:
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        if request["drop_to"]:
+            _expose_interpreter()
+        _private_mounts(request["workdir"], owner, request["limits"]["scratch_bytes"])
+    except OSError as error:
+        return _degraded(request, f"private mounts: {error.strerror}", layers)
+    return layers + ["read-only-filesystem", "private-tmp"]
+
+
+def _degraded(request, reason, layers):
+    if request["namespaces"] == "require":
+        sys.stderr.write(f"sandbox: cannot isolate the code ({reason}) and namespaces='require'\n")
+        sys.exit(125)
+    return layers + [f"missing: {reason}"]
+
+
+# --------------------------------------------------------------------------------------------------
+# C: the reaper
+
+
+def _children_of(pid):
+    """Pids whose parent is ``pid`` (from /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                        children.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return children
+
+
+def _kill_descendants():
+    """SIGKILL every child until none is left (as subreaper, orphaned descendants become children)."""
+    while True:
+        children = _children_of(os.getpid())
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            reaped, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not reaped and not children:
+            time.sleep(0.001)
+
+
+def _reaper(request, report_fd, isolation):
+    _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if "pid-namespace" in isolation:
+        try:
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            isolation.append("private-proc")
+        except OSError as error:
+            isolation.append(_degraded(request, f"/proc of the PID namespace: {error.strerror}", [])[0])
+    worker = os.fork()
+    if worker == 0:
+        _worker(request, report_fd, isolation)
+    # Leave the process group that the caller kills at the wall-clock limit, so as to outlive the
+    # worker and kill what it left behind (in another session, say) even without a PID namespace.
+    os.setpgid(0, 0)
+    os.close(report_fd)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == worker:
+            break
+    _kill_descendants()
+    return _exit_code(status)
+
+
+# --------------------------------------------------------------------------------------------------
+# G: limits, privileges, kernel filters, audit hook, then the cells
 
 
 def _processes_of(uid):
@@ -163,7 +269,7 @@ def _processes_of(uid):
     return count
 
 
-def _set_limits(limits, uid):
+def _set_limits(limits, processes):
     cpu = limits["cpu_seconds"]
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     for name, value in (
@@ -173,7 +279,7 @@ def _set_limits(limits, uid):
         ("RLIMIT_CORE", 0),
     ):
         resource.setrlimit(getattr(resource, name), (value, value))
-    nproc = _processes_of(uid) + limits["max_processes"]
+    nproc = processes + limits["max_processes"]
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
@@ -185,20 +291,119 @@ def _drop_privileges(uid, gid):
         raise RuntimeError("sandbox: failed to drop root privileges")
 
 
-def _install_guard(workdir):
-    """Audit hook: no socket of any kind, no file modification outside ``workdir``.
+def _drop_capabilities():
+    """Clear the permitted, effective and inheritable capability sets (capset, version 3)."""
+    header = struct.pack("Ii", 0x20080522, 0)
+    _libc_call("capset", header, bytes(24))
+    _libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
-    Audit hooks cannot be removed once added. They see every socket and file operation made through
-    Python's own APIs; native code (ctypes, C extensions, subprocesses) is not seen, which is why the
-    kernel-level layers (namespaces, rlimits, unprivileged user) exist.
+
+def seccomp_filter(denied, machine=None):
+    """A classic-BPF seccomp program: EPERM for the system calls ``denied`` and for foreign ABIs.
+
+    Returns None on machines without a table in ``SECCOMP_ARCH``.
     """
-    root = os.path.realpath(workdir)
+    machine = machine or os.uname().machine
+    if machine not in SECCOMP_ARCH:
+        return None
+    eperm, allow = 0x00050000 | 1, 0x7FFF0000
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    program = [(load, 0, 0, 4), (jeq, 1, 0, SECCOMP_ARCH[machine]), (ret, 0, 0, eperm), (load, 0, 0, 0)]
+    if machine == "x86_64":  # the x32 ABI numbers its calls from 0x40000000
+        program += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    for number in denied:
+        program += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
+    program.append((ret, 0, 0, allow))
+    return b"".join(struct.pack("HBBI", *instruction) for instruction in program)
 
-    def inside(path):
-        if isinstance(path, int):
-            return True
-        resolved = os.path.realpath(os.fsdecode(path))
-        return resolved == root or resolved.startswith(root + os.sep) or resolved == os.devnull
+
+def apply_seccomp(program):
+    """Install ``program`` (from :func:`seccomp_filter`) on this process and its future children."""
+    _libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    filters = ctypes.create_string_buffer(program)
+    fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(filters))
+    _libc_call("prctl", PR_SET_SECCOMP, 2, fprog, 0, 0)
+
+
+def _landlock(writable):
+    """Landlock: writes only beneath ``writable``; no signals, ptrace or TCP beyond this run. ABI >= 6."""
+    abi = _LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE), None, ctypes.c_size_t(0), ctypes.c_uint(1))
+    if abi < 6:
+        return False
+    write_access = (1 << 1) | sum(1 << bit for bit in range(4, 15))  # write, remove, make *, refer, truncate
+    file_access = (1 << 1) | (1 << 14)  # write and truncate: the rights a rule on a file may carry
+    ruleset = struct.pack("QQQ", write_access, 0b11, 0b11)  # fs; bind/connect TCP; abstract socket + signal
+    fd = _libc_call("syscall", ctypes.c_long(SYS_LANDLOCK_CREATE), ruleset, ctypes.c_size_t(len(ruleset)),
+                    ctypes.c_uint(0))
+    try:
+        for path in writable:
+            target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                access = write_access if os.path.isdir(path) else file_access
+                rule = struct.pack("=Qi", access, target)
+                _libc_call("syscall", ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(fd), ctypes.c_int(1),
+                           rule, ctypes.c_uint(0))
+            finally:
+                os.close(target)
+        _libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        _libc_call("syscall", ctypes.c_long(SYS_LANDLOCK_RESTRICT), ctypes.c_int(fd), ctypes.c_uint(0))
+    finally:
+        os.close(fd)
+    return True
+
+
+def _private_tmp(isolation):
+    return [path for path in PRIVATE_TMP if os.path.isdir(path)] if "private-tmp" in isolation else []
+
+
+def _kernel_filters(request, isolation):
+    """Capabilities, no_new_privs, Landlock and seccomp, in that order; append what was obtained."""
+    if "user-namespace" in isolation:
+        _drop_capabilities()
+        isolation.append("no-capabilities")
+    try:
+        if _landlock([request["workdir"], os.devnull, *_private_tmp(isolation)]):
+            isolation.append("landlock")
+    except OSError:
+        pass
+    program = seccomp_filter(SECCOMP_DENIED.get(os.uname().machine, ()))
+    try:
+        if program is None:
+            raise OSError(0, f"no seccomp table for {os.uname().machine}")
+        apply_seccomp(program)
+        isolation.append("seccomp")
+    except OSError as error:
+        isolation.extend(_degraded(request, f"seccomp: {error.strerror}", []))
+
+
+def _resolve(path, dir_fd=None):
+    """The real path an audited call acts on: fds and ``dir_fd``-relative paths resolved via /proc."""
+    if isinstance(path, int):
+        return os.readlink(f"/proc/self/fd/{path}")
+    path = os.fsdecode(path)
+    if dir_fd is not None and not os.path.isabs(path):
+        path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+    return os.path.realpath(path)
+
+
+def install_guard(workdir, *private):
+    """Audit hook: no sockets, no sqlite3, no file modification (or directory opening) outside
+    ``workdir`` and the ``private`` temporary directories.
+
+    Audit hooks cannot be removed once added. They see the socket and file operations made through
+    Python's own APIs; native code (ctypes, C extensions, subprocesses) is not seen, which is why the
+    kernel-level layers exist. ``os.open`` does not report its ``dir_fd``, so opening a directory
+    outside the working directory is refused: no such descriptor can then be obtained from Python.
+    """
+    roots = [os.path.realpath(path) for path in (workdir, *private)]
+
+    def inside(path, dir_fd=None):
+        try:
+            resolved = _resolve(path, dir_fd)
+        except OSError:
+            return False
+        return resolved == os.devnull or any(resolved == root or resolved.startswith(root + os.sep)
+                                             for root in roots)
 
     def deny(what):
         raise PermissionError(f"sandbox: {what} is not permitted")
@@ -206,23 +411,36 @@ def _install_guard(workdir):
     def hook(event, args):
         if event.startswith("socket."):
             deny("network access")
+        if event.startswith("sqlite3.connect"):
+            deny("sqlite3")
         if event == "open":
             path, mode, flags = args
+            if path is None or isinstance(path, int):
+                return
             writing = (mode is not None and any(c in mode for c in "wax+")) or bool(flags & WRITE_FLAGS)
-            if path is not None and writing and not inside(path):
+            if writing and not inside(path):
                 deny(f"writing {path!r} outside the working directory")
-        elif event in PATH_EVENTS and not inside(args[0]):
-            deny(f"{event} on {args[0]!r} outside the working directory")
-        elif event in TWO_PATH_EVENTS and not (inside(args[0]) and inside(args[1])):
-            deny(f"{event} outside the working directory")
-        elif event == "os.symlink" and not inside(args[1]):
+            if mode is None and not inside(path) and os.path.isdir(path):  # os.open, whose dir_fd is unseen
+                deny(f"opening the directory {path!r} outside the working directory")
+        elif event in PATH_EVENTS:
+            at = PATH_EVENTS[event]
+            if not inside(args[0], args[at] if at is not None and len(args) > at else None):
+                deny(f"{event} on {args[0]!r} outside the working directory")
+        elif event in TWO_PATH_EVENTS:
+            if not (inside(args[0], args[2]) and inside(args[1], args[3])):
+                deny(f"{event} outside the working directory")
+        elif event == "os.symlink" and not inside(args[1], args[2]):
             deny(f"creating a link at {args[1]!r} outside the working directory")
 
     sys.addaudithook(hook)
 
 
 def _run_cell(source, index, namespace):
-    """Run one cell like a notebook: print the repr of a trailing expression. Return False on error."""
+    """Run one cell like a notebook: print the repr of a trailing expression. Return False on error.
+
+    ``sys.exit(code)`` ends this cell only: ``None`` and 0 count as success, anything else (256 too) as
+    an error, with a string code printed to stderr as Python would.
+    """
     filename = f"<cell {index}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     try:
@@ -236,8 +454,10 @@ def _run_cell(source, index, namespace):
             if value is not None:
                 print(repr(value))
         return True
-    except SystemExit:
-        raise
+    except SystemExit as stop:
+        if stop.code is not None and not isinstance(stop.code, int):
+            sys.stderr.write(f"{stop.code}\n")
+        return stop.code is None or stop.code == 0
     except BaseException as error:  # the model's code may raise anything; report it like Python would
         report = traceback.TracebackException.from_exception(error)
         report.stack = traceback.StackSummary.from_list(
@@ -264,52 +484,47 @@ def _run_cells(request):
     return 0 if ok else 1
 
 
-def _grandchild(request, report_fd, isolation):
-    limits = request["limits"]
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    drop = request["drop_to"]
-    _set_limits(limits, drop[0] if drop else os.getuid())
-    if drop:
-        _drop_privileges(*drop)
-        isolation.append("unprivileged-user")
-    os.chdir(request["workdir"])
-    sys.dont_write_bytecode = True
-    _install_guard(request["workdir"])
-    isolation += ["rlimits", "audit-hook"]
-    os.write(report_fd, json.dumps({"isolation": isolation}).encode())
-    os.close(report_fd)
-    return _run_cells(request)
+def _worker(request, report_fd, isolation):
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        drop = request["drop_to"]
+        _set_limits(request["limits"], request["processes"] if drop else _processes_of(os.getuid()))
+        if drop:
+            _drop_privileges(*drop)
+            isolation.append("unprivileged-user")
+        os.chdir(request["workdir"])
+        _kernel_filters(request, isolation)
+        sys.dont_write_bytecode = True
+        install_guard(request["workdir"], *_private_tmp(isolation))
+        isolation += ["rlimits", "audit-hook"]
+        os.write(report_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
+        os.set_inheritable(report_fd, False)
+        code = _run_cells(request)
+        os.write(report_fd, b"finished\n")
+    except SystemExit as stop:  # namespaces='require' and a layer failed
+        code = stop.code if isinstance(stop.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main():
     request = json.loads(sys.stdin.buffer.read())
     report_fd = request["report_fd"]
-    isolation = _enter_namespaces(request["namespaces"], expose=request["drop_to"] is not None)
+    # The sandbox user's processes system-wide, counted before a private /proc hides them.
+    request["processes"] = _processes_of(request["drop_to"][0]) if request["drop_to"] else 0
+    isolation = _enter_namespaces(request)
     child = os.fork()
     if child:  # B: wait for C
         os.close(report_fd)
         return _exit_code(os.waitpid(child, 0)[1])
-    # C: reaper, PID 1 of the new namespace when namespaces are on
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    worker = os.fork()
-    if worker == 0:  # G
-        try:
-            code = _grandchild(request, report_fd, isolation)
-        except SystemExit as stop:
-            if isinstance(stop.code, str):
-                sys.stderr.write(stop.code + "\n")
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    os.close(report_fd)
-    while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == worker:
-            return _exit_code(status)
+    try:
+        code = _reaper(request, report_fd, isolation)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -7,40 +7,29 @@ caller: limits, crashes and timeouts all become results.
 
 What is enforced, and where
 ---------------------------
-Kernel (cannot be lifted from inside, because the code runs without privileges to raise hard limits):
+The tools README's security model lists each guarantee with the test that checks it, for root and for
+non-root callers; ``_sandbox_child.py`` describes the process tree. In short:
 
-- ``RLIMIT_CPU`` = ``cpu_seconds`` (SIGXCPU, then SIGKILL one second later), ``RLIMIT_AS`` =
-  ``memory_bytes`` (allocations fail with MemoryError), ``RLIMIT_FSIZE`` = ``max_file_bytes``,
-  ``RLIMIT_NOFILE`` = ``max_open_files``, ``RLIMIT_CORE`` = 0, all with soft = hard.
-- ``RLIMIT_NPROC`` = (processes the sandbox user already has) + ``max_processes``. Linux counts this limit
-  per user and ignores it for root, so when the caller is root the code runs as the unprivileged
-  ``sandbox_uid``/``sandbox_gid`` (default nobody); sandboxes running at the same time share that count.
-  As that user the code can write only to its working directory and to world-writable directories.
-- New network namespace (no interface but a loopback that is down: no network at all, not even to the
-  host's loopback) and new PID namespace whose init is the sandbox's own reaper: when a run ends, every
-  process it started is killed, including ones that left the process group. When the caller is not root
-  a user namespace is created as well; if the kernel refuses namespaces, ``namespaces="auto"`` carries on
-  without them (reported in :attr:`SandboxResult.isolation`) and ``"require"`` fails the run.
-- New mount namespace. When the code will run as the sandbox user, every directory on the way to the
-  interpreter's ``sys.path`` that others may not traverse (``/root`` when Python lives there) is
-  covered with an empty tmpfs into which only the interpreter's directories are bind-mounted back:
-  the code can import the standard library and the installed packages and sees nothing else there.
-  Without namespaces this is impossible, and such an interpreter can then import only the modules it
-  had loaded before dropping privileges.
-
-Parent (this module):
-
-- Wall-clock timeout: the whole process group is killed with SIGKILL at ``wall_seconds``.
-- Output: the first ``max_output_bytes`` of stdout and of stderr are kept; the rest is read and dropped,
-  so a flood of output cannot exhaust the caller's memory.
-- Environment: a minimal fixed environment (no inherited variables, so no secrets and no PYTHONPATH),
-  ``PYTHONHASHSEED`` and ``random`` seeded with ``seed``; the working directory is deleted afterwards.
-
-Interpreter (an audit hook installed before the code runs; hooks cannot be removed):
-
-- Creating any socket raises PermissionError; opening a file for writing, or removing, renaming,
-  linking or changing a path outside the working directory raises PermissionError. The hook sees
-  Python-level operations only; native code and subprocesses are contained by the kernel layers above.
+- Kernel namespaces (``namespaces="auto"`` or ``"require"``): new network namespace (no network, not
+  even the host's loopback), PID namespace whose init reaps and kills everything the code started and
+  whose own ``/proc`` hides the host's processes, mount namespace in which every mount is read-only except
+  fresh size-limited tmpfs file systems on the working directory, ``/tmp``, ``/var/tmp`` and
+  ``/dev/shm`` (private to the call, gone when it ends), and, for a non-root caller, an unprivileged user
+  namespace (its capabilities are dropped before the code runs). With ``"auto"`` a kernel that refuses
+  any of this costs one :class:`IsolationWarning` naming what is missing; with ``"require"``
+  :class:`PythonSession` raises :class:`SandboxUnavailableError` when it is created.
+- Kernel filters, with or without namespaces: resource limits (soft = hard) on CPU time, address space,
+  file size, open files, core files and processes; ``no_new_privs``; a seccomp filter refusing
+  ``socket(2)`` (every family, so the host's pathname Unix sockets too), ``ptrace(2)``,
+  ``process_vm_readv/writev`` and io_uring; a Landlock domain where the kernel has it (ABI >= 6):
+  writes only beneath the working directory and the private temporary directories, no signals or
+  ptrace to processes outside the run, no TCP. A root caller runs the code as ``sandbox_uid``.
+- Parent (this module): wall-clock timeout (SIGKILL to the process group), output cap, a minimal fixed
+  environment, a throwaway working directory.
+- Interpreter: an audit hook (cannot be removed) refuses sockets, ``sqlite3`` connections, and file
+  writes, removals, renames, links and mode changes outside the working directory (``dir_fd`` and
+  file-descriptor forms included). It is a second line for Python-level calls; native code and
+  subprocesses are held by the kernel layers.
 """
 
 from __future__ import annotations
@@ -55,11 +44,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _NAMESPACE_MODES = ("auto", "require", "off")
+_REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
+                     "private-tmp", "private-proc", "seccomp")
+
+
+class IsolationWarning(RuntimeWarning):
+    """The kernel refused part of the configured isolation (``namespaces="auto"`` carried on)."""
+
+
+class SandboxUnavailableError(RuntimeError):
+    """``namespaces="require"`` and the kernel refused part of the isolation."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,11 @@ class SandboxLimits:
     """User the code runs as when the caller is root."""
     sandbox_gid: int = 65534
     """Group the code runs as when the caller is root."""
+    scratch_bytes: int = 64 << 20
+    """Size of each private tmpfs (working directory, ``/tmp``, ``/var/tmp``, ``/dev/shm``)."""
     namespaces: str = "auto"
-    """``"auto"`` (use network and PID namespaces when the kernel allows), ``"require"`` or ``"off"``."""
+    """``"require"`` (fail when the kernel refuses a namespace layer: what a real training run should
+    set), ``"auto"`` (carry on without, with one :class:`IsolationWarning`) or ``"off"``."""
     seed: int = 0
     """Seed of ``random`` and of ``PYTHONHASHSEED``, so that replayed cells recompute the same state."""
 
@@ -99,6 +102,7 @@ class SandboxLimits:
             "max_file_bytes",
             "max_open_files",
             "max_output_bytes",
+            "scratch_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -133,6 +137,10 @@ class SandboxResult:
     """Output bytes dropped beyond ``max_output_bytes`` (both streams together)."""
     isolation: tuple[str, ...] = field(default_factory=tuple)
     """Isolation layers the child confirmed before running the code."""
+    missing: tuple[str, ...] = field(default_factory=tuple)
+    """Why configured layers are absent (``"unshare: Operation not permitted"``); empty when none are."""
+    finished: bool = False
+    """The last cell returned (False when a limit or the code itself, e.g. ``os._exit``, ended the run)."""
 
     @property
     def ok(self) -> bool:
@@ -175,12 +183,14 @@ class PythonSession:
     earlier cells silently (same seed, same working directory contents recreated) and then runs the new
     one, so :meth:`snapshot` is a tuple copy and :meth:`restore` is exact for code whose result depends
     only on the seeded ``random`` module, ``PYTHONHASHSEED`` and its own inputs (not on the clock or
-    ``os.urandom``). Limits apply to the whole replay. A cell that raised stays in the history (as in a
-    notebook, its effects up to the error persist); a cell stopped by a limit or timeout is dropped, and
-    the session continues from the state before it.
+    ``os.urandom``). Limits apply to the whole replay. A cell that raised or called ``sys.exit`` stays in
+    the history (as in a notebook, its effects up to that point persist); a cell stopped by a limit or
+    timeout, or one that ended the interpreter itself (``os._exit``), is dropped, and the session
+    continues from the state before it.
     """
 
     def __init__(self, *, limits: SandboxLimits = SandboxLimits()):
+        check_isolation(limits)
         self.limits = limits
         self._cells: tuple[str, ...] = ()
 
@@ -193,7 +203,7 @@ class PythonSession:
         if not isinstance(code, str):
             raise TypeError(f"`code` must be a str, got {type(code).__name__}")
         result = _run_cells(self._cells + (code,), replay=len(self._cells), limits=self.limits)
-        if result.status in ("ok", "error"):
+        if result.status in ("ok", "error") and result.finished:
             self._cells += (code,)
         return result
 
@@ -206,6 +216,49 @@ class PythonSession:
         if not isinstance(snapshot, tuple) or not all(isinstance(cell, str) for cell in snapshot):
             raise ValueError("`snapshot` must be a tuple of code strings from PythonSession.snapshot()")
         self._cells = snapshot
+
+
+def expected_layers(limits: SandboxLimits) -> tuple[str, ...]:
+    """The isolation layers ``limits`` asks for, for this caller (user namespace when not root)."""
+    if limits.namespaces == "off":
+        return ()
+    return (("user-namespace",) if os.geteuid() != 0 else ()) + _REQUIRED_LAYERS
+
+
+_CHECKED: dict[tuple, tuple[str, ...]] = {}
+_WARNED: set[tuple[str, ...]] = set()
+
+
+def check_isolation(limits: SandboxLimits = SandboxLimits()) -> tuple[str, ...]:
+    """Start one sandbox (once per process and setting) and return the isolation layers it obtained.
+
+    Raises :class:`SandboxUnavailableError` when ``limits.namespaces == "require"`` and a layer is
+    missing, so that a training run on a host without them fails at start-up; with ``"auto"`` the
+    missing layers are reported once by an :class:`IsolationWarning`.
+    """
+    key = (limits.namespaces, os.geteuid(), limits.sandbox_uid, limits.sandbox_gid)
+    if limits.namespaces == "off":
+        return ()
+    if key not in _CHECKED:
+        result = _run_cells(("pass",), replay=0, limits=limits)
+        if result.status != "ok":
+            raise SandboxUnavailableError(f"the Python sandbox cannot start: {result.stderr.strip()}")
+        _CHECKED[key] = result.isolation
+    return _CHECKED[key]
+
+
+def _report_missing(limits: SandboxLimits, isolation: tuple[str, ...], missing: tuple[str, ...]) -> None:
+    absent = tuple(layer for layer in expected_layers(limits) if layer not in isolation)
+    if not absent or absent in _WARNED:
+        return
+    _WARNED.add(absent)
+    warnings.warn(
+        f"sandbox isolation is degraded: the kernel refused {', '.join(absent)} ({'; '.join(missing)}); "
+        f"model-written code runs with only {', '.join(isolation)}. Set the sandbox's "
+        "namespaces='require' to fail instead.",
+        IsolationWarning,
+        stacklevel=4,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -257,7 +310,12 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
     stdout, stderr, report = (
         streams[key].decode("utf-8", "replace") for key in ("stdout", "stderr", "report")
     )
-    isolation = tuple(json.loads(report)["isolation"]) if report else ()
+    header, _, rest = report.partition("\n")
+    layers = json.loads(header)["isolation"] if header else []
+    isolation = tuple(layer for layer in layers if not layer.startswith("missing: "))
+    missing = tuple(layer.removeprefix("missing: ") for layer in layers if layer.startswith("missing: "))
+    if report:
+        _report_missing(limits, isolation, missing)
     status = _classify(exit_code, stderr, timed_out, started=bool(report))
     return SandboxResult(
         status=status,
@@ -267,6 +325,8 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
         wall_seconds=time.monotonic() - start,
         truncated_bytes=dropped,
         isolation=isolation,
+        missing=missing,
+        finished="finished" in rest.split(),
     )
 
 

@@ -1,0 +1,372 @@
+"""Attacks on the sandbox from the code it runs, for a root caller and for an ordinary user (uid 1000).
+
+Each scenario runs in a separate caller process (``sandbox_caller.run_as_caller``) that owns files in its
+home directory, listens on sockets and then checks what the sandboxed code managed to do. Scenarios
+with ``deny_unshare`` run on a kernel that refuses namespaces (a seccomp filter in the caller makes
+``unshare(2)`` fail), the degraded host that ``namespaces="auto"`` must report.
+"""
+
+import ctypes
+
+import pytest
+
+from tests.tools.sandbox_caller import run_as_caller
+
+CALLERS = {"root": 0, "user": 1000}
+
+PRELUDE = """
+import os, socket, sys, warnings
+from trace_train.tools.sandbox import (IsolationWarning, PythonSession, SandboxLimits,
+                                       SandboxUnavailableError, run_python)
+with open(HOME + "/victim.txt", "w") as f:
+    f.write("mine")
+with open(HOME + "/other.txt", "w") as f:
+    f.write("mine too")
+
+def sandboxed(code, **limits):
+    r = run_python(code, limits=SandboxLimits(**limits))
+    result.update(status=r.status, stdout=r.stdout, stderr=r.stderr, isolation=r.isolation,
+                  missing=r.missing)
+    return r
+
+def reached(server):  # whether anything connected to the listening server (1 s timeout) during the call
+    try:
+        server.accept()
+        return True
+    except socket.timeout:
+        return False
+
+def caller_files():
+    result["victim"] = open(HOME + "/victim.txt").read()
+    result["other"] = os.path.exists(HOME + "/other.txt")
+"""
+
+
+def _run(scenario, caller, *, deny_unshare=False):
+    result = run_as_caller(PRELUDE + scenario, uid=CALLERS[caller], deny_unshare=deny_unshare)
+    if "skip" in result:
+        pytest.skip(result["skip"])
+    if not deny_unshare and result.get("missing"):
+        pytest.skip(f"this kernel refuses part of the isolation: {result['missing']}")
+    return result
+
+
+def _landlock_abi():
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint(1))  # ..._VERSION
+
+
+def _needs_landlock():
+    if _landlock_abi() < 6:
+        pytest.skip("without namespaces only Landlock ABI >= 6 (Linux >= 6.12) keeps a user's files and "
+                    "processes from code running as that user; this kernel lacks it")
+
+
+NATIVE_WRITES = """
+sandboxed(f'''
+import os
+print(os.system("echo pwned > {HOME}/victim.txt; rm -f {HOME}/other.txt"))
+try:
+    import ctypes
+except ImportError:  # root without namespaces: nobody cannot read the standard library under /root
+    print("-1 no ctypes")
+    print("-1 no ctypes")
+else:
+    libc = ctypes.CDLL(None, use_errno=True)
+    print(libc.open(b"{HOME}/victim.txt", os.O_WRONLY | os.O_TRUNC), ctypes.get_errno())
+    print(libc.unlink(b"{HOME}/other.txt"), ctypes.get_errno())
+print(open("{HOME}/victim.txt").read())
+''', namespaces=MODE)
+caller_files()
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_subprocess_and_ctypes_cannot_touch_the_callers_files(caller):
+    result = _run("MODE = 'require'" + NATIVE_WRITES, caller)
+    assert result["victim"] == "mine" and result["other"], result
+    assert result["status"] == "ok", result["stderr"]
+    lines = result["stdout"].splitlines()
+    assert lines[0] != "0" and lines[1].startswith("-1 ") and lines[2].startswith("-1 ")
+    assert lines[3] == "mine", "the caller's files stay readable"
+    assert "read-only-filesystem" in result["isolation"]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_without_namespaces_native_code_cannot_touch_the_callers_files(caller):
+    if caller == "user":
+        _needs_landlock()
+    result = _run("MODE = 'auto'" + NATIVE_WRITES, caller, deny_unshare=True)
+    assert result["victim"] == "mine" and result["other"], result
+    assert result["stdout"].splitlines()[0] != "0"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_concurrent_calls_cannot_reach_each_others_working_directories(caller):
+    scenario = """
+import threading, time
+first = threading.Thread(target=run_python, args=(
+    "import os, time\\nopen('secret.txt', 'w').write('first')\\nos.makedirs('/tmp/first-was-here')\\n"
+    "time.sleep(4)",), kwargs={"limits": SandboxLimits(namespaces="require", wall_seconds=20)})
+first.start()
+time.sleep(1.5)
+sandboxed('''
+import glob, os
+found = [p for p in glob.glob("/tmp/*/*") + glob.glob("/tmp/*") if "first" in p or "secret" in p]
+print(found, os.listdir("/tmp"))
+''', namespaces="require")
+first.join()
+"""
+    result = _run(scenario, caller)
+    assert result["status"] == "ok", result["stderr"]
+    found, listing = result["stdout"].split("] ")
+    assert found == "[", f"the second call saw the first one's files: {found}]"
+    assert listing.strip().count("trace-sandbox-") == 1, "only its own working directory is in /tmp"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_temporary_directories_are_private_and_size_limited(caller):
+    scenario = """
+import uuid
+name = "trace-leak-" + uuid.uuid4().hex
+sandboxed(f'''
+import subprocess
+for d in ("/tmp", "/var/tmp", "/dev/shm"):
+    print(subprocess.run(["sh", "-c", f"head -c 1000000 /dev/zero > {{d}}/{name}"]).returncode, end=" ")
+print(subprocess.run(["sh", "-c", "head -c 8000000 /dev/zero > /dev/shm/big"]).returncode)
+''', namespaces="require", scratch_bytes=4 << 20)
+result["left"] = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(f"{d}/{name}")]
+"""
+    result = _run(scenario, caller)
+    assert result["status"] == "ok", result["stderr"]
+    assert result["stdout"].split()[:3] == ["0", "0", "0"], "its own /tmp, /var/tmp, /dev/shm are writable"
+    assert result["stdout"].split()[3] != "0" and "No space left" in result["stderr"]
+    assert result["left"] == [], "nothing is left in the host's temporary directories"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_host_processes_are_invisible_in_proc(caller):
+    scenario = """
+sandboxed('''
+import os
+lines = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        lines.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\\\0", b" ").decode())
+    except OSError:
+        pass
+print(len(lines), any("sandbox_caller" in line for line in lines))
+''', namespaces="require")
+"""
+    result = _run(scenario, caller)
+    assert result["status"] == "ok", result["stderr"]
+    count, caller_seen = result["stdout"].split()
+    assert caller_seen == "False" and int(count) <= 3  # the reaper, the worker and at most one more
+
+
+UNIX_SOCKET = """
+server = socket.socket(socket.AF_UNIX)
+server.bind(HOME + "/agent.sock")
+os.chmod(HOME + "/agent.sock", 0o777)
+server.listen(1)
+server.settimeout(1.0)
+snippet = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({HOME + '/agent.sock'!r}); "
+           "print('connected')")
+sandboxed(f'''
+import subprocess, sys
+r = subprocess.run([sys.executable, "-c", {snippet!r}], capture_output=True, text=True)
+print(r.stdout.strip() or r.stderr.strip().splitlines()[-1])
+''', namespaces=MODE)
+result["reached"] = reached(server)
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_host_unix_sockets_are_unreachable(caller):
+    result = _run("MODE = 'require'" + UNIX_SOCKET, caller)
+    assert result["reached"] is False, result["stdout"]
+    assert "connected" not in result["stdout"] and "Operation not permitted" in result["stdout"]
+
+
+def test_host_unix_sockets_are_unreachable_without_namespaces():
+    result = _run("MODE = 'auto'" + UNIX_SOCKET, "user", deny_unshare=True)
+    assert result["reached"] is False and "connected" not in result["stdout"], result["stdout"]
+
+
+LOOPBACK = """
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(1)
+server.settimeout(1.0)
+port = server.getsockname()[1]
+sandboxed(f"import os\\nos.system(\\"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected'\\")",
+          namespaces=MODE)
+result["reached"] = reached(server)
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("deny_unshare", [False, True], ids=["namespaces", "no-namespaces"])
+def test_host_loopback_is_unreachable(caller, deny_unshare):
+    mode = "auto" if deny_unshare else "require"
+    result = _run(f"MODE = {mode!r}" + LOOPBACK, caller, deny_unshare=deny_unshare)
+    assert result["reached"] is False and "connected" not in result["stdout"], result
+
+
+KILL_CALLER = """
+sandboxed(f"import os\\nos.system('kill -9 {CALLER_PID}')\\nprint('sent')", namespaces=MODE)
+result["survived"] = True
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("deny_unshare", [False, True], ids=["namespaces", "no-namespaces"])
+def test_code_cannot_kill_its_caller(caller, deny_unshare):
+    mode = "auto" if deny_unshare else "require"
+    if deny_unshare and caller == "user":
+        _needs_landlock()
+    result = _run(f"MODE = {mode!r}" + KILL_CALLER, caller, deny_unshare=deny_unshare)  # raises if killed
+    assert result["survived"] and result["stdout"] == "sent\n"
+
+
+DAEMON = """
+import time
+marker = f"{time.time() % 1000:.6f}"
+sandboxed(f'''
+import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/bin/sleep", ["sleep", "{marker}"])
+    os._exit(0)
+os.wait()
+print("daemon started", flush=True)
+if {TIME_OUT}:
+    import time
+    time.sleep(60)
+''', namespaces=MODE, wall_seconds=4 if TIME_OUT else 10)
+time.sleep(0.3)
+left = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+            left.append(pid)
+    except OSError:
+        pass
+result["left"] = left
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("deny_unshare", [False, True], ids=["namespaces", "no-namespaces"])
+@pytest.mark.parametrize("time_out", [False, True], ids=["returns", "times-out"])
+def test_no_process_outlives_the_call(caller, deny_unshare, time_out):
+    mode = "auto" if deny_unshare else "require"
+    result = _run(f"MODE = {mode!r}\nTIME_OUT = {time_out}" + DAEMON, caller, deny_unshare=deny_unshare)
+    assert result["stdout"] == "daemon started\n", result["stderr"]
+    assert result["left"] == [], "a daemonised process survived the call"
+
+
+def test_a_users_capabilities_are_dropped_and_its_process_count_limited():
+    scenario = """
+sandboxed('''
+import ctypes, os
+print([line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0])
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())
+children = 0
+try:
+    for _ in range(50):
+        if os.fork() == 0:
+            import time; time.sleep(30)
+        children += 1
+except OSError as e:
+    print("stopped after", children, type(e).__name__)
+''', namespaces="require", max_processes=5, wall_seconds=10)
+"""
+    result = _run(scenario, "user")
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "0000000000000000", result["stderr"]
+    assert lines[1] == "-1 1", "mount(2) fails with EPERM"
+    assert lines[2].startswith("stopped after") and int(lines[2].split()[2]) <= 4
+
+
+PYTHON_WRITE_PATHS = {
+    "sqlite3": "import sqlite3\nc = sqlite3.connect('{HOME}/db')\nc.execute('create table t(x)')\nc.commit()",
+    "sqlite3-attach": "import sqlite3\nsqlite3.connect(':memory:').execute(\"attach '{HOME}/db' as d\")",
+    "os.open-dir_fd": "import os\nfd = os.open('{HOME}', os.O_RDONLY)\n"
+                      "os.write(os.open('victim.txt', os.O_WRONLY | os.O_TRUNC, dir_fd=fd), b'pwned')",
+    "os.rename-dst_dir_fd": "import ctypes, os\nfd = ctypes.CDLL(None).open(b'{HOME}', os.O_RDONLY)\n"
+                            "os.rename('victim.txt', 'db', src_dir_fd=fd, dst_dir_fd=fd)",
+}
+
+
+@pytest.mark.parametrize("attack", PYTHON_WRITE_PATHS)
+def test_the_audit_hook_sees_python_write_paths(attack):
+    """The hook itself refuses these (before the kernel layers would): its message is in the error."""
+    code = PYTHON_WRITE_PATHS[attack]
+    result = _run(f"sandboxed({code!r}.format(HOME=HOME), namespaces='require')\ncaller_files()\n"
+                  "result['db'] = os.path.exists(HOME + '/db')", "user")
+    assert result["status"] == "error"
+    assert "PermissionError: sandbox: " in result["stderr"], result["stderr"]
+    assert result["victim"] == "mine" and not result["db"]
+
+
+DEGRADED = """
+from trace_train.envs.registry import make_env_factory
+import yaml
+from trace_train.config import PRESET_DIR
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    first = sandboxed("print(1 + 1)", namespaces="auto")
+    sandboxed("print(2 + 2)", namespaces="auto")
+result["warnings"] = [str(w.message) for w in caught if issubclass(w.category, IsolationWarning)]
+result["first"] = first.stdout
+try:
+    PythonSession(limits=SandboxLimits(namespaces="require"))
+except SandboxUnavailableError as error:
+    result["require"] = str(error)
+preset = yaml.safe_load(open(PRESET_DIR / "math_qwen3_8b.yaml"))
+try:
+    make_env_factory("math_python", preset["task"]["env"])
+except SandboxUnavailableError as error:
+    result["preset"] = str(error)
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_degraded_isolation_is_reported_once_and_require_fails_at_start_up(caller):
+    result = _run(DEGRADED, caller, deny_unshare=True)
+    assert result["first"] == "2\n" or caller == "root"
+    assert len(result["warnings"]) == 1, result["warnings"]
+    warning = result["warnings"][0]
+    assert "network-namespace" in warning and "mount-namespace" in warning
+    assert "Operation not permitted" in warning
+    assert ("user-namespace" in warning) == (caller == "user")
+    assert "namespaces='require'" in result["require"] and "Operation not permitted" in result["require"]
+    assert "namespaces='require'" in result["preset"]
+
+
+def test_resource_limits_hold_for_a_user_caller():
+    scenario = """
+statuses = [
+    run_python("while True:\\n    pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=30)).status,
+    run_python("b = []\\nwhile True:\\n    b.append(bytearray(50 << 20))",
+               limits=SandboxLimits(memory_bytes=512 << 20)).status,
+    run_python("open('big', 'wb').write(b'0' * (2 << 20))",
+               limits=SandboxLimits(max_file_bytes=1 << 20)).status,
+    run_python("import time\\ntime.sleep(60)", limits=SandboxLimits(wall_seconds=1.5)).status,
+]
+sandboxed('''
+import resource
+try:
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("raised")
+except (ValueError, OSError):
+    print("refused")
+''', namespaces="require")
+result["statuses"] = statuses
+"""
+    result = _run(scenario, "user")
+    assert result["statuses"] == ["cpu_limit", "memory_limit", "file_size_limit", "timeout"]
+    assert result["stdout"] == "refused\n"
