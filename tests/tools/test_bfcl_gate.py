@@ -88,7 +88,8 @@ def checker_evals(monkeypatch):
     def spy(source, *rest):
         seen.append(source)
         frame = sys._getframe(1)
-        if source != bfcl.REFUSED_CALL and not _is_prefixed_method_call(source, frame.f_locals):
+        refused = source == getattr(bfcl, "REFUSED_CALL", None)
+        if not refused and not _is_prefixed_method_call(source, frame.f_locals):
             violations.append(source)
             raise RuntimeError("refused by the test")
         return builtins.eval(source, frame.f_globals, frame.f_locals)
@@ -131,11 +132,11 @@ def test_a_models_call_of_a_builtin_never_reaches_the_checkers_eval(name, argume
     env = BfclEnv()
     env.reset({"id": FILES})
     result = env.step(tool_call("pwd") + tool_call(name, **_fill(arguments, victim)))
-    assert result.observation.count("Error during execution") == 1
     while not env.snapshot().finished:
         env.step("No more calls.")
     assert env.verify() == 0.0
     assert violations == [] and bfcl.REFUSED_CALL in seen
+    assert result.observation.count("Error during execution") == 1
     assert env.snapshot().backend.calls[0] == (("pwd()", bfcl.REFUSED_CALL),)
 
 
@@ -145,13 +146,13 @@ def test_a_call_string_that_is_not_a_method_applied_to_literals_is_recorded_refu
     seen, violations = checker_evals
     task = TASKS[FILES]
     call = attack.replace("{victim}", str(victim))
+    calls = [[[call]]] + [[] for _ in task.ground_truth[1:]]  # the raw string, straight to check_bfcl
+    assert not check_bfcl(task, calls).valid
+    assert violations == [] and seen
     backend = BfclBackend(task)
     [observation] = backend.execute([call])
     assert observation.startswith("Error during execution")
     assert backend.calls == [[[bfcl.REFUSED_CALL]]]
-    calls = [[[call]]] + [[] for _ in task.ground_truth[1:]]  # the raw string, straight to check_bfcl
-    assert not check_bfcl(task, calls).valid
-    assert violations == [] and seen
 
 
 def test_open_for_writing_from_a_tool_call_leaves_the_trainers_file_intact(victim):
