@@ -96,11 +96,14 @@ def _parse_block(body: str) -> ToolCall | MalformedToolCall:
         return MalformedToolCall(raw, f"Error: {name!r} is not a valid function name.")
     if isinstance(arguments, str):
         try:
-            arguments = bounded_json.loads(arguments, max_depth=bounded_json.MAX_DEPTH - 1)
-        except ValueError:
-            return MalformedToolCall(raw, f'Error: the "arguments" of {name} are not a JSON object.')
+            arguments = bounded_json.loads(arguments)
+        except ValueError as error:
+            return MalformedToolCall(raw, f'Error: the "arguments" of {name} are not a JSON object: {error}.')
     if not isinstance(arguments, dict):
         return MalformedToolCall(raw, f'Error: the "arguments" of {name} must be a JSON object.')
+    if bounded_json.depth(arguments) >= bounded_json.MAX_DEPTH:  # the call object adds one level
+        return MalformedToolCall(raw, f"Error: the tool call is not valid JSON: JSON nested deeper than "
+                                      f"{bounded_json.MAX_DEPTH} levels.")
     bad = [key for key in arguments if not _is_identifier(key)]
     if bad:
         return MalformedToolCall(raw, f"Error: {bad[0]!r} is not a valid argument name for {name}.")
