@@ -28,7 +28,8 @@ def _attacks(name: str) -> dict[str, str]:
             '"x"', "[" * DEEP + "]" * DEEP),
         "nested argument string": json.dumps({"name": tool, "arguments": "[" * DEEP + "]" * DEEP}),
         "nested object": '{"a": ' * DEEP + "1" + "}" * DEEP,
-        "33 levels": json.dumps({"name": tool, "arguments": {argument: "x"}}).replace('"x"', "[" * 31 + "]" * 31),
+        "33 levels": json.dumps({"name": tool, "arguments": {argument: "x"}}).replace(
+            '"x"', "[" * 31 + "]" * 31),
         "huge integer": json.dumps({"name": tool, "arguments": {argument: "x"}}).replace('"x"', "7" * 5000),
     }
 
@@ -42,7 +43,8 @@ def test_hostile_json_in_a_tool_call_is_an_observation(name, factories):
         assert result.invalid and not result.done, (name, attack)
         assert "Error: the tool call is not valid JSON" in result.observation or (
             "are not a JSON object" in result.observation), (name, attack)
-        assert ("digits" if attack == "huge integer" else "nested deeper") in result.observation, (name, attack)
+        reason = "digits" if attack == "huge integer" else "nested deeper"
+        assert reason in result.observation, (name, attack)
 
 
 @pytest.mark.parametrize("name", list(ROWS))

@@ -196,11 +196,13 @@ def _variants(task):
     truth = [[list(turn)] if turn else [] for turn in task.ground_truth]
     first = next(t for t, turn in enumerate(task.ground_truth) if turn)
     node = ast.parse(task.ground_truth[first][0], mode="eval").body
-    spaced = [[[c.replace("=", " = ").replace("(", "( ", 1) for c in step] for step in turn] for turn in truth]
+    spaced = [[[c.replace("=", " = ").replace("(", "( ", 1) for c in step] for step in turn]
+              for turn in truth]
     dropped = [[list(step) for step in turn] for turn in truth]
     dropped[first][0] = dropped[first][0][1:] or [f"{node.func.id}()"]
     extra = [[list(step) for step in turn] for turn in truth]
-    extra[first][0].insert(0, "pwd()" if "GorillaFileSystem" in task.involved_classes else "get_current_time()")
+    reader = "pwd()" if "GorillaFileSystem" in task.involved_classes else "get_current_time()"
+    extra[first][0].insert(0, reader)
     keyword = [[list(step) for step in turn] for turn in truth]
     keyword[first][0][0] = f"{node.func.id}(no_such_keyword='x')"
     wrong = [[list(step) for step in turn] for turn in truth]

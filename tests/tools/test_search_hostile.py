@@ -134,9 +134,9 @@ def test_a_trickling_server_cannot_hold_a_request_past_its_deadline():
 
 def test_chunked_and_interim_answers_and_the_passage_cap():
     body = _answer({"id": "7", "contents": '"Title"\n' + "é" * 10_000})
-    chunked = b"HTTP/1.1 100 Continue\r\n\r\n" + _response(
-        b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:100], body[100:])) + b"0\r\n\r\n",
-        "HTTP/1.1 200 OK", "Transfer-Encoding: chunked")
+    chunks = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:100], body[100:]))
+    chunked = b"HTTP/1.1 100 Continue\r\n\r\n" + _response(chunks + b"0\r\n\r\n", "HTTP/1.1 200 OK",
+                                                             "Transfer-Encoding: chunked")
     with scripted_server([chunked]) as (url, _):
         observation = SearchTool(HttpRetriever(url, timeout=5), max_passage_bytes=1000)("q")
     assert observation.startswith('Doc 1(Title: "Title") éé') and observation.endswith("é [truncated]")

@@ -360,7 +360,8 @@ def check_bfcl(task: BfclTask, calls: Sequence[Sequence[Sequence[str]]]) -> Bfcl
             f"of the ground truth turns ({len(task.ground_truth)}).",
         )
     methods = _task_methods(task.involved_classes)
-    decoded = [[[admit_call(call, methods).record for call in step] for step in turn if step] for turn in calls]
+    decoded = [[[admit_call(call, methods).record for call in step] for step in turn if step]
+               for turn in calls]
     entry = {
         "id": task.id,
         "initial_config": copy.deepcopy(task.initial_config),

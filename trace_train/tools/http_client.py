@@ -151,7 +151,8 @@ class _Reader:
         if not self.buffer:
             raise HttpFailure("retrieval server closed the connection without answering")
         if not self.buffer.startswith(b"HTTP/"[: len(self.buffer)]):
-            raise HttpFailure(f"retrieval server did not answer in HTTP (it sent {bytes(self.buffer[:32])!r})")
+            start = bytes(self.buffer[:32])
+            raise HttpFailure(f"retrieval server did not answer in HTTP (it sent {start!r})")
         lines = self.until(b"\r\n\r\n", MAX_HEAD_BYTES, "response headers").split(b"\r\n")
         status = _STATUS.fullmatch(lines[0])
         if status is None:

@@ -85,7 +85,7 @@ class _RetrieveHandler(BaseHTTPRequestHandler):
         except TimeoutError:
             body = b""
         if len(body) < int(declared):
-            return self._send(400, {"error": f"the request body is shorter than its Content-Length ({declared})"})
+            return self._send(400, {"error": f"the body is shorter than its Content-Length ({declared})"})
         try:
             queries, topk, scores = _validate(bounded_json.loads(body), self.default_topk)
         except ValueError as error:

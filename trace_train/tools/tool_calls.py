@@ -60,9 +60,8 @@ def parse_tool_calls(text: str) -> list[ToolCall | MalformedToolCall]:
         _parse_block(text[start + len(_OPEN) : end - len(_CLOSE)]) for start, end in spans
     ]
     if unclosed is not None:
-        calls.append(
-            MalformedToolCall(text[unclosed:], "Error: <tool_call> was opened but never closed with </tool_call>.")
-        )
+        error = "Error: <tool_call> was opened but never closed with </tool_call>."
+        calls.append(MalformedToolCall(text[unclosed:], error))
     return calls
 
 
