@@ -60,6 +60,8 @@ RAW_ATTACKS = [  # call strings given to the back end directly
     "cd(folder=1j)",
     "cd(folder=b'x')",
     "cd(folder=" + "[" * 60 + "]" * 60 + ")",
+    "cd(folder=" + "[" * 100_000 + "]" * 100_000 + ")",
+    "cd(folder=" + "-" * 100_000 + "1)",
     "cd(folder='a')\nopen('{victim}', 'w')",
     "cd(folder='a'); open('{victim}', 'w')",
     "cd(folder='a', folder='b')",

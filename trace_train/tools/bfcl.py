@@ -267,8 +267,8 @@ def admit_call(call: Any, methods: Collection[str]) -> AdmittedCall | RefusedCal
         return RefusedCall(f"Error during execution: Function call {head} is not allowed.")
     try:
         node = ast.parse(call.strip(), "<string>", mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        return RefusedCall(f"Error during execution: {error}")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:  # BFCL shows str(error)
+        return RefusedCall(f"Error during execution: {str(error) or type(error).__name__}")
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         return RefusedCall("Error during execution: a call must have the form name(arguments), "
                            "with name one of the documented functions")
