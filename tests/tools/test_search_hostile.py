@@ -132,6 +132,14 @@ def test_a_trickling_server_cannot_hold_a_request_past_its_deadline():
     assert len(sent) < len(answer) // 4
 
 
+def test_a_server_sending_more_passages_than_asked_shows_topk():
+    many = json.dumps({"result": [[{"document": {"id": str(i), "contents": f'"T{i}"\nx'}, "score": 1.0}
+                                   for i in range(500)]]}).encode()
+    with scripted_server([_response(many)]) as (url, _):
+        observation = SearchTool(HttpRetriever(url, timeout=5), topk=3)("q")
+    assert observation.splitlines() == [f'Doc {i + 1}(Title: "T{i}") x' for i in range(3)]
+
+
 def test_chunked_and_interim_answers_and_the_passage_cap():
     body = _answer({"id": "7", "contents": '"Title"\n' + "é" * 10_000})
     chunks = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:100], body[100:]))

@@ -163,8 +163,8 @@ class HttpRetriever:
 class SearchTool:
     """The search tool of an episode: one query in, one observation string out, never raises.
 
-    Each passage shown is cut to ``max_passage_bytes`` of UTF-8 (Search-R1's wiki-18 passages are about
-    700 bytes, so the default cuts only what a misbehaving back end sends).
+    At most ``topk`` passages are shown, each cut to ``max_passage_bytes`` of UTF-8 (Search-R1's wiki-18
+    passages are about 700 bytes, so the default cuts only what a misbehaving back end sends).
     """
 
     def __init__(self, retriever: Retriever, *, topk: int = 3, max_passage_bytes: int = 4096):
@@ -182,6 +182,7 @@ class SearchTool:
             [hits] = self.retriever.search([query.strip()], topk=self.topk)
         except RetrieverError as error:
             return f"Error: search failed: {error}."
+        hits = hits[: self.topk]  # a server may send more than asked
         return format_hits(hits, max_passage_bytes=self.max_passage_bytes) if hits else "No results found."
 
 
