@@ -6,6 +6,7 @@ import sys
 
 MODULES = ["trace_train.tools.sandbox", "trace_train.tools.search", "trace_train.tools.retrieval_server",
            "trace_train.tools.tool_calls", "trace_train.tools.bfcl", "trace_train.tools.budget",
+           "trace_train.tools.bounded_json", "trace_train.tools.http_client",
            "trace_train.verifiers.answers", "trace_train.verifiers.math", "trace_train.verifiers.qa",
            "trace_train.data.loading", "trace_train.data.math", "trace_train.data.qa"]
 

@@ -176,7 +176,7 @@ class _Garbage(BaseHTTPRequestHandler):
     [
         (b"not json", "invalid JSON"),
         (b'{"result": []}', '"result" with 1 lists'),
-        (b'{"result": [[{"document": {"contents": "x"}, "score": 1}]]}', "malformed retrieval result"),
+        (b'{"result": [[{"document": {"contents": "x"}, "score": 1}]]}', "sent a malformed result"),
     ],
 )
 def test_malformed_server_answers_become_errors(body, message):

@@ -1,5 +1,6 @@
 """Answer extraction, math-verify checking, and the QA metrics."""
 
+import re
 import threading
 import time
 
@@ -150,3 +151,41 @@ def test_qa_inputs_are_validated():
         exact_match("x", [])
     with pytest.raises(ValueError, match=r"`threshold` must be in \(0, 1\], got 0"):
         f1_match("x", "x", threshold=0)
+
+
+# ---------------------------------------------------- adversarial responses: same answers, linear time
+
+_LAZY_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{|\\boxed +([^\s$]+)")
+
+
+def _obvious_boxed(text):
+    """The old quadratic reading: from each box, count braces to the end of the text."""
+    found = None
+    for match in _BOX_START.finditer(text):
+        if match.group(1) is not None:
+            found = match.group(1)
+            continue
+        depth = 1
+        for position in range(match.end(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            if depth == 0:
+                found = text[match.end():position]
+                break
+    return None if found is None else found.strip()
+
+
+@given(st.lists(st.sampled_from(["\\boxed{", "\\boxed ", "\\fbox {", "{", "}", "x", " ", "$", "<answer>",
+                                 "</answer>", "\n"]), max_size=16).map("".join))
+def test_answer_extraction_equals_the_obvious_reading(text):
+    matches = _LAZY_TAG.findall(text)
+    assert extract_answer_tag(text) == (matches[-1].strip() if matches else None)
+    assert extract_boxed(text) == _obvious_boxed(text)
+
+
+def test_unclosed_tags_and_boxes_by_the_thousand():
+    """100k characters of unclosed tags and boxes (the old readers took about 30 s on each)."""
+    assert extract_answer_tag("<answer>" * 12_500 + "</answer> <answer>7</answer>") == "7"
+    assert extract_answer_tag("<answer>" * 12_500) is None
+    assert extract_boxed("\\boxed{" * 14_000 + "\\boxed{5}") == "5"
+    assert extract_math_answer("\\boxed{" * 14_000) is None

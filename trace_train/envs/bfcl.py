@@ -17,10 +17,12 @@ Prompts, as BFCL's ``QwenFCHandler`` builds them (the prompting loop, which BFCL
 Steps. Each action (visible text, reasoning dropped) with ``<tool_call>`` blocks is one step of the
 current turn: the well-formed calls run in order on the task's live API instances (``BfclBackend``, with
 BFCL's execution semantics and error strings; a call to a function not yet documented runs as it would
-in BFCL) and malformed blocks get an error result (``invalid``); the results are one observation of role
-``observation_role``. An action without tool calls ends the turn: the next turn's user message is the
-observation (role "user"), or, after the last turn, the episode ends. A turn that takes more than
-``max_steps_per_turn`` tool-call steps ends the episode, as BFCL force-quits (default: BFCL's limit, 20).
+in BFCL; a call of anything but an API method with literal arguments is refused and recorded as a failed
+call, ``tools.bfcl.admit_call``) and malformed blocks get an error result (``invalid``); the results are
+one observation of role ``observation_role``. An action without tool calls ends the turn: the next
+turn's user message is the observation (role "user"), or, after the last turn, the episode ends. A turn
+that takes more than ``max_steps_per_turn`` tool-call steps ends the episode, as BFCL force-quits
+(default: BFCL's limit, 20).
 
 :meth:`BfclEnv.verify` is the official ``multi_turn_checker``'s verdict on the calls made
 (``tools.bfcl.check_bfcl``): 1.0 when valid. An episode that stops before its last turn (step limit,

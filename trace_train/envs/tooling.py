@@ -22,19 +22,18 @@ the template (``tools=``) when the template uses them.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 from ..chat import ChatFormat
 from ..tools.budget import BUDGET_EXHAUSTED, ToolCallBudget
-from ..tools.tool_calls import MalformedToolCall, parse_tool_calls
+from ..tools.tool_calls import MalformedToolCall, parse_tool_calls, tag_spans
 
 __all__ = ["OBSERVATION_ROLES", "check_observation_role", "visible_text", "function_schema",
            "format_tool_results", "qwen3_tools_block", "observation_role_for", "template_accepts_tools",
            "chat_format", "run_tool_calls"]
 
 OBSERVATION_ROLES = ("tool", "user")
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _RESPONSE_SEPARATOR = "\n</tool_response>\n<tool_response>\n"
 _PROBE_TEXT = "\x00TRACE-PROBE\x00"
 
@@ -51,12 +50,14 @@ def visible_text(action: str) -> str:
 
     Complete ``<think>...</think>`` blocks are removed; text before a ``</think>`` without an opening tag
     is reasoning opened by the generation prompt (as some Qwen3 templates do) and is dropped; an unclosed
-    ``<think>`` drops the rest of the turn.
+    ``<think>`` drops the rest of the turn. Linear in the length of ``action`` (``tag_spans``).
     """
-    text = _THINK.sub("", action)
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    return text.split("<think>", 1)[0]
+    spans, _ = tag_spans(action, _THINK_OPEN, _THINK_CLOSE)
+    starts, ends = [start for start, _ in spans] + [None], [0] + [end for _, end in spans]
+    text = "".join(action[end:start] for end, start in zip(ends, starts))
+    if _THINK_CLOSE in text:
+        text = text.rsplit(_THINK_CLOSE, 1)[1]
+    return text.split(_THINK_OPEN, 1)[0]
 
 
 def function_schema(name: str, description: str, parameters: Mapping[str, Mapping[str, Any]],

@@ -21,6 +21,18 @@ Semantics mirrored from BFCL's inference loop:
   strings, same refused names) but without ``eval``: a call string must be ``name(literal, key=literal)``.
 - :func:`check_bfcl` runs the official ``multi_turn_checker`` on the calls the back end recorded.
 
+The checker ``eval``s every call string in the trainer's process (in ``multi_turn_utils``' namespace,
+after prefixing each API method name with its instance), so a model that calls ``open`` or ``input``
+would write files or hang the trainer. :func:`admit_call` is the one gate: a call reaches the checker
+(and the record) only as the canonical string ``method(repr(literal), ..., key=repr(literal), ...)``,
+built by this module from values it parsed, where ``method`` is a public method of the task's API
+instances (the names the checker prefixes, so no name resolves to a builtin or a module global) and the
+literals are strings, finite numbers, booleans, None, and lists, tuples and dicts of them, nested at most
+``bounded_json.MAX_DEPTH`` levels. Anything else is recorded as :data:`REFUSED_CALL`, which is not
+Python: the checker's ``eval`` fails on it with a SyntaxError before anything runs, so it counts as a
+failed call. A legitimate call string evaluates to the same call before and after canonicalisation, so
+the official verdict on legitimate calls is unchanged (tests compare with the raw checker).
+
 The paper's 80/20 train/test split is stored in ``bfcl_split.json`` (see :func:`make_bfcl_split`).
 """
 
@@ -31,8 +43,9 @@ import copy
 import importlib
 import inspect
 import json
+import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -52,12 +65,16 @@ from bfcl_eval.constants.executable_backend_config import (
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
+from . import bounded_json
+
 SUBSETS = ("base", "long_context", "miss_func", "miss_param")
 ADDED_FUNCTIONS_PROMPT = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 MAX_STEPS_PER_TURN = MAXIMUM_STEP_LIMIT
 SPLIT_FILE = Path(__file__).with_name("bfcl_split.json")
 # Names BFCL refuses to execute (multi_turn_utils.execute_multi_turn_func_call).
 _REFUSED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
+REFUSED_CALL = "!refused-call"
+"""Recorded in place of a call that may not reach the checker (see the module docstring)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,9 +185,10 @@ class BfclBackend:
         """Run one step's calls in order; return one result string per call (errors included)."""
         if isinstance(call_strings, str) or not all(isinstance(c, str) for c in call_strings):
             raise ValueError("`call_strings` must be a sequence of str")
-        self._calls[-1].append(list(call_strings))
         methods = _method_owners(self._instances)
-        return [self._execute_one(call, methods) for call in call_strings]
+        admitted = [admit_call(call, methods) for call in call_strings]
+        self._calls[-1].append([call.record for call in admitted])
+        return [self._execute_one(call, methods) for call in admitted]
 
     def next_turn(self) -> None:
         """Close the current turn; later calls belong to the next one."""
@@ -196,26 +214,117 @@ class BfclBackend:
         self._instances = copy.deepcopy(snapshot.instances)
         self._calls = [[list(step) for step in turn] for turn in snapshot.calls]
 
-    def _execute_one(self, call: str, methods: dict[str, str]) -> str:
-        head = call.split("(")[0] if "(" in call else call
-        head = head.split(".")[1] if "." in head else head
-        if head in _REFUSED:
-            return f"Error during execution: Function call {head} is not allowed."
-        try:
-            name, args, kwargs = _parse_call(call)
-            if name not in methods:
-                raise NameError(f"name '{name}' is not defined")
-            result = getattr(self._instances[methods[name]], name)(*args, **kwargs)
-        except Exception as error:  # BFCL turns every failure into this observation
+    def _execute_one(self, call: AdmittedCall | RefusedCall, methods: dict[str, str]) -> str:
+        if isinstance(call, RefusedCall):
+            return call.error
+        try:  # BFCL turns every failure, of the call or of formatting its result, into this observation
+            result = getattr(self._instances[methods[call.name]], call.name)(*call.args, **dict(call.kwargs))
+            return _format_result(result)
+        except Exception as error:
             return f"Error during execution: {error}"
-        if type(result) is str:
-            return result
-        if type(result) is dict:
-            try:
-                return json.dumps(result)
-            except (TypeError, ValueError):
-                return str(result)
-        return str(result)
+
+
+# ---------------------------------------------------------------------------------------- the gate
+
+
+@dataclass(frozen=True)
+class AdmittedCall:
+    """A call of an API method with literal arguments; ``record`` is the only form the checker sees."""
+
+    name: str
+    args: tuple
+    kwargs: tuple[tuple[str, Any], ...]
+
+    @property
+    def record(self) -> str:
+        """``name(repr(arg), ..., key=repr(value), ...)``: BFCL's own ``convert_to_function_call`` layout."""
+        parts = [repr(arg) for arg in self.args] + [f"{key}={value!r}" for key, value in self.kwargs]
+        return f"{self.name}({','.join(parts)})"
+
+
+@dataclass(frozen=True)
+class RefusedCall:
+    """A call that does not run; ``error`` is its observation (BFCL's wording where BFCL has one)."""
+
+    error: str
+    record: str = REFUSED_CALL
+
+
+def admit_call(call: Any, methods: Collection[str]) -> AdmittedCall | RefusedCall:
+    """The gate between a call string and both the API instances and the checker's ``eval``.
+
+    Admitted: ``name(literal, ..., key=literal, ...)`` with ``name`` in ``methods`` (the public methods
+    of the task's instances), no ``*``/``**``, no repeated keyword, and every argument a literal
+    string, finite int or float, bool, None, or a list, tuple or dict of literals nested at most
+    ``bounded_json.MAX_DEPTH`` levels. Everything else is refused, with the error BFCL would show for
+    BFCL's refused names, syntax errors and unknown names, and a plain explanation otherwise.
+    """
+    if not isinstance(call, str):
+        return RefusedCall(f"Error during execution: a call must be a string, got {type(call).__name__}")
+    head = call.split("(")[0] if "(" in call else call
+    head = head.split(".")[1] if "." in head else head  # BFCL's refusal check, as BFCL does it
+    if head in _REFUSED:
+        return RefusedCall(f"Error during execution: Function call {head} is not allowed.")
+    try:
+        node = ast.parse(call.strip(), "<string>", mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:  # BFCL shows str(error)
+        return RefusedCall(f"Error during execution: {str(error) or type(error).__name__}")
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return RefusedCall("Error during execution: a call must have the form name(arguments), "
+                           "with name one of the documented functions")
+    name = node.func.id
+    if name not in methods:
+        return RefusedCall(f"Error during execution: name '{name}' is not defined")
+    keys = [keyword.arg for keyword in node.keywords]
+    if any(isinstance(arg, ast.Starred) for arg in node.args) or None in keys:
+        return RefusedCall(f"Error during execution: the arguments of {name} cannot use * or **")
+    if len(set(keys)) < len(keys):
+        repeated = next(key for key in keys if keys.count(key) > 1)
+        return RefusedCall(f"Error during execution: keyword argument repeated: {repeated}")
+    try:
+        args = tuple(_literal(arg) for arg in node.args)
+        kwargs = tuple((keyword.arg, _literal(keyword.value)) for keyword in node.keywords)
+    except ValueError:
+        return RefusedCall(f"Error during execution: the arguments of {name} must be literals: strings, "
+                           f"finite numbers, booleans, None, and lists, tuples or dicts of these")
+    return AdmittedCall(name, args, kwargs)
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value of a literal argument node, or a ValueError (see :func:`admit_call`)."""
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise ValueError("not a literal") from None
+    if not _is_plain(value, 0):
+        raise ValueError("not a plain literal")
+    return value
+
+
+def _is_plain(value: Any, depth: int) -> bool:
+    if depth > bounded_json.MAX_DEPTH:
+        return False
+    if value is None or type(value) in (str, bool, int):
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) in (list, tuple):
+        return all(_is_plain(item, depth + 1) for item in value)
+    if type(value) is dict:
+        return all(_is_plain(k, depth + 1) and _is_plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _format_result(result: Any) -> str:
+    """BFCL's rendering of a method's result: a str as is, a dict as JSON if it can be, else ``str``."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
 
 
 # ---------------------------------------------------------------------------------------- checker
@@ -238,8 +347,10 @@ def check_bfcl(task: BfclTask, calls: Sequence[Sequence[Sequence[str]]]) -> Bfcl
     """Judge a whole episode with BFCL's ``multi_turn_checker``, as its evaluation runner does.
 
     ``calls`` is :attr:`BfclBackend.calls`: turns, steps, call strings. An episode with fewer turns than
-    the task is "force terminated", as in BFCL; empty steps are dropped, as the runner drops them. The
-    checker replays everything on fresh instances; the instances it creates are removed afterwards.
+    the task is "force terminated", as in BFCL; empty steps are dropped, as the runner drops them. Every
+    call string passes :func:`admit_call` first (the ground truth, from ``bfcl-eval``'s data, does not
+    need to). The checker replays everything on fresh instances; the instances it creates are removed
+    afterwards.
     """
     if len(calls) != len(task.ground_truth):
         return BfclVerdict(
@@ -248,7 +359,9 @@ def check_bfcl(task: BfclTask, calls: Sequence[Sequence[Sequence[str]]]) -> Bfcl
             f"The length of the model result turns ({len(calls)}) does not match the length "
             f"of the ground truth turns ({len(task.ground_truth)}).",
         )
-    decoded = [[list(step) for step in turn if step] for turn in calls]
+    methods = _task_methods(task.involved_classes)
+    decoded = [[[admit_call(call, methods).record for call in step] for step in turn if step]
+               for turn in calls]
     entry = {
         "id": task.id,
         "initial_config": copy.deepcopy(task.initial_config),
@@ -351,16 +464,14 @@ def _method_owners(instances: dict[str, Any]) -> dict[str, str]:
     return owners
 
 
-def _parse_call(call: str) -> tuple[str, list, dict]:
-    """``name(literal, key=literal)`` -> (name, args, kwargs); anything else raises."""
-    node = ast.parse(call.strip(), "<string>", mode="eval").body
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise ValueError(f"{call!r} is not a function call of the form name(arguments)")
-    if any(isinstance(arg, ast.Starred) for arg in node.args) or any(kw.arg is None for kw in node.keywords):
-        raise ValueError(f"{call!r} uses * or ** arguments, which are not supported")
-    args = [ast.literal_eval(arg) for arg in node.args]
-    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-    return node.func.id, args, kwargs
+@cache
+def _task_methods(involved_classes: tuple[str, ...]) -> frozenset[str]:
+    """The method names the checker prefixes with an instance for these classes (its own predicate)."""
+    instances = {
+        name: getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
+        for name in involved_classes
+    }
+    return frozenset(_method_owners(instances))
 
 
 def _forget_checker_instances(model_name: str) -> None:

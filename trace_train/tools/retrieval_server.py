@@ -3,7 +3,12 @@
 Serves ``POST /retrieve`` exactly as Search-R1's ``retrieval_server.py`` does (see ``search`` for the
 protocol), so a model trained against it can later be pointed at a dense Wikipedia retriever unchanged.
 Each returned document is ``{"id", "contents", "title", "text"}``. A missing or null ``topk`` means the
-server's default. Bad requests get HTTP 400 with ``{"error": message}``; other paths get 404.
+server's default. Bad requests get HTTP 400 with ``{"error": message}`` (a missing, non-numeric or
+oversized ``Content-Length``, a body shorter than announced or not sent within ``request_timeout``
+seconds, invalid UTF-8 or JSON, nesting deeper than ``bounded_json.MAX_DEPTH``, wrong fields); a request
+line or headers that ``http.server`` cannot parse get its own 400, 414 or 431; other paths get 404; a
+retriever that fails gets 500. Nothing a client sends prints a traceback: an error the handler did not
+foresee is logged as one line.
 
 Run it on a corpus (JSONL with id/title/text or id/contents)::
 
@@ -14,29 +19,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from trace_train.tools import bounded_json
 from trace_train.tools.search import BM25Retriever, Retriever
 
 MAX_REQUEST_BYTES = 1 << 20
 
 
 def make_server(
-    retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3
+    retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3,
+    request_timeout: float = 30.0,
 ) -> ThreadingHTTPServer:
-    """A server bound to ``host:port`` (port 0 picks a free one: see ``server.server_address``)."""
+    """A server bound to ``host:port`` (port 0 picks a free one: see ``server.server_address``).
+
+    ``request_timeout`` bounds each socket read of a connection, so a client that stops sending frees
+    its thread.
+    """
     if not isinstance(default_topk, int) or isinstance(default_topk, bool) or default_topk < 1:
         raise ValueError(f"`default_topk` must be a positive integer, got {default_topk!r}")
+    timeout = request_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"`request_timeout` must be a positive number of seconds, got {request_timeout!r}")
 
     class Handler(_RetrieveHandler):
         pass
 
-    Handler.retriever, Handler.default_topk = retriever, default_topk
-    server = ThreadingHTTPServer((host, port), Handler)
+    Handler.retriever, Handler.default_topk, Handler.timeout = retriever, default_topk, request_timeout
+    server = _Server((host, port), Handler)
     server.daemon_threads = True
     return server
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """One line on stderr instead of ``socketserver``'s traceback."""
+        error = sys.exc_info()[1]
+        print(f"retrieval server: request from {client_address[0]} failed: {type(error).__name__}: {error}",
+              file=sys.stderr, flush=True)
 
 
 def serve_in_background(server: ThreadingHTTPServer) -> threading.Thread:
@@ -53,15 +76,24 @@ class _RetrieveHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         if self.path.rstrip("/") != "/retrieve":
             return self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve"})
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 < length <= MAX_REQUEST_BYTES:
-            return self._send(400, {"error": f"request body must be 1 to {MAX_REQUEST_BYTES} bytes"})
+        declared = (self.headers.get("Content-Length") or "").strip()
+        if not declared.isascii() or not declared.isdigit() or not 0 < int(declared) <= MAX_REQUEST_BYTES:
+            return self._send(400, {"error": f"Content-Length must be a number of bytes from 1 to "
+                                             f"{MAX_REQUEST_BYTES}, got {declared[:32]!r}"})
         try:
-            request = json.loads(self.rfile.read(length))
-            queries, topk, scores = _validate(request, self.default_topk)
-        except (json.JSONDecodeError, ValueError) as error:
+            body = self.rfile.read(int(declared))
+        except TimeoutError:
+            body = b""
+        if len(body) < int(declared):
+            return self._send(400, {"error": f"the body is shorter than its Content-Length ({declared})"})
+        try:
+            queries, topk, scores = _validate(bounded_json.loads(body), self.default_topk)
+        except ValueError as error:
             return self._send(400, {"error": str(error)})
-        ranked = self.retriever.search(queries, topk=topk)
+        try:
+            ranked = self.retriever.search(queries, topk=topk)
+        except Exception as error:  # the retriever's failure is the server's, reported, never a traceback
+            return self._send(500, {"error": f"retrieval failed: {type(error).__name__}: {error}"})
         result = [[_entry(hit, scores) for hit in hits] for hits in ranked]
         return self._send(200, {"result": result})
 
@@ -78,6 +110,8 @@ class _RetrieveHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        if status != 200:  # the request may not have been read to its end
+            self.close_connection = True
 
 
 def _validate(request, default_topk: int) -> tuple[list[str], int, bool]:

@@ -17,14 +17,16 @@ itself). ``retrieval_server`` serves a local corpus with it.
 from __future__ import annotations
 
 import json
+import math
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import bm25s
+
+from . import bounded_json
+from .http_client import Endpoint, HttpFailure, post_json
 
 
 @dataclass(frozen=True)
@@ -122,40 +124,56 @@ class BM25Retriever:
 
 
 class HttpRetriever:
-    """Client of a Search-R1 retrieval server (``url`` ends in ``/retrieve``)."""
+    """Client of a Search-R1 retrieval server (``url`` ends in ``/retrieve``); see :mod:`.http_client`.
 
-    def __init__(self, url: str, *, timeout: float = 10.0):
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"`url` must be an http(s) URL, got {url!r}")
-        if not timeout > 0:
-            raise ValueError(f"`timeout` must be positive, got {timeout!r}")
-        self.url, self.timeout = url, timeout
+    Every request has one overall deadline of ``timeout`` seconds (connecting, sending, and reading the
+    whole answer, however slowly the server sends it) and reads at most ``max_response_bytes`` of body.
+    Every failure (connection, timeout, a non-HTTP or malformed answer, an HTTP error status, invalid
+    UTF-8 or JSON, nesting deeper than ``bounded_json.MAX_DEPTH``, an unexpected layout) raises
+    :class:`RetrieverError`, which :class:`SearchTool` shows the model. The client holds no state
+    between requests (one connection per request), so threads may share it.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 10.0, max_response_bytes: int = 4 << 20):
+        self.endpoint = Endpoint.parse(url)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"`timeout` must be a positive number of seconds, got {timeout!r}")
+        cap = max_response_bytes
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"`max_response_bytes` must be a positive integer, got {max_response_bytes!r}")
+        self.url, self.timeout, self.max_response_bytes = url, float(timeout), max_response_bytes
 
     def search(self, queries: Sequence[str], *, topk: int = 3) -> list[list[SearchHit]]:
         queries = _check_queries(queries, topk)
         body = json.dumps({"queries": queries, "topk": topk, "return_scores": True}).encode()
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            raise RetrieverError(f"retrieval server answered HTTP {error.code}") from None
-        except (urllib.error.URLError, OSError) as error:
-            raise RetrieverError(
-                f"retrieval server unreachable ({getattr(error, 'reason', error)})"
-            ) from None
-        except json.JSONDecodeError:
-            raise RetrieverError("retrieval server sent invalid JSON") from None
+            status, answer = post_json(self.endpoint, body, timeout=self.timeout,
+                                       max_body_bytes=self.max_response_bytes)
+        except HttpFailure as error:
+            raise RetrieverError(str(error)) from None
+        if status != 200:
+            raise RetrieverError(f"retrieval server answered HTTP {status}")
+        try:
+            payload = bounded_json.loads(answer)
+        except ValueError as error:
+            raise RetrieverError(f"retrieval server sent {error}") from None
         return _parse_response(payload, len(queries))
 
 
 class SearchTool:
-    """The search tool of an episode: one query in, one observation string out, never raises."""
+    """The search tool of an episode: one query in, one observation string out, never raises.
 
-    def __init__(self, retriever: Retriever, *, topk: int = 3):
+    At most ``topk`` passages are shown, each cut to ``max_passage_bytes`` of UTF-8 (Search-R1's wiki-18
+    passages are about 700 bytes, so the default cuts only what a misbehaving back end sends).
+    """
+
+    def __init__(self, retriever: Retriever, *, topk: int = 3, max_passage_bytes: int = 4096):
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             raise ValueError(f"`topk` must be a positive integer, got {topk!r}")
-        self.retriever, self.topk = retriever, topk
+        cap = max_passage_bytes
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValueError(f"`max_passage_bytes` must be a positive integer, got {max_passage_bytes!r}")
+        self.retriever, self.topk, self.max_passage_bytes = retriever, topk, max_passage_bytes
 
     def __call__(self, query: str) -> str:
         if not isinstance(query, str) or not query.strip():
@@ -164,16 +182,28 @@ class SearchTool:
             [hits] = self.retriever.search([query.strip()], topk=self.topk)
         except RetrieverError as error:
             return f"Error: search failed: {error}."
-        return format_hits(hits) if hits else "No results found."
+        hits = hits[: self.topk]  # a server may send more than asked
+        return format_hits(hits, max_passage_bytes=self.max_passage_bytes) if hits else "No results found."
 
 
-def format_hits(hits: Sequence[SearchHit]) -> str:
-    """Search-R1's rendering: ``Doc i(Title: <first line of contents>) <rest>``, one line per hit."""
+def format_hits(hits: Sequence[SearchHit], *, max_passage_bytes: int | None = None) -> str:
+    """Search-R1's rendering: ``Doc i(Title: <first line of contents>) <rest>``, one line per hit.
+
+    With ``max_passage_bytes``, each hit's contents are cut to that many bytes of UTF-8 (at a character
+    boundary) and marked ``[truncated]``.
+    """
     lines = []
     for number, hit in enumerate(hits, 1):
-        title, _, text = hit.passage.contents.partition("\n")
+        title, _, text = _cut(hit.passage.contents, max_passage_bytes).partition("\n")
         lines.append(f"Doc {number}(Title: {title}) {text}")
     return "\n".join(lines)
+
+
+def _cut(text: str, max_bytes: int | None) -> str:
+    encoded = text.encode("utf-8", errors="replace")
+    if max_bytes is None or len(encoded) <= max_bytes:
+        return text
+    return encoded[:max_bytes].decode("utf-8", errors="ignore") + " [truncated]"
 
 
 def _check_queries(queries: Sequence[str], topk: int) -> list[str]:
@@ -194,4 +224,4 @@ def _parse_response(payload: Any, expected: int) -> list[list[SearchHit]]:
             for ranked in result
         ]
     except (KeyError, TypeError, ValueError) as error:
-        raise RetrieverError(f"malformed retrieval result ({error})") from None
+        raise RetrieverError(f"retrieval server sent a malformed result ({error})") from None
