@@ -127,6 +127,10 @@ class CountEnv:
 
     def restore(self, snapshot):
         self.state = snapshot
+
+
+class EchoEnv(CountEnv):
+    task_spec = None  # no spec: rows are read from task.train / task.eval
 '''
 
 
@@ -136,7 +140,8 @@ def _install_plugin(site: Path) -> None:
     info = site / "count_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: count-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[trace_rl.environments]\ncounting = count_plugin:CountEnv\n")
+    (info / "entry_points.txt").write_text("[trace_rl.environments]\ncounting = count_plugin:CountEnv\n"
+                                           "echo = count_plugin:EchoEnv\n")
 
 
 def test_an_entry_point_registers_an_environment_with_its_task_spec(tmp_path, monkeypatch):
@@ -150,6 +155,12 @@ def test_an_entry_point_registers_an_environment_with_its_task_spec(tmp_path, mo
     assert task.make_env().reset(task.eval_rows[0]) == [{"role": "user", "content": "100"}]
     with pytest.raises(ValueError, match=r"task 'counting' has no row option 'stop'; row options: \['start'\]"):
         TaskConfig(name="counting", rows={"stop": 3})
+    # without a spec, rows come from a local file (here Parquet) through the data loader
+    import pandas as pd
+
+    pd.DataFrame({"word": [f"w{i}" for i in range(10)]}).to_parquet(tmp_path / "rows.parquet")
+    echo = build_task(TaskConfig(name="echo", train=str(tmp_path / "rows.parquet"), eval_size=3), seed=0)
+    assert [r["word"] for r in echo.eval_rows] == ["w0", "w1", "w2"] and len(echo.train_rows) == 7
     # ... and the installed command finds it too
     out = _trace_train("--print-config", "task.name=counting", "task.rows={start: 5}", cwd=tmp_path, pythonpath=[tmp_path])
     assert out.returncode == 0, out.stderr
@@ -161,8 +172,8 @@ def test_unknown_names_list_the_entry_points(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     from trace_train.envs.spec import find_environment
 
-    with pytest.raises(ValueError, match=r"unknown environment 'chess'; known: bfcl, counting, guess_number, "
-                                         r"math_python, search_qa \(or an import path package.module:attribute\)"):
+    with pytest.raises(ValueError, match=r"unknown environment 'chess'; known: bfcl, counting, echo, "
+                                         r"guess_number, math_python, search_qa \(or an import path package.module:attribute\)"):
         find_environment("chess")
 
 
