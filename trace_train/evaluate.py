@@ -42,8 +42,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_theory import get_policy
-
 from .backends.base import Sampling
 from .config import config_from_dict, config_to_dict
 from .engine import RolloutConfig, RolloutEngine
@@ -263,15 +261,6 @@ def _load_backend(config: EvalConfig):
     return HFBackend.from_pretrained(config.model, dtype=dtype, device=device)
 
 
-@dataclass(frozen=True)
-class _KPerTask(RolloutConfig):
-    """Exactly ``group_size`` rollouts for every pool row: GRPO's uniform rule, groups of one allowed."""
-
-    @property
-    def allocation_policy(self):
-        return get_policy("grpo", group_size=self.group_size, min_group=1)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Results
 # ---------------------------------------------------------------------------------------------------
@@ -373,10 +362,10 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     with open(path, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
-            rollouts = _KPerTask(policy="grpo", roots=config.k * len(chunk), continuations_per_root=0,
-                                 group_size=config.k, temperature=config.temperature, top_p=config.top_p,
-                                 limits=config.limits, binary_rewards=factory.binary_rewards,
-                                 seed=config.seed)
+            rollouts = RolloutConfig(policy="grpo", pool_size=len(chunk), roots=config.k * len(chunk),
+                                     continuations_per_root=0, group_size=config.k, min_group=1,
+                                     temperature=config.temperature, top_p=config.top_p, limits=config.limits,
+                                     binary_rewards=factory.binary_rewards, seed=config.seed)
             batch = RolloutEngine(backend, factory, rollouts, chat=chat).rollout(
                 chunk, seed=config.seed * 1_000_003 + position[chunk[0]["id"]])
             for record in _task_records(batch, chunk, factory):
