@@ -95,6 +95,7 @@ def test_import_path_errors_are_one_line(tmp_path):
 
 
 PLUGIN = '''
+from mymodule import MyEnv
 from trace_train.envs.spec import TaskSpec
 
 
@@ -102,40 +103,18 @@ def counting_rows(source, *, split, subset, size, seed, start=0):
     return [{"word": str(start + i)} for i in range(size)]
 
 
-class CountEnv:
+class CountEnv(MyEnv):
     task_spec = TaskSpec(rows=counting_rows, row_options={"start": 0}, data="generated")
-    tools = ()
-
-    def __init__(self):
-        self.state = None
-
-    def reset(self, row):
-        self.state = (row["word"], False)
-        return [{"role": "user", "content": row["word"]}]
-
-    def step(self, action):
-        from trace_train.envs.base import StepResult
-
-        self.state = (self.state[0], self.state[0] in action)
-        return StepResult("", done=True)
-
-    def verify(self):
-        return float(self.state[1])
-
-    def snapshot(self):
-        return self.state
-
-    def restore(self, snapshot):
-        self.state = snapshot
 
 
-class EchoEnv(CountEnv):
-    task_spec = None  # no spec: rows are read from task.train / task.eval
+class EchoEnv(MyEnv):
+    """No task spec: rows are read from task.train / task.eval."""
 '''
 
 
 def _install_plugin(site: Path) -> None:
     """A distribution as pip would leave it: the module and a dist-info with its entry points."""
+    (site / "mymodule.py").write_text(MY_ENV)
     (site / "count_plugin.py").write_text(PLUGIN)
     info = site / "count_plugin-0.1.dist-info"
     info.mkdir()
@@ -152,7 +131,7 @@ def test_an_entry_point_registers_an_environment_with_its_task_spec(tmp_path, mo
 
     task = build_task(TaskConfig(name="counting", rows={"start": 100}, train_size=6, eval_size=2), seed=0)
     assert task.train_rows == [{"word": str(100 + i)} for i in range(6)]
-    assert task.make_env().reset(task.eval_rows[0]) == [{"role": "user", "content": "100"}]
+    assert task.make_env().reset(task.eval_rows[0])[-1] == {"role": "user", "content": "100"}
     with pytest.raises(ValueError, match=r"task 'counting' has no row option 'stop'; row options: \['start'\]"):
         TaskConfig(name="counting", rows={"stop": 3})
     # without a spec, rows come from a local file (here Parquet) through the data loader
