@@ -424,10 +424,15 @@ def cli(argv: Sequence[str] | None = None) -> int:
             default = f" (default: {f.default_factory() if f.default is dataclasses.MISSING else f.default})"
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, required=required,
                             metavar=f.name.upper(), help=f.metadata["help"] + default)
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     args = vars(parser.parse_args(argv))
+    print_config = args.pop("print_config")
     try:
         config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v) for k, v in args.items()
                                                if v is not None})
+        if print_config:
+            print(json.dumps(config_to_dict(config), indent=2))
+            return 0
         summary = main(config)
     except (ValueError, FileNotFoundError) as error:
         print(f"trace-eval: error: {error}", file=sys.stderr)
