@@ -53,6 +53,20 @@ def _bad_arguments(args) -> str | None:
         return f"unknown figure {unknown[0]!r}; known: {', '.join(FIGURES)}"
     if not args.results.is_dir():
         return f"{args.results}: no such results folder; run `trace-sim run all --out {args.results}` first"
+    return _unwritable(args.out or args.results / "figures")
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why figures cannot be written into ``out``, in one line, or None (the folder is then created)."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: is a file, not a folder"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        return f"--out {out}: not writable ({error.strerror or error})"
     return None
 
 

@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         print(f"trace-sim: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("trace-sim: interrupted; rerun the same command to resume (finished units are kept)",
+              file=sys.stderr)
+        return 130
     return 0
 
 

@@ -7,9 +7,11 @@
 * ``summary.json``: claim, measured result, whether the claim held, the headline numbers (keyed by
   policy where policies are compared), details and the runtime.
 
-A folder with ``summary.json`` is finished: rerunning skips it. A folder with only ``config.json`` is
-an interrupted run: its finished units (``units/``) are reused and the rest is run. A folder written
-with another config is never mixed with this one: that is an error.
+A folder with a readable ``summary.json`` is finished: rerunning skips it. A folder with only
+``config.json`` (or a ``summary.json`` that cannot be read, which is then rewritten) is an interrupted
+run: its finished units (``units/``) are reused and the rest is run. A folder written with another
+config is never mixed with this one: that is an error, and so is a ``config.json`` that cannot be read
+(the message names the file and the line).
 """
 
 from __future__ import annotations
@@ -56,6 +58,31 @@ def _write_json(path: Path, data: dict) -> None:
     partial.replace(path)
 
 
+_SUMMARY_KEYS = ("experiment", "claim", "result", "held", "headline")
+
+
+def _read_json_file(path: Path) -> dict:
+    """A JSON object from ``path``; a ValueError naming the file (and line) when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def is_finished(folder: Path) -> bool:
+    """Whether ``folder`` holds a complete run: a readable ``summary.json`` with every key and a table."""
+    try:
+        summary = _read_json_file(folder / "summary.json")
+    except (OSError, ValueError):
+        return False
+    return all(key in summary for key in _SUMMARY_KEYS) and (folder / "results.csv").is_file()
+
+
 def run_experiment(
     name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True
 ) -> tuple[Path, bool]:
@@ -76,10 +103,12 @@ def run_experiment(
     resolved = config_json(config)
     folder = Path(out) / name
     config_path = folder / "config.json"
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a results folder; pass another --out")
     if config_path.exists():
-        if json.loads(config_path.read_text()) != resolved:
+        if _read_json_file(config_path) != resolved:
             raise ValueError(f"{folder} holds a run with a different config; pass another --out or remove it")
-        if (folder / "summary.json").exists():
+        if is_finished(folder):
             return folder, False
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(config_path, resolved)

@@ -13,7 +13,15 @@ A checkpoint is a directory ``<run_dir>/checkpoints/step_<N>/`` holding
 Writes are atomic: everything goes to a temporary sibling directory that is renamed into place, and only
 then is ``latest`` (a one-line text file) replaced, so a crash at any moment leaves the previous
 checkpoint intact and ``latest`` pointing at a complete one. Older checkpoints beyond ``keep`` are
-removed after a successful write.
+removed after a successful write. ``trainer_state.json`` also records each file's size.
+
+Reading is defensive: :func:`load_latest_checkpoint` tries the checkpoint ``latest`` names, then the
+older ones, newest first, and skips (with a warning naming the file) any whose files are missing,
+truncated or cannot be unpickled, e.g. after a disk filled up or a file was damaged. Every error names
+the file it failed on.
+
+Checkpoints are pickles (``torch.load(weights_only=False)`` for the optimiser, extra and random states):
+loading one runs code it contains. Load only checkpoints that you or your own runs wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -30,7 +39,14 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "capture_rng", "restore_rng"]
+__all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_latest_checkpoint",
+           "latest_checkpoint", "capture_rng", "restore_rng"]
+
+_FILES = ("policy.pt", "optimizer.pt", "extra.pt", "rng.pt")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file."""
 
 
 @dataclass
@@ -108,7 +124,9 @@ def save_checkpoint(
             torch.save(dict(optimizer), tmp / "optimizer.pt")
         torch.save(dict(extra or {}), tmp / "extra.pt")
         torch.save(capture_rng(generators), tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "config_fingerprint": config_fingerprint}))
+        sizes = {name: (tmp / name).stat().st_size for name in _FILES if (tmp / name).exists()}
+        (tmp / "trainer_state.json").write_text(
+            json.dumps({"step": step, "config_fingerprint": config_fingerprint, "file_bytes": sizes}))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -135,22 +153,75 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.random.Generator] = {},
                     restore_random_state: bool = True) -> Checkpoint:
-    """Read a checkpoint directory; by default also restore every random state (see :func:`restore_rng`)."""
+    """Read a checkpoint directory; by default also restore every random state (see :func:`restore_rng`).
+
+    Raises :class:`CheckpointError` naming the file when one is missing, truncated (smaller or larger
+    than ``trainer_state.json`` recorded) or cannot be loaded. Random states are restored only after
+    every file has been read.
+    """
     path = Path(path)
     state_file = path / "trainer_state.json"
     if not state_file.exists():
-        raise ValueError(f"{path} is not a checkpoint (no trainer_state.json)")
-    meta = json.loads(state_file.read_text())
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    if restore_random_state:
-        restore_rng(rng, generators)
-    optimizer = torch.load(path / "optimizer.pt", weights_only=False) if (path / "optimizer.pt").exists() else None
-    return Checkpoint(
-        step=int(meta["step"]),
+        raise CheckpointError(f"{path} is not a checkpoint (no trainer_state.json)")
+    try:
+        meta = json.loads(state_file.read_text())
+        step = int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{state_file}: cannot be read ({type(err).__name__}: {err})") from None
+    for name, size in (meta.get("file_bytes") or {}).items():
+        file = path / name
+        actual = file.stat().st_size if file.exists() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual} bytes"
+            raise CheckpointError(f"{file}: {found}, but {size} bytes were written (truncated or damaged)")
+    rng = _load(path / "rng.pt", weights_only=False)
+    optimizer = _load(path / "optimizer.pt", weights_only=False) if (path / "optimizer.pt").exists() else None
+    checkpoint = Checkpoint(
+        step=step,
         path=path,
-        policy=torch.load(path / "policy.pt", weights_only=True),
+        policy=_load(path / "policy.pt", weights_only=True),
         optimizer=optimizer,
-        extra=torch.load(path / "extra.pt", weights_only=False),
+        extra=_load(path / "extra.pt", weights_only=False),
         rng=rng,
         config_fingerprint=meta.get("config_fingerprint"),
     )
+    if restore_random_state:
+        restore_rng(rng, generators)
+    return checkpoint
+
+
+def _load(file: Path, *, weights_only: bool):
+    """``torch.load`` with errors that name the file."""
+    if not file.exists():
+        raise CheckpointError(f"{file}: missing")
+    try:
+        return torch.load(file, weights_only=weights_only, map_location="cpu")
+    except Exception as err:  # torch raises many types here (pickle, zip, EOF, runtime)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise CheckpointError(f"{file}: cannot be loaded ({type(err).__name__}: {first})") from None
+
+
+def load_latest_checkpoint(run_dir: str | os.PathLike, *, generators: Mapping[str, np.random.Generator] = {},
+                           restore_random_state: bool = True) -> Checkpoint | None:
+    """The newest intact checkpoint of ``run_dir``, or None when the run has none.
+
+    Tries the one ``latest`` names first, then every other ``step_*`` directory, newest first; each one
+    that cannot be read is skipped with a warning naming the bad file. Raises :class:`CheckpointError`
+    when checkpoints exist but none is intact.
+    """
+    root = Path(run_dir) / "checkpoints"
+    candidates = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    pointer = root / "latest"
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        candidates = [named] + [p for p in candidates if p != named]
+    problems = []
+    for path in candidates:
+        try:
+            return load_checkpoint(path, generators=generators, restore_random_state=restore_random_state)
+        except CheckpointError as err:
+            problems.append(str(err))
+            warnings.warn(f"skipping checkpoint {path.name}: {err}; trying an older one", stacklevel=2)
+    if problems:
+        raise CheckpointError(f"no intact checkpoint in {root}: " + "; ".join(problems))
+    return None

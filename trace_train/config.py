@@ -44,7 +44,15 @@ def _read_preset(preset: str | Path) -> dict:
         path = PRESET_DIR / f"{preset}.yaml"
     if not path.exists():
         raise ValueError(f"no preset {str(preset)!r}; presets: {', '.join(available_presets())} (or a path to a .yaml file)")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{where}: not valid YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the config file: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset must be a mapping at the top level")
     return data

@@ -48,6 +48,7 @@ from .engine import RolloutConfig, RolloutEngine
 from .envs.base import EpisodeLimits
 from .envs.registry import EnvFactory, make_env_factory
 from .envs.tooling import chat_format, observation_role_for
+from .files import writable_dir
 
 __all__ = ["EvalConfig", "main", "load_tasks", "summarize", "cli"]
 
@@ -57,7 +58,8 @@ DEFAULT_TURNS = {"math": 8, "qa": 8, "bfcl": 40}
 DEFAULT_TOOL_CALLS = {"math": 8, "qa": 4}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESULTS, SUMMARY, CONFIG = "results.jsonl", "summary.json", "config.json"
-_RESUMABLE = ("limit", "batch_size")  # may change between runs into one folder
+_RESUMABLE = ("limit", "batch_size", "output_dir")  # may change between runs into one folder
+_PATHS = ("model", "data", "corpus")  # compared as resolved paths when they name local files
 _DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
 
 
@@ -315,12 +317,29 @@ def summarize(benchmark: str, records: Sequence[dict], *, k: int) -> dict:
             "end_reasons": dict(sorted(end_reasons.items()))}
 
 
+def _comparable(config: dict) -> dict:
+    """A stored or current config with local paths made absolute (``x.jsonl`` equals ``/here/x.jsonl``)."""
+    config = dict(config)
+    for key in _PATHS:
+        value = config.get(key)
+        if isinstance(value, str) and Path(value).expanduser().exists():
+            config[key] = str(Path(value).expanduser().resolve())
+    return config
+
+
 def _check_output(out: Path, config: EvalConfig) -> None:
-    """Refuse a folder written with another config (``limit`` and ``batch_size`` may change)."""
+    """Refuse a folder written with another config (``limit``, ``batch_size`` and the folder's spelling
+    may change)."""
     stored = out / CONFIG
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"`output_dir` {str(out)!r} is a file, not a folder")
     if not stored.exists():
         return
-    previous, current = json.loads(stored.read_text()), config_to_dict(config)
+    try:
+        previous = json.loads(stored.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{stored} cannot be read ({err}); choose another `output_dir` or remove it") from None
+    previous, current = _comparable(previous), _comparable(config_to_dict(config))
     differs = sorted(key for key in set(previous) | set(current)
                      if key not in _RESUMABLE and previous.get(key) != current.get(key))
     if differs:
@@ -336,7 +355,15 @@ def _read_results(path: Path) -> dict[str, dict]:
     complete = text[: text.rfind("\n") + 1]
     if complete != text:
         path.write_text(complete)
-    return {record["id"]: record for record in map(json.loads, complete.splitlines())}
+    records = {}
+    for number, line in enumerate(complete.splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            records[record["id"]] = record
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{path}, line {number}: not a result record ({type(err).__name__}: {err}); "
+                             "remove that line (or the file) and rerun to evaluate those tasks again") from None
+    return records
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -383,7 +410,7 @@ def main(config: EvalConfig) -> dict:
     out = Path(config.output_dir)
     _check_output(out, config)
     rows = load_tasks(config)
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out, "`output_dir`")
     (out / CONFIG).write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
     done = _read_results(out / RESULTS)
     pending = [row for row in rows if row["id"] not in done]

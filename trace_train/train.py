@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -39,9 +38,10 @@ import yaml
 from trace_theory import compute_advantages, node_targets, root_outcomes
 
 from .batch import History, RolloutBatch
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
 from .config import config_to_dict, describe, fingerprint, load_config
 from .configs import TrainConfig
+from .files import writable_dir
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
 from .engine import RolloutEngine
@@ -280,8 +280,10 @@ class Run:
                                extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
                                keep=self.cfg.keep_checkpoints)
 
-    def resume(self, ckpt_path: Path) -> None:
-        ckpt = load_checkpoint(ckpt_path)
+    def resume(self, ckpt: Checkpoint) -> None:
+        if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
+            raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
+                             "(only steps, checkpointing and logging may change)")
         _load_policy_weights(self.policy, ckpt.policy, self.info)
         self.optimizer.load_state_dict(ckpt.optimizer)
         self.predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
@@ -307,8 +309,7 @@ def build_run(cfg: TrainConfig) -> Run:
     info = init_distributed(cfg.device)
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = writable_dir(cfg.run_dir, "`run_dir`")
     _check_or_write_config(cfg, run_dir, info)
 
     task = build_task(cfg.task, seed=cfg.seed)
@@ -341,11 +342,11 @@ def build_run(cfg: TrainConfig) -> Run:
                             world_size=info.world_size)
     run = Run(cfg, info, task, policy, tokenizer, ref, optimizer, backend, engine, eval_engine,
               HashedSuccessPredictor(cfg.predictor), sampler, logger=None)
-    ckpt_path = latest_checkpoint(run_dir)
-    if ckpt_path is not None:
-        run.resume(ckpt_path)
+    ckpt = load_latest_checkpoint(run_dir)
+    if ckpt is not None:
+        run.resume(ckpt)
     if info.is_main:
-        run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt_path else None,
+        run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                    config=config_to_dict(cfg))
     return run
@@ -426,15 +427,39 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
 
 
 def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> None:
-    """Write ``config.yaml``; refuse to resume a run directory whose checkpoint has another fingerprint."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is not None:
-        meta = json.loads((ckpt / "trainer_state.json").read_text())
-        if meta.get("config_fingerprint") != resume_fingerprint(cfg):
-            raise ValueError(f"{run_dir} holds a run with another config (see {run_dir / 'config.yaml'}); "
+    """Refuse a run directory that holds another run's ``config.yaml``; then write ours.
+
+    Another run is one whose resume fingerprint differs (only steps, checkpointing and logging may
+    change), whether or not it wrote a checkpoint: its config and metrics are never overwritten.
+    """
+    stored = run_dir / "config.yaml"
+    if stored.exists():
+        try:
+            previous = load_config(TrainConfig, stored)
+        except ValueError as err:
+            raise ValueError(f"{run_dir} holds a config.yaml that cannot be read as a trace-train config "
+                             f"({err}); use another run_dir") from None
+        if resume_fingerprint(previous) != resume_fingerprint(cfg):
+            differs = _differing_fields(config_to_dict(previous), config_to_dict(cfg))
+            raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
                              "use another run_dir (only steps, checkpointing and logging may change)")
     if info.is_main:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def _differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the leaves where two nested config dicts differ (ignoring run length and sinks)."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        name = prefix + key
+        if not prefix and key in _NOT_IN_FINGERPRINT:
+            continue
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differing_fields(x, y, name + ".")
+        elif x != y:
+            out.append(name)
+    return out
 
 
 def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:

@@ -104,8 +104,18 @@ class Units:
                 partial = path.with_suffix(".partial")
                 fn(key).to_csv(partial, index=False)
                 partial.replace(path)  # atomic: a unit is either finished on disk or absent
-            frames.append(pd.read_csv(path))
+            frames.append(_read_unit(path))
         return pd.concat(frames, ignore_index=True)
+
+
+def _read_unit(path: Path) -> pd.DataFrame:
+    """A saved unit's table; a ValueError naming the file when it cannot be read."""
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path}: cannot read this finished unit ({first}); delete it and rerun "
+                         "to compute it again") from None
 
 
 def _slug(key) -> str:

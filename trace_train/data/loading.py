@@ -1,19 +1,55 @@
 """One entry point for rows of a data set: a Hugging Face data set id or a local file.
 
-``source`` is treated as a local file when it names an existing file or ends in ``.jsonl``, ``.json``
-or ``.parquet``; those are read with ``datasets``' packaged ``json``/``parquet`` builders (so the
-rows look exactly as they would from the Hub). Anything else is a Hub id, loaded with
-``datasets.load_dataset(source, subset, split=split)``. Loading from the Hub needs network access on
-the user's machine; local files do not.
+``source`` is treated as a local file when it names an existing file, ends in a file suffix
+(``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ...) or cannot be a Hub id (it starts with ``/``, ``.``
+or ``~``, or has more than one ``/``); a local file is read with ``datasets``' packaged
+``json``/``parquet`` builders (so the rows look exactly as they would from the Hub). A local path that
+does not exist is an error here; it is never sent to the Hub. Anything else (``name`` or
+``owner/name``) is a Hub id, loaded with ``datasets.load_dataset(source, subset, split=split)``.
+Loading from the Hub needs network access on the user's machine; local files do not.
+
+A local file that is empty, or a JSON Lines file with a line that is not a JSON object, is refused with
+an error that names the file and the line.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_FILE_SUFFIX = re.compile(r"\.(jsonl|json|parquet|csv|tsv|txt|arrow|gz|zip)$", re.IGNORECASE)
+
+
+def is_local_source(source: str | os.PathLike) -> bool:
+    """Whether ``source`` names a local file (existing or not) rather than a Hugging Face Hub id."""
+    text = os.fspath(source)
+    return Path(text).exists() or bool(_FILE_SUFFIX.search(text)) or not _HUB_ID.match(text)
+
+
+def _check_json_lines(path: Path) -> int:
+    """The rows of JSON Lines file ``path``; a ValueError naming its first line that is not a JSON object."""
+    rows = 0
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, RecursionError) as err:
+                    raise ValueError(f"{path}, line {number}: not valid JSON ({err})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}, line {number}: a row must be a JSON object, "
+                                     f"got {type(row).__name__}")
+                rows += 1
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text ({err})") from None
+    return rows
 
 
 def load_rows(
@@ -32,19 +68,31 @@ def load_rows(
 
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise ValueError(f"`limit` must be a non-negative integer or None, got {limit!r}")
-    path = Path(source)
-    if path.suffix in _BUILDERS or path.is_file():
+    path = Path(source).expanduser()
+    if is_local_source(source):
         if not path.is_file():
-            raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-        builder = _BUILDERS.get(path.suffix)
+            what = "is a directory, not a file" if path.is_dir() else "does not exist"
+            raise FileNotFoundError(f"data file {str(path)!r} {what} (a local path is never looked up "
+                                    "on the Hugging Face Hub)")
+        builder = _BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"local data files must end in .jsonl, .json or .parquet, got {str(path)!r}")
-        dataset = datasets.load_dataset(
-            builder,
-            data_files=str(path.resolve()),
-            split="train",
-            cache_dir=None if cache_dir is None else str(cache_dir),
-        )
+        if path.stat().st_size == 0:
+            raise ValueError(f"data file {str(path)!r} is empty")
+        if path.suffix.lower() == ".jsonl" and _check_json_lines(path) == 0:
+            raise ValueError(f"data file {str(path)!r} holds no rows")
+        try:
+            dataset = datasets.load_dataset(
+                builder,
+                data_files=str(path.resolve()),
+                split="train",
+                cache_dir=None if cache_dir is None else str(cache_dir),
+            )
+        except Exception as err:  # datasets wraps parse errors in its own types; name the file
+            raise ValueError(f"data file {str(path)!r} cannot be read: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}") from None
+        if len(dataset) == 0:
+            raise ValueError(f"data file {str(path)!r} holds no rows")
     else:
         dataset = datasets.load_dataset(
             str(source), subset, split=split, cache_dir=None if cache_dir is None else str(cache_dir)

@@ -1,0 +1,95 @@
+"""trace-eval's data and output folders: clear one-line errors, never a Hub lookup for a local path,
+and one results folder whatever its spelling (issue 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from trace_train.data.loading import is_local_source, load_rows
+from trace_train.evaluate import EvalConfig, cli, main
+
+from .conftest import arithmetic_rows
+
+
+@pytest.fixture
+def math_file(tmp_path):
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows(2, seed=5)))
+    return path
+
+
+@pytest.mark.parametrize("source, local", [
+    ("HuggingFaceH4/MATH-500", False), ("gsm8k", False), ("agentica-org/DeepScaleR-Preview-Dataset", False),
+    ("data/train.jsonl", True), ("./problems", True), ("/abs/problems", True), ("~/problems", True),
+    ("a/b/c", True), ("rows.csv", True),
+])
+def test_local_paths_are_told_apart_from_hub_ids(source, local):
+    assert is_local_source(source) is local
+
+
+@pytest.mark.parametrize("source", ["missing.jsonl", "./missing", "some/dir/missing"])
+def test_a_missing_local_file_is_an_error_not_a_hub_lookup(tmp_path, source, monkeypatch):
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail(f"asked datasets for {a}"))
+    with pytest.raises(FileNotFoundError, match="never looked up on the Hugging Face Hub"):
+        load_rows(source)
+
+
+def test_empty_and_corrupt_data_files_name_the_file_and_line(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        load_rows(empty)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no rows"):
+        load_rows(blank)
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": \n')
+    with pytest.raises(ValueError, match=r"corrupt\.jsonl, line 2: not valid JSON"):
+        load_rows(corrupt)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=r"deep\.jsonl, line 1"):
+        load_rows(deep)
+
+
+@pytest.mark.parametrize("problem", ["missing", "empty", "output is a file"])
+def test_trace_eval_reports_bad_paths_in_one_line_before_loading_a_model(tmp_path, capsys, math_file, problem):
+    data, out = str(math_file), tmp_path / "out"
+    if problem == "missing":
+        data = str(tmp_path / "nowhere" / "problems.jsonl")
+    elif problem == "empty":
+        (tmp_path / "empty.jsonl").write_text("")
+        data = str(tmp_path / "empty.jsonl")
+    else:
+        out.write_text("a file")
+    code = cli(["--model", str(tmp_path / "no-model"), "--benchmark", "math", "--data", data,
+                "--output-dir", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert {"missing": "does not exist", "empty": "is empty", "output is a file": "is a file"}[problem] in err
+
+
+def test_a_corrupt_results_line_names_the_file_and_line(tmp_path, math_file):
+    out = tmp_path / "out"
+    config = EvalConfig(model="unused", benchmark="math", data=str(math_file), output_dir=str(out))
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(__import__("trace_train.config", fromlist=["x"]).config_to_dict(config)))
+    (out / "results.jsonl").write_text('{"id": "arith5-0", "samples": []}\nnot json\n')
+    with pytest.raises(ValueError, match=r"results\.jsonl, line 2: not a result record"):
+        main(config)
+
+
+def test_the_same_folder_resumes_by_relative_or_absolute_path(tmp_path, tiny_dir, math_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    common = dict(model=tiny_dir, benchmark="math", k=1, limit=1, max_turns=1, max_turn_tokens=16)
+    first = main(EvalConfig(**common, data="problems.jsonl", output_dir="out"))
+    again = main(EvalConfig(**common, data=str(math_file), output_dir=os.path.join(tmp_path, "out")))
+    assert first["evaluated_now"] == 1 and again["evaluated_now"] == 0
+    assert again["metrics"] == first["metrics"]
