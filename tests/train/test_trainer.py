@@ -66,7 +66,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
 
 def test_a_changed_config_does_not_resume(tmp_path):
     main(small_config(tmp_path, "steps=2"))
-    with pytest.raises(ValueError, match=r"holds a run with another config"):
+    with pytest.raises(ValueError, match=r"holds another run \(its config.yaml differs in optim.lr\)"):
         main(small_config(tmp_path, "steps=2", "optim.lr=0.5"))
 
 
