@@ -397,7 +397,7 @@ def _guarded_policy_update(run: Run, sequences: TrainingSequences, fit: _Predict
     try:
         return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
     except NonFiniteLossError as err:
-        fit.result()  # the checkpoint holds the predictor after this step's fit, as a resumed run expects
+        fit.result()  # never save the predictor mid-fit (as before the fit moved to a thread, it includes it)
         saved = run.checkpoint(step)
         raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at "
                                  f"{saved}. Lower optim.lr or raise optim.grad_clip's strictness.") from None
