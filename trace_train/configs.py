@@ -36,7 +36,7 @@ class TaskConfig:
     registered ones)."""
     train: str | None = None
     """Training rows: a local JSONL/Parquet file or a Hugging Face data set id ("demo" for search_qa, a
-    BFCL split for bfcl); unset for generated rows (guess_number)."""
+    BFCL split for bfcl); unset: generated (guess_number), or the environment's default."""
     eval: str | None = None
     """Held-out rows, in the same forms (unset: the first eval_size training rows, kept out of training)."""
     split: str = "train"
@@ -65,8 +65,9 @@ class TaskConfig:
                              f"row options: {sorted(spec.row_options) or 'none'}")
         if spec.data == "required" and self.train is None:
             raise ValueError(f"task {self.name!r} needs `task.train` (a local JSONL/Parquet file or a data set id)")
-        if spec.data == "generated" and (self.train or self.eval):
-            raise ValueError(f"{self.name} generates its rows: leave `task.train` and `task.eval` unset")
+        if spec.data == "generated" and self.rows and self.train and self.eval:
+            raise ValueError(f"`task.rows` shapes generated rows, but {self.name}'s training and held-out rows "
+                             "both come from `task.train` and `task.eval`: drop `task.rows`")
 
     @property
     def binary_rewards(self) -> bool:

@@ -10,7 +10,7 @@ options (``task.rows``) they take and whether rewards are binary is the environm
 name            rows
 ==============  ===================================================================================
 guess_number    generated: ``task.rows`` = {low, high, max_guesses} (or ``highs``: a list of ranges to
-                mix difficulties); ``train_size`` and ``eval_size``
+                mix difficulties); ``train_size`` and ``eval_size``; or stored rows in ``train`` / ``eval``
 math_python     ``train`` / ``eval``: a Hugging Face data set id or a local JSONL/Parquet file with a
                 problem and an answer (DeepScaleR, AIME, AMC, MATH-500 layouts; ``trace_train.data.math``)
 search_qa       ``train`` / ``eval``: HotpotQA / 2WikiMultiHopQA-style questions (``trace_train.data.qa``)
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .configs import TaskConfig
 from .envs import EnvFactory
-from .envs.spec import build_factory, find_environment
+from .envs.spec import build_factory, find_environment, read_rows
 
 __all__ = ["TaskConfig", "Task", "build_task", "load_rows"]
 
@@ -53,8 +53,10 @@ def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
     if source is None and spec.data != "generated":
         return []  # held-out rows default to the training set's first rows, which training then skips
     split, subset = (cfg.split, cfg.subset) if train else (cfg.eval_split, cfg.eval_subset)
-    return spec.rows(source, split=split, subset=subset, size=cfg.train_size if train else cfg.eval_size,
-                     seed=seed if train else seed + _HELD_OUT_SEED, **{**spec.row_options, **cfg.rows})
+    size, seed = (cfg.train_size, seed) if train else (cfg.eval_size, seed + _HELD_OUT_SEED)
+    if source is not None and spec.data == "generated":  # stored rows instead of generated ones
+        return read_rows(source, split=split, subset=subset, size=size, seed=seed)
+    return spec.rows(source, split=split, subset=subset, size=size, seed=seed, **{**spec.row_options, **cfg.rows})
 
 
 def build_task(cfg: TaskConfig, *, seed: int) -> Task:

@@ -58,12 +58,13 @@ class TaskSpec:
 
     rows: Callable[..., list[dict]] = read_rows
     """``rows(source, *, split, subset, size, seed, **row_options) -> list[dict]``: makes or loads at
-    most ``size`` rows (``source`` is ``task.train`` or ``task.eval``; None for generated rows)."""
+    most ``size`` rows (``source`` is ``task.train`` or ``task.eval``; None when generating them)."""
     row_options: Mapping[str, Any] = field(default_factory=dict)
     """The options ``rows`` takes (``task.rows`` in a config), with their defaults."""
     data: str = "required"
     """"required": ``task.train`` must be given; "optional": ``default_sources`` stand in; "generated":
-    ``rows`` makes the rows and ``task.train`` / ``task.eval`` must stay unset."""
+    ``rows`` makes the rows of each side (training, held-out) whose source is unset, and a side given a
+    file or data set id reads it (rows as stored, ``task.rows`` then does not apply)."""
     default_sources: tuple[str | None, str | None] = (None, None)
     """Training and held-out sources used when the config gives none ("optional" data)."""
     binary_rewards: bool | Callable[[Mapping[str, Any]], bool] = True
