@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 from scipy.special import expit, logit
 
-from trace_theory import VALUE_METHODS, node_targets
+from trace_theory import VALUE_METHODS, node_targets, root_outcomes
 
 from .rollout import SimForest
 
@@ -180,7 +180,7 @@ class LearnedPredictor:
         w = weight[fit]
         gram, moment = _weighted_gram(phi, w), (target[fit] - 0.5) * w @ phi
 
-        roots, m, s = _root_groups(forest)
+        roots, m, s = root_outcomes(forest)
         phi_r = self.features(sim.nodes["signal"][roots], forest.depth[roots])
         v = self._mean(phi_r)
         pair = m >= 2
@@ -201,21 +201,6 @@ def _weighted_gram(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
     """sum_n w_n phi_n phi_n^T. ``einsum`` keeps this thin product off multi-threaded BLAS, whose thread
     start-up costs ten times the product itself on a two-core machine."""
     return np.einsum("ni,nj->ij", phi * w[:, None], phi)
-
-
-def _root_groups(forest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Roots with their number m of bare rollouts and the successes s among those rollouts' rewards.
-
-    A bare rollout is sampled at the root before any outcome is seen, so given V_0 its reward is a
-    fresh Bernoulli(V_0) draw whatever branching happened below it later.
-    """
-    nonroot = np.flatnonzero(forest.parent != -1)
-    first_turns = nonroot[forest.parent[forest.parent[nonroot]] == -1]
-    reward = forest.reward[forest.factual_leaf[first_turns]]
-    tree = forest.tree_index[first_turns]
-    m = np.bincount(tree, minlength=forest.n_prompts).astype(float)
-    s = np.bincount(tree, weights=reward, minlength=forest.n_prompts)
-    return forest.roots, m, s
 
 
 PREDICTORS = {"oracle": OraclePredictor, "noisy": NoisyOracle, "learned": LearnedPredictor}

@@ -4,7 +4,7 @@ from .forest import ForestBuilder, Origin, RolloutForest  # noqa: F401
 from .allocate import PrefixAllocation, allocate_prefixes, allocate_roots, root_utility  # noqa: F401
 from .policies import POLICIES, AllocationPolicy, RolloutBudget, get_policy, top_up_roots  # noqa: F401
 from .dynamic_sampling import DynamicSamplingState, group_outcomes, mixed_groups  # noqa: F401
-from .targets import VALUE_METHODS, node_targets, node_values  # noqa: F401
+from .targets import VALUE_METHODS, node_targets, node_values, root_outcomes  # noqa: F401
 from .advantages import ADVANTAGES, compute_advantages  # noqa: F401
 from .metrics import (  # noqa: F401
     brier_score,

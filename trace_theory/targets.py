@@ -42,7 +42,7 @@ import numpy as np
 from ._registry import Registry
 from .forest import RolloutForest
 
-__all__ = ["VALUE_METHODS", "node_values", "node_targets"]
+__all__ = ["VALUE_METHODS", "node_values", "node_targets", "root_outcomes"]
 
 VALUE_METHODS: Registry = Registry("value method")
 
@@ -135,3 +135,35 @@ def _own_branches(forest: RolloutForest):
     weight = 1.0 + k
     _root_mean_of_children(forest, r_f, value, weight)
     return value, weight
+
+
+def root_outcomes(forest: RolloutForest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each root with the number m of rollouts sampled at it and the successes s among their rewards.
+
+    Returns ``(roots, m, s)``: node ids of the roots, m_i = |{c : parent(c) = root_i}| and
+    s_i = sum over those children c of r_f(c), the factual reward of c's own rollout. A rollout sampled at
+    the root is drawn before any outcome is seen, so given V_0 its reward is a fresh Bernoulli(V_0) draw
+    whatever branching happened below it later: (s_i, m_i - s_i) update a Beta posterior of V_0 and
+    s_i (s_i - 1) / (m_i (m_i - 1)) is an unbiased estimate of V_0^2.
+
+    Examples
+    --------
+    >>> from trace_theory import ForestBuilder, Origin
+    >>> b = ForestBuilder()
+    >>> root = b.add_root(prompt=0)
+    >>> for reward in (1.0, 0.0):
+    ...     b.finish(b.add_turn(root), reward)
+    >>> turn = b.add_turn(root)
+    >>> b.finish(b.add_turn(turn), 1.0)
+    >>> b.finish(b.add_turn(turn, origin=Origin.CONTINUATION), 1.0)  # a branch: not sampled at the root
+    >>> roots, m, s = root_outcomes(b.build())
+    >>> m.tolist(), s.tolist()
+    ([3.0], [2.0])
+    """
+    first_turns = np.flatnonzero(forest.parent != -1)
+    first_turns = first_turns[forest.parent[forest.parent[first_turns]] == -1]
+    reward = forest.reward[forest.factual_leaf[first_turns]]
+    tree = forest.tree_index[first_turns]
+    m = np.bincount(tree, minlength=forest.n_prompts).astype(float)
+    s = np.bincount(tree, weights=reward, minlength=forest.n_prompts)
+    return forest.roots, m, s

@@ -14,10 +14,13 @@ impossible combination) is a ``ValueError`` naming the key, raised before anythi
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import inspect
 import hashlib
 import json
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -25,7 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-__all__ = ["PRESET_DIR", "available_presets", "load_config", "config_from_dict", "config_to_dict", "fingerprint"]
+__all__ = ["PRESET_DIR", "available_presets", "load_config", "config_from_dict", "config_to_dict", "fingerprint",
+           "describe", "field_docs"]
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -178,4 +182,71 @@ def load_config(cls, preset: str | Path | None = None, overrides: Sequence[str] 
     data = _read_preset(preset) if preset is not None else {}
     for override in overrides:
         _apply_override(data, override)
+    _check_renamed(data, getattr(cls, "RENAMED", {}))
     return config_from_dict(cls, data)
+
+
+def _check_renamed(data: Mapping, renamed: Mapping[str, str], prefix: str = "") -> None:
+    """Refuse keys that were renamed (``cls.RENAMED``: old dotted name -> new), naming the new key."""
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if where in renamed:
+            raise ValueError(f"config key {where!r} is now {renamed[where]!r}")
+        if isinstance(value, Mapping):
+            _check_renamed(value, renamed, f"{where}.")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Help generated from the dataclasses: every field with its type, default and docstring
+# ---------------------------------------------------------------------------------------------------
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (and its bases), first sentence-line joined."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def describe(cls, prefix: str = "") -> str:
+    """Every field of config ``cls``, grouped by section: ``key  type = default``, then its meaning."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    own, sections = [], []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp, default = hints[f.name], _default(f)
+        if dataclasses.is_dataclass(tp):
+            sections.append(describe(tp, f"{prefix}{f.name}."))
+            continue
+        shown = "(required)" if default is dataclasses.MISSING else f"= {json.dumps(_plain(default))}"
+        own.append(f"  {prefix}{f.name}: {_type_name(tp)} {shown}\n      {docs.get(f.name, '')}".rstrip())
+    title = (prefix.rstrip(".") or "run") + (f": {cls.__doc__.strip().splitlines()[0]}" if cls.__doc__ else "")
+    head = [f"[{title}]", *own] if own else []
+    return "\n".join(part for part in ["\n".join(head), *sections] if part)
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value,
+                                 default=str))

@@ -65,14 +65,18 @@ class RolloutConfig:
 
     policy: str = "trace"
     """Allocation policy, by its name in ``trace_theory.POLICIES``."""
+    pool_size: int = 16
+    """Candidate prompts per call (per rank); the policy chooses among them (trace-train draws the pool)."""
     roots: int = 16
-    """M: bare rollouts (a flat policy spends M (1 + N) of them instead)."""
+    """M: bare rollouts (over all ranks); a flat policy spends M (1 + N) of them instead."""
     continuations_per_root: int = 1
     """N: continuations per bare rollout for branching policies."""
     token_budget: int | None = None
     """If set, M is derived from this many generated tokens (see :meth:`RolloutEngine.plan`)."""
     group_size: int = 8
     """G for the uniform and PCL root rules (and DAPO's rounds)."""
+    min_group: int | None = None
+    """Smallest non-zero group (None: the policy's own, 2); trace-eval sets 1 to play every task k times."""
     dapo_target: int | None = None
     """Mixed groups DAPO tries to keep; default: half of the groups the budget pays for (at least 1)."""
     temperature: float = 1.0
@@ -82,16 +86,23 @@ class RolloutConfig:
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     """Turn, per-turn token and context limits (see :mod:`trace_train.envs.base`)."""
     binary_rewards: bool = True
-    """Whether the verifier's rewards are 0/1 (checked by the forest); False allows graded rewards."""
+    """Whether the verifier's rewards are 0/1 (checked by the forest); False allows graded rewards
+    (trace-train and trace-eval turn it off for environments with graded rewards)."""
     seed: int = 0
     """Seed of a call that passes none."""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
 
     def __post_init__(self):
         policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
+        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
+            raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
         RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
+        if self.roots < 1:
+            raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
         if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
             raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
-        policy.replace(group_size=self.group_size)  # validates G against the policy's other fields
+        self.allocation_policy  # validates G and the smallest group against the policy's other fields
         if self.dapo_target is not None and self.dapo_target < 1:
             raise ValueError(f"`dapo_target` must be at least 1, got {self.dapo_target}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
@@ -103,7 +114,8 @@ class RolloutConfig:
 
     @property
     def allocation_policy(self):
-        return get_policy(self.policy, group_size=self.group_size)
+        smallest = {} if self.min_group is None else {"min_group": self.min_group}
+        return get_policy(self.policy, group_size=self.group_size, **smallest)
 
     @property
     def needs_predictor(self) -> bool:

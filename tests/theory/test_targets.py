@@ -95,3 +95,16 @@ def test_unknown_method_and_wrong_type():
         node_values(f, "mean")
     with pytest.raises(ValueError, match=r"`forest` must be a RolloutForest, got list"):
         node_values([[1, 0]])
+
+
+@given(forests())
+def test_root_outcomes_count_the_rollouts_sampled_at_each_root(forest):
+    """Against a loop: m = children of the root, s = the factual rewards of their own rollouts."""
+    from trace_theory import root_outcomes
+
+    roots, m, s = root_outcomes(forest)
+    assert roots.tolist() == forest.roots.tolist()
+    for i, root in enumerate(forest.roots.tolist()):
+        children = [c for c in range(len(forest)) if forest.parent[c] == root]
+        assert m[i] == len(children)
+        assert s[i] == pytest.approx(sum(forest.reward[forest.factual_leaf[c]] for c in children))

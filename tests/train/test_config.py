@@ -80,3 +80,87 @@ def test_every_shipped_preset_is_a_valid_training_config():
     for name in presets:
         cfg = load_config(TrainConfig, name)
         assert cfg.steps > 0 and cfg.run_dir
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trainer's config: validated once, every field documented in --help, resolved by --print-config
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.roots=0", "rollout: `roots` must be at least 1 (M bare rollouts per step), got 0"),
+    ("optim.lr=inf", "optim: `lr` must be a positive finite number, got inf"),
+    ("optim.lr=nan", "optim: `lr` must be a positive finite number, got nan"),
+    ("rollout.pool_size=0", "rollout: `pool_size` must be a positive integer, got 0"),
+    ("rollout.max_turns=3", "config key 'rollout.max_turns' is now 'rollout.limits.max_turns'"),
+    ("rollout.limits.max_turns=0", "rollout.limits: `max_turns` must be a positive integer, got 0"),
+])
+def test_impossible_training_configs_are_refused(override, message):
+    from trace_train.configs import TrainConfig
+
+    with pytest.raises(ValueError) as error:
+        load_config(TrainConfig, "cpu_demo", [override])
+    assert str(error.value) == message
+
+
+def _leaves(cls, prefix=""):
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _leaves(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def test_help_lists_every_field_with_type_default_and_meaning():
+    import subprocess
+    import sys
+
+    from trace_train.configs import TrainConfig
+
+    out = subprocess.run([sys.executable, "-m", "trace_train.train", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    keys = list(_leaves(TrainConfig))
+    assert len(keys) > 60 and "rollout.limits.max_turns" in keys and "rollout.dapo_target" in keys
+    for key in keys:
+        at = [i for i, line in enumerate(lines) if line.startswith(f"  {key}: ")]
+        assert len(at) == 1, key
+        assert " = " in lines[at[0]], lines[at[0]]  # type = default
+        assert lines[at[0] + 1].startswith("      ") and len(lines[at[0] + 1].strip()) > 5, key  # its meaning
+    assert "  optim.lr: float = 0.001" in lines and "[rollout.limits: " in out.stdout
+
+
+def test_print_config_prints_the_resolved_preset_plus_overrides():
+    import subprocess
+    import sys
+
+    import yaml
+
+    from trace_train.configs import TrainConfig
+
+    out = subprocess.run([sys.executable, "-m", "trace_train.train", "--config", "cpu_demo", "--print-config",
+                          "rollout.policy=grpo", "optim.lr=3e-5"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)
+    assert printed == config_to_dict(load_config(TrainConfig, "cpu_demo", ["rollout.policy=grpo", "optim.lr=3e-5"]))
+    assert printed["rollout"]["policy"] == "grpo" and printed["rollout"]["limits"]["max_turns"] == 3
+    assert config_from_dict(TrainConfig, printed) == load_config(TrainConfig, "cpu_demo", ["rollout.policy=grpo",
+                                                                                            "optim.lr=3e-5"])
+
+
+def test_no_config_field_is_defined_twice():
+    """The trainer's sections and the engine's config share no field: the rollout section is the engine's."""
+    from trace_train import configs
+    from trace_train.engine import RolloutConfig
+
+    assert configs.TrainConfig.__dataclass_fields__["rollout"].type in ("RolloutConfig", RolloutConfig)
+    assert not hasattr(configs, "RolloutSettings")
+    import trace_train.train as train
+
+    assert not [name for name, value in vars(train).items()
+                if isinstance(value, type) and name.endswith("Config") and value.__module__ == train.__name__]

@@ -52,7 +52,7 @@ def test_graded_rewards_are_declared():
         (dict(name="chess"), r"unknown environment 'chess'; known: bfcl, guess_number, math_python, search_qa"),
         (dict(name="math_python"), r"task 'math_python' needs `task.train`"),
         (dict(rows={"width": 3}), r"task 'guess_number' has no row option 'width'; row options: \['high', 'highs', 'low', 'max_guesses'\]"),
-        (dict(train="x.jsonl"), r"guess_number generates its rows"),
+        (dict(train="x.jsonl", eval="y.jsonl", rows={"high": 4}), r"`task.rows` shapes generated rows"),
         (dict(eval_size=0), r"`train_size` and `eval_size` must be at least 1"),
     ],
 )
@@ -64,3 +64,14 @@ def test_task_errors(kwargs, message):
 def test_unknown_environment_option_fails_when_the_task_is_built():
     with pytest.raises(ValueError, match=r"environment 'math_python' has no option 'max_calls'"):
         build_task(TaskConfig(name="math_python", train="demo.jsonl", env={"max_calls": 3}), seed=0)
+
+
+def test_stored_rows_replace_generated_ones(tmp_path):
+    """Any environment reads rows from a file: guess_number's training games from JSONL, held-out generated."""
+    import json
+
+    games = [{"target": t, "low": 1, "high": 9, "max_guesses": 4} for t in (3, 7, 5, 2)]
+    (tmp_path / "games.jsonl").write_text("".join(json.dumps(g) + "\n" for g in games))
+    task = build_task(TaskConfig(train=str(tmp_path / "games.jsonl"), eval_size=2), seed=0)
+    assert task.train_rows == games
+    assert len(task.eval_rows) == 2 and all(r["high"] == 16 for r in task.eval_rows)  # generated, the defaults

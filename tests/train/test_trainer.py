@@ -66,7 +66,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
 
 def test_a_changed_config_does_not_resume(tmp_path):
     main(small_config(tmp_path, "steps=2"))
-    with pytest.raises(ValueError, match=r"holds a run with another config"):
+    with pytest.raises(ValueError, match=r"holds another run \(its config.yaml differs in optim.lr\)"):
         main(small_config(tmp_path, "steps=2", "optim.lr=0.5"))
 
 
@@ -148,8 +148,28 @@ def test_a_training_step_on_a_tool_environment(tmp_path):
     """Search QA on the bundled demo corpus: tool schemas, tool observations and verifier rewards flow
     through the whole loop (the tiny model's searches are mostly nonsense; the loop must not care)."""
     cfg = small_config(tmp_path, "steps=1", "task.name=search_qa", "task.train=demo", "task.eval_size=2",
-                       "task.rows={}", "rollout.max_turns=2", "rollout.max_turn_tokens=16",
-                       "rollout.max_context_tokens=2048", "rollout.pool_size=4")
+                       "task.rows={}", "rollout.limits.max_turns=2", "rollout.limits.max_turn_tokens=16",
+                       "rollout.limits.max_context_tokens=2048", "rollout.pool_size=4")
     metrics = main(cfg)
     assert np.isfinite(metrics["loss"]) and metrics["rollouts"] == 16
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["step"] == 1
+
+
+def test_only_policies_that_read_the_predictor_fit_it(tmp_path):
+    """GRPO never reads V~, so it does not pay for fitting it, unless its calibration is asked for."""
+    trace = main(small_config(tmp_path / "trace", "steps=1"))
+    grpo = main(small_config(tmp_path / "grpo", "steps=1", "rollout.policy=grpo"))
+    logged = main(small_config(tmp_path / "logged", "steps=1", "rollout.policy=grpo", "log_predictor=true"))
+    assert trace["predictor_examples"] > 0 and logged["predictor_examples"] > 0
+    assert "predictor_examples" not in grpo and "predictor_brier" not in grpo
+    untouched = load_checkpoint(latest_checkpoint(tmp_path / "grpo"), restore_random_state=False).extra["predictor"]
+    fitted = load_checkpoint(latest_checkpoint(tmp_path / "logged"), restore_random_state=False).extra["predictor"]
+    assert not np.any(untouched["weights"]) and np.any(fitted["weights"])
+
+
+def test_main_reads_on_one_screen():
+    import inspect
+
+    from trace_train import train
+
+    assert len(inspect.getsource(train.main).splitlines()) <= 40

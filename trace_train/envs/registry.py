@@ -5,7 +5,9 @@ rollout engine calls once per rollout, with what a caller must know about the en
 schemas for the chat template, whether rewards are binary). Options are checked when the factory is
 built (it builds one environment to validate them), and shared resources such as a BM25 index are
 built once there and shared by every instance. Heavy imports (``bm25s``, ``bfcl_eval``) happen only
-when their environment is built.
+when their environment is built. Each builder carries its :class:`~.spec.TaskSpec` (``task_spec``): how
+its rows are made or loaded and which row options (``task.rows``) it takes. Environments from outside
+the package (import paths, the ``trace_rl.environments`` entry points) are found by :mod:`.spec`.
 
 =================  =================================================================================
 ``guess_number``   ``system_prompt``
@@ -21,7 +23,6 @@ when their environment is built.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, Callable, Mapping
 from trace_theory._registry import Registry
 
 from .base import Environment
+from .spec import TaskSpec
 
 __all__ = ["ENVIRONMENTS", "EnvFactory", "make_env_factory"]
 
@@ -55,14 +57,11 @@ ENVIRONMENTS: Registry[Callable[..., EnvFactory]] = Registry("environment")
 
 
 def make_env_factory(name: str, options: Mapping[str, Any] | None = None) -> EnvFactory:
-    """``ENVIRONMENTS[name](**options)``, with unknown option names reported with the known ones."""
-    builder = ENVIRONMENTS[name]
-    options = dict(options or {})
-    known = list(inspect.signature(builder).parameters)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"environment {name!r} has no option {unknown[0]!r}; options: {', '.join(known)}")
-    return builder(**options)
+    """The factory of environment ``name`` (registered, an import path or an entry point; see
+    :mod:`.spec`) with ``options``; unknown option names are reported with the known ones."""
+    from .spec import build_factory, find_environment
+
+    return build_factory(find_environment(name), options or {})
 
 
 def _checked(name: str, make: Callable[[], Environment], **facts) -> EnvFactory:
@@ -70,6 +69,76 @@ def _checked(name: str, make: Callable[[], Environment], **facts) -> EnvFactory:
     return EnvFactory(name, make, **facts)
 
 
+def _with_spec(spec: TaskSpec):
+    """Attach the environment's task spec (how its rows are made or loaded) to its builder."""
+    def attach(builder):
+        builder.task_spec = spec
+        return builder
+
+    return attach
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rows of the registered environments (``TaskSpec.rows``)
+# ---------------------------------------------------------------------------------------------------
+
+
+def guess_rows(source: None, *, split: str, subset: str | None, size: int, seed: int, low: int = 1,
+               high: int = 16, max_guesses: int = 5, highs: list | None = None) -> list[dict]:
+    """Generated games. ``highs`` (a list) mixes difficulties: each row draws its range [low, high] from
+    it, so that, as in real data sets, some prompts are almost always solved and some almost never."""
+    import numpy as np
+
+    from .guess_number import make_rows
+
+    if highs is None:
+        return make_rows(size, seed=seed, low=low, high=high, max_guesses=max_guesses)
+    choice = np.random.default_rng([seed, 7]).integers(0, len(highs), size)
+    rows = {h: iter(make_rows(int((choice == i).sum()), seed=seed + i, low=low, high=int(h),
+                              max_guesses=max_guesses)) for i, h in enumerate(highs)}
+    return [next(rows[highs[i]]) for i in choice]
+
+
+def math_rows(source: str, *, split: str, subset: str | None, size: int, seed: int) -> list[dict]:
+    """Problems with answers (DeepScaleR, AIME, AMC, MATH-500 layouts; ``trace_train.data.math``)."""
+    from ..data.math import load_math_problems
+    from .math_python import math_rows as rows_of
+
+    return rows_of(load_math_problems(source, split=split, subset=subset, limit=size))
+
+
+def qa_rows(source: str, *, split: str, subset: str | None, size: int, seed: int) -> list[dict]:
+    """HotpotQA / 2WikiMultiHopQA-style questions (``trace_train.data.qa``); "demo": the bundled set."""
+    from ..data.qa import demo_paths, load_qa_examples
+    from .search_qa import qa_rows as rows_of
+
+    path = demo_paths()[1] if source == "demo" else source
+    return rows_of(load_qa_examples(path, split=split, subset=subset, limit=size))
+
+
+def bfcl_task_rows(source: str, *, split: str, subset: str | None, size: int, seed: int,
+                   subsets: list | None = None) -> list[dict]:
+    """BFCL v4 multi-turn tasks of the stored 80/20 split ``source`` ("train" or "test")."""
+    from .bfcl import SUBSETS, bfcl_rows
+
+    return bfcl_rows(tuple(subsets or SUBSETS), split=source)[:size]
+
+
+def _demo_corpus(options: Mapping[str, Any]) -> dict:
+    """search_qa without a corpus or a retriever searches the bundled demo corpus."""
+    if options.get("corpus") is None and options.get("retriever_url") is None:
+        from ..data.qa import demo_paths
+
+        return {**options, "corpus": str(demo_paths()[0])}
+    return dict(options)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The registered environments
+# ---------------------------------------------------------------------------------------------------
+
+
+@_with_spec(TaskSpec(guess_rows, {"low": 1, "high": 16, "max_guesses": 5, "highs": None}, data="generated"))
 @ENVIRONMENTS.register("guess_number")
 def guess_number(*, system_prompt: str | None = None) -> EnvFactory:
     from .guess_number import SYSTEM_PROMPT, GuessNumberEnv
@@ -77,6 +146,7 @@ def guess_number(*, system_prompt: str | None = None) -> EnvFactory:
     return _checked("guess_number", partial(GuessNumberEnv, system_prompt=system_prompt or SYSTEM_PROMPT))
 
 
+@_with_spec(TaskSpec(math_rows))
 @ENVIRONMENTS.register("math_python")
 def math_python(*, max_tool_calls: int = 8, observation_role: str = "tool", answer_timeout: float = 5.0,
                 system_prompt: str | None = None, sandbox: Mapping[str, Any] | None = None) -> EnvFactory:
@@ -93,6 +163,8 @@ def math_python(*, max_tool_calls: int = 8, observation_role: str = "tool", answ
     return _checked("math_python", make, tools=(PYTHON_TOOL,))
 
 
+@_with_spec(TaskSpec(qa_rows, binary_rewards=lambda env: env.get("reward", "exact_match") != "token_f1",
+                     env_defaults=_demo_corpus))
 @ENVIRONMENTS.register("search_qa")
 def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, topk: int = 3,
               timeout: float = 10.0, reward: str = "exact_match", max_searches: int = 4,
@@ -116,6 +188,7 @@ def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, to
     return _checked("search_qa", make, tools=(SEARCH_TOOL,), binary_rewards=reward != "token_f1")
 
 
+@_with_spec(TaskSpec(bfcl_task_rows, {"subsets": None}, data="optional", default_sources=("train", "test")))
 @ENVIRONMENTS.register("bfcl")
 def bfcl(*, observation_role: str = "tool", max_steps_per_turn: int | None = None) -> EnvFactory:
     from ..tools.bfcl import MAX_STEPS_PER_TURN

