@@ -2,7 +2,9 @@
 
 ``source`` is treated as a local file when it names an existing file, ends in a file suffix
 (``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ...) or cannot be a Hub id (it starts with ``/``, ``.``
-or ``~``, or has more than one ``/``); a local file is read with ``datasets``' packaged
+or ``~``, or has more than one ``/``); a local folder (a data set repository, e.g. a downloaded Hub data
+set with its split files) is read by ``datasets.load_dataset(folder, subset, split=split)``; a local
+file is read with ``datasets``' packaged
 ``json``/``parquet`` builders (so the rows look exactly as they would from the Hub). A local path that
 does not exist is an error here; it is never sent to the Hub. Anything else (``name`` or
 ``owner/name``) is a Hub id, loaded with ``datasets.load_dataset(source, subset, split=split)``.
@@ -69,11 +71,10 @@ def load_rows(
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise ValueError(f"`limit` must be a non-negative integer or None, got {limit!r}")
     path = Path(source).expanduser()
-    if is_local_source(source):
+    if is_local_source(source) and not path.is_dir():  # a folder is a data set repository: datasets reads it
         if not path.is_file():
-            what = "is a directory, not a file" if path.is_dir() else "does not exist"
-            raise FileNotFoundError(f"data file {str(path)!r} {what} (a local path is never looked up "
-                                    "on the Hugging Face Hub)")
+            raise FileNotFoundError(f"data file {str(path)!r} does not exist (a local path is never looked "
+                                    "up on the Hugging Face Hub)")
         builder = _BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"local data files must end in .jsonl, .json or .parquet, got {str(path)!r}")
