@@ -97,6 +97,10 @@ class RolloutSettings:
     """N."""
     token_budget: int | None = None
     group_size: int = 8
+    dapo_target: int | None = None
+    """Mixed groups DAPO keeps per step (None: half of the groups the budget pays for)."""
+    expansion_rounds: int = 1
+    """R: rounds of prefix expansion for branching policies."""
     temperature: float = 1.0
     top_p: float = 1.0
     max_turns: int = 8
@@ -113,7 +117,8 @@ class RolloutSettings:
     def engine_config(self, *, seed: int, binary_rewards: bool) -> RolloutConfig:
         return RolloutConfig(
             policy=self.policy, roots=self.roots, continuations_per_root=self.continuations_per_root,
-            token_budget=self.token_budget, group_size=self.group_size, temperature=self.temperature,
+            token_budget=self.token_budget, group_size=self.group_size, dapo_target=self.dapo_target,
+            expansion_rounds=self.expansion_rounds, temperature=self.temperature,
             top_p=self.top_p, binary_rewards=binary_rewards, seed=seed,
             limits=EpisodeLimits(self.max_turns, self.max_turn_tokens, self.max_context_tokens),
         )

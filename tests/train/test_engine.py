@@ -202,12 +202,14 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         assert groups == {i: int(k) for i, k in enumerate(m) if k > 0}
         assert report.continuations == 0
         return
-    anchors = np.flatnonzero(np.isfinite(batch.predictions) & (forest.parent != -1))
+    anchors = _stage_one_anchors(forest, m)
+    predicted = np.isfinite(batch.predictions[anchors])
+    assert predicted.all() if policy.predicts_prefixes else not predicted.any()
     if policy.deterministic:
         roots = forest.roots
         group = np.searchsorted(roots, forest.root_of[anchors])
         alloc = policy.allocate_prefixes(
-            batch.predictions[anchors],
+            np.where(predicted, batch.predictions[anchors], 0.5),
             forest.reward[forest.factual_leaf[anchors]],
             group,
             m[m > 0] * planned.continuations_per_root,
@@ -216,6 +218,18 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         expected = top_up_roots(m[m > 0], int(alloc.unspent.sum()))
         assert [groups[int(forest.prompt[r])] for r in roots] == expected.tolist()
     assert report.continuations == sum(len(forest.children(a)) - 1 for a in anchors)
+
+
+def _stage_one_anchors(forest, m):
+    """Non-terminal prefixes of the first m_i bare rollouts of each root (top-ups come later)."""
+    anchors = []
+    for root in forest.roots:
+        for start in forest.children(root)[: m[forest.prompt[root]]].tolist():
+            node = start
+            while not forest.is_leaf[node]:
+                anchors.append(node)
+                node = int(forest.first_child[node])
+    return np.sort(np.asarray(anchors, dtype=np.int64))
 
 
 def test_turn_limit_ends_rollouts_as_documented(hf_backend):
