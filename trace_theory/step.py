@@ -42,7 +42,7 @@ from .forest import RolloutForest
 from .policies import AllocationPolicy, RolloutBudget, top_up_roots
 
 __all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StepRecord", "RootAllocator", "run_step",
-           "round_shares"]
+           "round_shares", "in_rollout_order"]
 
 KINDS = ("bare", "top_up", "continuation")
 """Kinds of rollouts a world grows: bare (from a new root), top-up (extra bare rollouts from an existing
@@ -271,7 +271,7 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
     m_tree = m[forest.prompt[roots]]  # group sizes in tree order
     shares = round_shares(per_root * m_tree, rounds)
     carry = np.zeros(len(roots), dtype=np.int64)
-    anchors = forest.prefix_anchors()
+    anchors = in_rollout_order(forest, forest.prefix_anchors())
     asked_ids, asked_v, asked_kappa, asked_round, by_round = [], [], [], [], []
     for r in range(rounds):
         last = r == rounds - 1 or anchors.size == 0  # with nothing to branch from, the rest tops up roots
@@ -307,7 +307,7 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
         if last:
             break
         new = np.arange(before, len(forest))
-        anchors = new[~forest.is_leaf[new]]
+        anchors = in_rollout_order(forest, new[~forest.is_leaf[new]])
     if asked_ids:
         record.update(node_ids=np.concatenate(asked_ids), node_v=np.concatenate(asked_v),
                       node_round=np.concatenate(asked_round))
@@ -316,6 +316,21 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
     groups = np.zeros_like(m)
     groups[forest.prompt[roots]] = m_tree
     return forest, groups, tuple(by_round)
+
+
+def in_rollout_order(forest: RolloutForest, nodes: np.ndarray) -> np.ndarray:
+    """``nodes`` sorted by (tree, first turn of their rollout, depth), whatever a world's node numbering.
+
+    The simulator numbers nodes rollout by rollout, the engine turn by turn across rollouts; the uniform
+    prefix rule (anchor order) and the ties of the active one (lower anchor first) must see the same
+    order in both. For the simulator the order is its id order already.
+    """
+    start = nodes.copy()
+    inside = ~forest.starts_rollout[start]
+    while inside.any():  # climb to the rollout's first turn, at most depth steps
+        start[inside] = forest.parent[start[inside]]
+        inside[inside] = ~forest.starts_rollout[start[inside]]
+    return nodes[np.lexsort((forest.depth[nodes], start, forest.tree_index[nodes]))]
 
 
 def _dynamic_sampling(world: World, policy: AllocationPolicy, budget: int, pool: int) -> StepRecord:

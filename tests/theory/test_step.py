@@ -10,13 +10,14 @@ from trace_theory import (
     POLICIES,
     ForestBuilder,
     Origin,
+    RolloutForest,
     Prediction,
     RolloutBudget,
     get_policy,
     round_shares,
     run_step,
 )
-from trace_theory.step import Kind
+from trace_theory.step import Kind, in_rollout_order
 
 
 class ScriptedWorld:
@@ -248,3 +249,15 @@ def test_kinds_and_record_predictions_per_node():
     assert np.allclose(per_node[roots], world.prompt_v[forest.prompt[roots]])
     assert np.allclose(per_node[record.node_ids], record.node_v)
     assert np.isnan(per_node[forest.is_leaf]).all()
+
+
+def test_rollout_order_does_not_depend_on_how_a_world_numbers_its_nodes():
+    """One prompt, two bare rollouts of three turns: numbered rollout by rollout (the simulator) and turn
+    by turn across rollouts (the engine). The driver lists the prefixes in the same order for both."""
+    nan = float("nan")
+    by_rollout = RolloutForest.from_parents([-1, 0, 1, 2, 0, 4, 5], [nan, nan, nan, 1, nan, nan, 0])
+    by_turn = RolloutForest.from_parents([-1, 0, 0, 1, 2, 3, 4], [nan, nan, nan, nan, nan, 1, 0])
+    same = {1: 1, 2: 3, 4: 2, 5: 4}  # a rollout-major id -> the turn-major id of the same prefix
+    order = in_rollout_order(by_rollout, np.array([5, 2, 4, 1]))
+    assert order.tolist() == [1, 2, 4, 5]
+    assert in_rollout_order(by_turn, np.array([4, 3, 2, 1])).tolist() == [same[n] for n in order.tolist()]
