@@ -92,6 +92,8 @@ class PrefixRule:
     """Whether the rule reads ``v`` (then the caller must predict the anchors)."""
     randomised: bool = False
     """Whether the rule draws from ``rng`` (then the allocation is not a function of the inputs)."""
+    reads_outcomes: bool = False
+    """Whether placement depends on the factual rewards ``r`` (outcome-dependent branching)."""
 
 
 ROOT_RULES: Registry[RootRule] = Registry("root rule")
@@ -108,11 +110,11 @@ def root_rule(name: str, *, predicts: bool):
     return decorator
 
 
-def prefix_rule(name: str, *, predicts: bool, randomised: bool = False):
+def prefix_rule(name: str, *, predicts: bool, randomised: bool = False, reads_outcomes: bool = False):
     """Register ``place`` as the prefix rule ``name``."""
 
     def decorator(place):
-        PREFIX_RULES.add(name, PrefixRule(place, predicts, randomised))
+        PREFIX_RULES.add(name, PrefixRule(place, predicts, randomised, reads_outcomes))
         return place
 
     return decorator
@@ -205,6 +207,11 @@ class AllocationPolicy:
     def predicts_prefixes(self) -> bool:
         """Whether the prefix rule reads predicted values of the anchors."""
         return self.branches and PREFIX_RULES[self.prefix_rule].predicts
+
+    @property
+    def branches_on_outcomes(self) -> bool:
+        """Whether where continuations go depends on the factual rewards of the bare rollouts."""
+        return self.branches and PREFIX_RULES[self.prefix_rule].reads_outcomes
 
     @property
     def needs_predictor(self) -> bool:
@@ -323,7 +330,7 @@ def _random_prefixes(v, r, prompt, budget, *, room, start, rng):
     return _spread(prompt, budget, room, rng)
 
 
-@prefix_rule("active", predicts=True)
+@prefix_rule("active", predicts=True, reads_outcomes=True)
 def _active_prefixes(v, r, prompt, budget, *, room, start, rng):
     """TRACE stage 2: the largest flip gains q^k (1 - q), q = r v + (1 - r)(1 - v) (``water_fill``)."""
     q = r * v + (1.0 - r) * (1.0 - v)
