@@ -15,30 +15,37 @@ dry; DAPO trains on its mixed groups only. Turns are counted for equal-token vie
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from trace_theory import POLICIES, AllocationPolicy, Origin, Prediction, RolloutBudget, run_step
+from trace_theory import POLICIES, AllocationPolicy, Origin, Prediction, RolloutBudget, get_policy, run_step
 from trace_theory.step import Kind, Starts, StepRecord
 
 from .predictors import PREDICTORS, Predictor
 from .rollout import Rollouts, SimForest
 
-_ARM = re.compile(r"^(?P<policy>[A-Za-z0-9_]+)(\[(?P<predictor>[A-Za-z0-9_]+)\])?$")
+_ARM = re.compile(
+    r"^(?P<policy>[A-Za-z0-9_]+)(\{(?P<settings>[^{}]*)\})?(\[(?P<predictor>[A-Za-z0-9_]+)\])?$"
+)
 
 
 @dataclass(frozen=True)
 class Arm:
-    """A registered policy and the predictor that guides it, written ``policy`` or ``policy[predictor]``.
+    """A registered policy, its settings and the predictor that guides it.
 
-    The predictor defaults to ``learned``, as in the paper; ``trace[oracle]`` is TRACE's upper bound.
+    Written ``policy``, ``policy[predictor]`` or with policy settings ``policy{key=value,...}[predictor]``
+    (``dapo{dapo_target=16}``, ``trace{max_per_anchor=2}[oracle]``). The predictor defaults to
+    ``learned``, as in the paper; ``trace[oracle]`` is TRACE's upper bound.
     """
 
     policy: str
     predictor: str = "learned"
+    settings: tuple[tuple[str, object], ...] = ()
+    """Fields of the ``trace_theory.AllocationPolicy`` changed for this arm, as (name, value) pairs."""
 
     def __post_init__(self):
         POLICIES.check(self.policy)
@@ -46,17 +53,46 @@ class Arm:
             raise ValueError(
                 f"unknown predictor {self.predictor!r} in arm {self.label!r}; known: {', '.join(PREDICTORS)}"
             )
+        try:
+            self.allocation_policy()
+        except TypeError as error:  # an unknown field name
+            raise ValueError(f"arm {self.label!r}: {error}") from None
 
     @classmethod
     def parse(cls, text: str) -> Arm:
         match = _ARM.match(str(text))
         if match is None:
-            raise ValueError(f"an arm is written 'policy' or 'policy[predictor]', got {text!r}")
-        return cls(match["policy"], match["predictor"] or "learned")
+            raise ValueError(
+                f"an arm is written 'policy', 'policy[predictor]' or 'policy{{key=value}}[predictor]', got {text!r}"
+            )
+        return cls(match["policy"], match["predictor"] or "learned", _settings(match["settings"] or "", text))
 
     @property
     def label(self) -> str:
-        return self.policy if self.predictor == "learned" else f"{self.policy}[{self.predictor}]"
+        text = self.policy
+        if self.settings:
+            text += "{" + ",".join(f"{k}={v!r}" for k, v in self.settings) + "}"
+        return text if self.predictor == "learned" else f"{text}[{self.predictor}]"
+
+    def allocation_policy(self, **defaults) -> AllocationPolicy:
+        """``get_policy(policy, **defaults)`` with this arm's settings on top (``group_size=8``, ...)."""
+        return get_policy(self.policy, **{**defaults, **dict(self.settings)})
+
+
+def _settings(text: str, arm: str) -> tuple[tuple[str, object], ...]:
+    """``key=value`` pairs separated by commas; values are Python literals (``16``, ``None``, ``0.5``)."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = None
+            sep = ""
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"arm {arm!r}: a setting is written key=literal, got {item!r}")
+        out.append((key.strip(), value))
+    return tuple(out)
 
 
 _EMPTY = np.zeros(0)

@@ -14,7 +14,6 @@ from trace_theory import (
     contrast_pairs,
     effective_ratio,
     expected_calibration_error,
-    get_policy,
     mixed_anchor_ratio,
 )
 
@@ -119,7 +118,7 @@ def online_batches(
     ``expansion_rounds`` is R of ``trace_theory.step`` (branching policies).
     Returns one metrics dict per batch (see :func:`batch_metrics`), with its index as ``batch``.
     """
-    policy = get_policy(arm.policy, group_size=group_size)
+    policy = arm.allocation_policy(group_size=group_size)
     predictor = make_predictor(arm.predictor, **(predictor_options or {}).get(arm.predictor, {}))
     rows = []
     for b in range(batches):
