@@ -214,12 +214,13 @@ def _target_bias(summary: dict) -> list[Row]:
 
 
 def _expansion_rounds(summary: dict) -> list[Row]:
-    """Per arm and R: effective ratio at equal rollouts; rollouts, mixed prompts and contrast pairs at equal turns."""
+    """Per arm and R: effective ratio at equal rollouts; rollouts, mixed prompts, contrast pairs at equal turns."""
     rows = []
     for arm, by_r in summary["headline"].items():
         for r, entry in by_r.items():
             rows += [
-                (f"effective ratio, {arm}, R = {r[1:]} (equal rollouts)", NONE, _pm(entry, "effective_ratio")),
+                (f"effective ratio, {arm}, R = {r[1:]} (equal rollouts)", NONE,
+                 _pm(entry, "effective_ratio")),
                 (f"rollouts per batch, {arm}, R = {r[1:]} (equal turns)", NONE,
                  _fmt(_num(entry, "rollouts_at_equal_turns"), ".0f")),
                 (f"mixed prompts per batch, {arm}, R = {r[1:]} (equal turns)", NONE,

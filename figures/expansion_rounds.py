@@ -30,11 +30,13 @@ def draw(results: Results):
         for arm in arms:
             style = arm_style(arm)
             for view, linestyle, filled in VIEWS:
-                rows = summary[(summary["arm"] == arm) & (summary["view"] == view) & (summary["metric"] == metric)]
-                rows = rows.sort_values("rounds")
-                ax.errorbar(rows["rounds"], rows["value"], yerr=ci95(rows["stderr"], rows["n"]), color=style.colour,
-                            linestyle=linestyle, marker=style.marker, markerfacecolor=style.colour if filled else "white",
-                            label=f"{style.label}, {view.replace('_', ' ')}")
+                at = (summary["arm"] == arm) & (summary["view"] == view) & (summary["metric"] == metric)
+                rows = summary[at].sort_values("rounds")
+                ax.errorbar(
+                    rows["rounds"], rows["value"], yerr=ci95(rows["stderr"], rows["n"]), color=style.colour,
+                    linestyle=linestyle, marker=style.marker, markerfacecolor=style.colour if filled else "white",
+                    label=f"{style.label}, {view.replace('_', ' ')}",
+                )
         ax.set_xticks(sorted(summary["rounds"].unique()))
         ax.set_xlabel("expansion rounds R")
         ax.set_ylabel(label)
@@ -45,14 +47,17 @@ def draw(results: Results):
 
     config = results.config(EXPERIMENT, "roots", "continuations", "seeds", "warmup", "batches")
     ratio = summary[(summary["view"] == "equal_rollouts") & (summary["metric"] == "effective_ratio")]
-    measured = ", ".join(f"{arm_style(r.arm).label} R = {r.rounds}: {r.value:.1%}" for r in ratio.itertuples())
+    measured = ", ".join(
+        f"{arm_style(r.arm).label} R = {r.rounds}: {r.value:.1%}" for r in ratio.itertuples()
+    )
     caption = (
-        f"Repeated expansion (beyond the paper): round r branches from the prefixes of the continuations round "
-        f"r - 1 added, with each prompt's m_i N continuations dealt evenly over the R rounds. M = {config['roots']}, "
+        "Repeated expansion (beyond the paper): round r branches from the prefixes of the continuations "
+        "round r - 1 added, with each prompt's m_i N continuations dealt evenly over the R rounds. "
+        f"M = {config['roots']}, "
         f"N = {config['continuations']}, learned predictor; mean over {config['seeds']} seeds of batches "
         f"{config['warmup'] + 1}-{config['batches']}, 95% confidence intervals. Filled markers, solid lines: "
-        "equal rollouts, M (1 + N) per batch; open markers, dashed lines: equal turns (M rescaled so that the "
-        f"arm's turns per batch match its R = 1 turns). Effective ratio at equal rollouts: {measured}."
+        "equal rollouts, M (1 + N) per batch; open markers, dashed lines: equal turns (M rescaled so that "
+        f"the arm's turns per batch match its R = 1 turns). Effective ratio at equal rollouts: {measured}."
     )
     return figure, caption
 

@@ -119,7 +119,7 @@ def arm_style(arm: str) -> ArmStyle:
     if match is None:
         return ArmStyle(arm, OKABE_ITO["grey"], "-", "o", "")
     policy, predictor, estimator = match["policy"], match["predictor"], match["estimator"]
-    if policy not in POLICY_COLOURS:  # a policy without a look of its own (say, newly registered): the default
+    if policy not in POLICY_COLOURS:  # a policy without a look of its own (newly registered): the default
         return ArmStyle(arm, OKABE_ITO["grey"], ":" if predictor or estimator else (0, (5, 1, 1, 1)), "x",
                         "xx" if predictor or estimator else "++")
     label = POLICY_NAMES[policy]

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = dict(parse_override(text) for text in args.set)
         for name in _names(args.names):
             start = time.perf_counter()
-            folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed, overrides=overrides)
+            folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed,
+                                         overrides=overrides)
             status = f"done in {time.perf_counter() - start:.1f} s" if ran else "already finished, skipped"
             print(f"{name}: {status} -> {folder}")
     except (ValueError, OSError) as error:

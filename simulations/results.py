@@ -35,7 +35,8 @@ def resolve_config(name: str, *, quick: bool = False, seed: int = 0, overrides: 
     changes = {"seed": seed}
     for key, value in (overrides or {}).items():
         if key not in fields:
-            raise ValueError(f"experiment {name!r} has no config field {key!r}; fields: {', '.join(sorted(fields))}")
+            known = ", ".join(sorted(fields))
+            raise ValueError(f"experiment {name!r} has no config field {key!r}; fields: {known}")
         changes[key] = tuple(value) if isinstance(value, list) else value
     return dataclasses.replace(config, **changes)
 

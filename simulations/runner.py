@@ -63,7 +63,8 @@ class Arm:
         match = _ARM.match(str(text))
         if match is None:
             raise ValueError(
-                f"an arm is written 'policy', 'policy[predictor]' or 'policy{{key=value}}[predictor]', got {text!r}"
+                "an arm is written 'policy', 'policy[predictor]' or 'policy{key=value}[predictor]', "
+                f"got {text!r}"
             )
         return cls(match["policy"], match["predictor"] or "learned", _settings(match["settings"] or "", text))
 

@@ -174,7 +174,8 @@ class AllocationPolicy:
         if self.root_rule not in ROOT_RULES:
             raise ValueError(f"`root_rule` must be one of {tuple(ROOT_RULES)}, got {self.root_rule!r}")
         if self.prefix_rule is not None and self.prefix_rule not in PREFIX_RULES:
-            raise ValueError(f"`prefix_rule` must be one of {(None, *PREFIX_RULES)}, got {self.prefix_rule!r}")
+            known = (None, *PREFIX_RULES)
+            raise ValueError(f"`prefix_rule` must be one of {known}, got {self.prefix_rule!r}")
         if _checks.count("group_size", self.group_size) < 1:
             raise ValueError(f"`group_size` must be at least 1, got {self.group_size}")
         if _checks.count("min_group", self.min_group) < 1:
@@ -187,7 +188,8 @@ class AllocationPolicy:
             raise ValueError("dynamic sampling is defined for uniform roots without branching")
         if self.dapo_target is not None:
             if not self.dynamic_sampling:
-                raise ValueError(f"`dapo_target` is a setting of dynamic sampling; policy {self.name!r} has none")
+                raise ValueError(
+                    f"`dapo_target` is a setting of dynamic sampling; policy {self.name!r} has none")
             if _checks.count("dapo_target", self.dapo_target) < 1:
                 raise ValueError(f"`dapo_target` must be at least 1, got {self.dapo_target}")
 
@@ -278,8 +280,8 @@ class AllocationPolicy:
         if leftover == 0 or prompt.size == 0:
             return first
         # Pool what some prompts could not use and place it on all anchors, continuing from `first`.
-        second = rule.place(v, r, np.zeros_like(prompt), np.array([leftover]), room=caps - first.k, start=first.k,
-                            rng=rng)
+        second = rule.place(v, r, np.zeros_like(prompt), np.array([leftover]), room=caps - first.k,
+                            start=first.k, rng=rng)
         still = int(second.unspent[0])
         # Report what is still unspent against the prompts that gave it up, in prompt order.
         unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
@@ -305,7 +307,7 @@ def _pcl_roots(policy, v, budget, *, concentration):
 
 @root_rule("active", predicts=True)
 def _active_roots(policy, v, budget, *, concentration):
-    """TRACE stage 1: :func:`~trace_theory.allocate.allocate_roots` (posterior utility with a concentration)."""
+    """TRACE stage 1: :func:`~trace_theory.allocate.allocate_roots` (the posterior utility with kappa)."""
     return allocate_roots(v, budget, min_group=policy.min_group, max_group=policy.max_group,
                           concentration=concentration)
 

@@ -243,7 +243,8 @@ def run_step(
     counts["bare"] = int(m.sum())
     by_round: tuple[int, ...] = ()
     if policy.branches and per_root > 0 and active.size:
-        forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record, counts)
+        forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
+                                      counts)
     return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, **record)
 
 
@@ -277,7 +278,8 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
         last = r == rounds - 1 or anchors.size == 0  # with nothing to branch from, the rest tops up roots
         budget = (shares[r:].sum(0) if last else shares[r]) + carry
         if policy.predicts_prefixes and anchors.size:
-            guess = _checked(world.predict_nodes(anchors, concentration=policy.posterior), anchors.size, policy)
+            asked = world.predict_nodes(anchors, concentration=policy.posterior)
+            guess = _checked(asked, anchors.size, policy)
             v = guess.v
             asked_ids.append(anchors), asked_v.append(v), asked_round.append(np.full(anchors.size, r + 1))
             asked_kappa.append(guess.concentration)
@@ -291,12 +293,10 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
             extra = top_up_roots(m_tree, int(carry.sum())) - m_tree
             carry = np.zeros_like(carry)
         branch = np.flatnonzero(alloc.k)
-        starts = Starts(
-            np.concatenate([roots[extra > 0], anchors[branch]]),
-            np.concatenate([np.full(int((extra > 0).sum()), Kind.TOP_UP), np.full(branch.size, Kind.CONTINUATION)]
-                           ).astype(np.int8),
-            np.concatenate([extra[extra > 0], alloc.k[branch]]).astype(np.int64),
-        )
+        topped = np.flatnonzero(extra)
+        kinds = np.repeat(np.array([Kind.TOP_UP, Kind.CONTINUATION], dtype=np.int8), [topped.size, branch.size])
+        starts = Starts(np.concatenate([roots[topped], anchors[branch]]), kinds,
+                        np.concatenate([extra[topped], alloc.k[branch]]).astype(np.int64))
         by_round.append(int(alloc.k.sum()))
         counts["top_up"] += int(extra.sum())
         counts["continuation"] += int(alloc.k.sum())

@@ -31,7 +31,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from trace_theory import KINDS, ForestBuilder, Origin, Prediction, RolloutBudget, RolloutForest, get_policy, run_step
+from trace_theory import (
+    KINDS,
+    ForestBuilder,
+    Origin,
+    Prediction,
+    RolloutBudget,
+    RolloutForest,
+    get_policy,
+    run_step,
+)
 from trace_theory.step import Starts, StepRecord
 
 from .backends.base import GenerationBackend, GenerationRequest, Sampling
@@ -312,7 +321,8 @@ class _Run:
 
     def execute(self, planned: RolloutBudget) -> RolloutBatch:
         record = run_step(self, self.policy, planned, pool=len(self.pool), rng=self.rng,
-                          expansion_rounds=self.cfg.expansion_rounds, root_allocator=self.engine.root_allocator)
+                          expansion_rounds=self.cfg.expansion_rounds,
+                          root_allocator=self.engine.root_allocator)
         return self._finish(planned, record)
 
     def _add_roots(self, prompts: list[int]) -> list[int]:

@@ -122,7 +122,9 @@ def online_batches(
     predictor = make_predictor(arm.predictor, **(predictor_options or {}).get(arm.predictor, {}))
     rows = []
     for b in range(batches):
-        batch = sample_batch(model, policy, budget, predictor, pool=pool, rng=rng, expansion_rounds=expansion_rounds)
+        batch = sample_batch(
+            model, policy, budget, predictor, pool=pool, rng=rng, expansion_rounds=expansion_rounds
+        )
         predictor = predictor.update(batch.sampled)
         rows.append({"batch": b, **batch_metrics(batch)})
     return rows

@@ -94,8 +94,8 @@ def run(config: Config, units: Units) -> Outcome:
                               batches=config.batches, rng=rng, group_size=config.group_size,
                               expansion_rounds=rounds)
         return tidy(NAME, [
-            {"view": view, "arm": arm.label, "rounds": rounds, "seed": s, "budget": roots * (1 + config.continuations),
-             "batch": r["batch"], "metric": k, "value": r[k]}
+            {"view": view, "arm": arm.label, "rounds": rounds, "seed": s,
+             "budget": roots * (1 + config.continuations), "batch": r["batch"], "metric": k, "value": r[k]}
             for r in rows for k in METRICS
         ])
 
@@ -139,8 +139,8 @@ def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
             d = at["effective_ratio"] - ref["effective_ratio"]
             se = float(np.hypot(at["effective_ratio_stderr"], ref["effective_ratio_stderr"]))
             parts.append(
-                f"{arm} R={r}: effective ratio {at['effective_ratio']:.1%} vs {ref['effective_ratio']:.1%} at "
-                f"R={config.rounds[0]} (equal rollouts); at equal turns {at['rollouts_at_equal_turns']:.0f} "
+                f"{arm} R={r}: effective ratio {at['effective_ratio']:.1%} vs "
+                f"{ref['effective_ratio']:.1%} at R={config.rounds[0]} (equal rollouts); at equal turns {at['rollouts_at_equal_turns']:.0f} "
                 f"rollouts vs {ref['rollouts_at_equal_turns']:.0f}, "
                 f"{at['contrast_pairs_per_rollout_at_equal_turns']:.2f} contrast pairs per rollout vs "
                 f"{ref['contrast_pairs_per_rollout_at_equal_turns']:.2f}"
