@@ -215,10 +215,14 @@ def test_the_root_allocator_hook_replaces_the_local_allocation():
                       root_allocator=everything_on_the_last_two)
     assert calls == [("trace", 8, 10)]
     assert world.log[1][0] == "plant" and world.log[1][1].tolist() == [6, 7]
-    with pytest.raises(ValueError, match="the root allocator must return 8 non-negative counts summing to 10"):
-        run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8, rng=np.random.default_rng(0),
-                 root_allocator=lambda *args: np.ones(8, dtype=np.int64))
     assert record.rollouts == 20
+    # A distributed allocator returns this rank's share of the global budget: the rest of the step is local.
+    share = run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8,
+                     rng=np.random.default_rng(0), root_allocator=lambda *args: np.full(8, 2))
+    assert share.counts["bare"] == 16 and share.rollouts == 32
+    with pytest.raises(ValueError, match="the root allocator must return 8 non-negative counts"):
+        run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8, rng=np.random.default_rng(0),
+                 root_allocator=lambda *args: np.ones(7, dtype=np.int64))
 
 
 def test_bad_input_fails_with_one_line_messages():
