@@ -102,3 +102,19 @@ def test_the_simulator_replaying_the_engines_outcomes_makes_the_same_decisions(h
     # And both recorded the same predictions (the engine per node, the simulator in the order asked).
     engine_nodes = np.flatnonzero(np.isfinite(batch.predictions) & (batch.forest.parent != -1))
     np.testing.assert_allclose(np.sort(sim.predicted[sim.depth > 0]), np.sort(batch.predictions[engine_nodes]))
+
+
+def test_rounds_and_the_dapo_target_are_rollout_settings():
+    assert RolloutConfig(policy="dapo", dapo_target=3).allocation_policy.dynamic_target(1000) == 3
+    assert RolloutConfig(policy="dapo", group_size=4).allocation_policy.dynamic_target(64) == 8  # 64 // (2 * 4)
+    with pytest.raises(ValueError, match="`expansion_rounds` must be a positive integer, got 0"):
+        RolloutConfig(expansion_rounds=0)
+    with pytest.raises(ValueError, match="`dapo_target` is a setting of dynamic sampling; policy 'trace' has none"):
+        RolloutConfig(policy="trace", dapo_target=3)
+    from trace_train.config import load_config
+    from trace_train.train import TrainConfig
+
+    cfg = load_config(TrainConfig, "cpu_demo", ["rollout.expansion_rounds=2", "rollout.policy=dapo",
+                                                 "rollout.dapo_target=2"])
+    engine_config = cfg.rollout.engine_config(seed=0, binary_rewards=True)
+    assert engine_config.expansion_rounds == 2 and engine_config.dapo_target == 2
