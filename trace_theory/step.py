@@ -42,7 +42,7 @@ from .forest import RolloutForest
 from .policies import AllocationPolicy, RolloutBudget, top_up_roots
 
 __all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StepRecord", "RootAllocator", "run_step",
-           "round_shares", "in_rollout_order"]
+           "round_shares", "in_rollout_order", "place_continuations"]
 
 KINDS = ("bare", "top_up", "continuation")
 """Kinds of rollouts a world grows: bare (from a new root), top-up (extra bare rollouts from an existing
@@ -287,8 +287,7 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
             asked_kappa.append(guess.concentration)
         else:
             v = np.full(anchors.size, 0.5)
-        factual = forest.reward[forest.factual_leaf[anchors]]
-        alloc = policy.allocate_prefixes(v, factual, forest.tree_index[anchors], budget, rng=rng)
+        alloc = place_continuations(policy, forest, anchors, v, budget, rng=rng)
         carry = alloc.unspent
         extra = np.zeros(len(roots), dtype=np.int64)
         if last and carry.sum():
@@ -318,6 +317,18 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
     groups = np.zeros_like(m)
     groups[forest.prompt[roots]] = m_tree
     return forest, groups, tuple(by_round)
+
+
+def place_continuations(policy: AllocationPolicy, forest: RolloutForest, anchors, v, budget, *, rng=None):
+    """Continuations per anchor by ``policy``'s prefix rule: one expansion round's decision on ``forest``.
+
+    ``v`` is the prediction at each anchor, ``budget`` the continuation budget of each tree (in
+    ``forest.roots`` order); the factual reward of an anchor is that of its own rollout's leaf
+    (``forest.factual_leaf``). Returns ``policy.allocate_prefixes``' :class:`PrefixAllocation`.
+    """
+    anchors = np.asarray(anchors, dtype=np.int64)
+    factual = forest.reward[forest.factual_leaf[anchors]]
+    return policy.allocate_prefixes(v, factual, forest.tree_index[anchors], budget, rng=rng)
 
 
 def in_rollout_order(forest: RolloutForest, nodes: np.ndarray) -> np.ndarray:
