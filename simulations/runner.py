@@ -124,6 +124,8 @@ class Batch:
     predicted, actual, depth : ndarray
         Every prediction the allocator used (candidate prompts, then prefixes), the true success
         probability there and the anchor's depth; empty for policies that use no predictor.
+    record : trace_theory.StepRecord or None
+        What the step driver recorded (rollouts by kind, continuations per expansion round, ...).
     """
 
     sampled: SimForest
@@ -132,6 +134,7 @@ class Batch:
     predicted: np.ndarray = field(default_factory=lambda: _EMPTY)
     actual: np.ndarray = field(default_factory=lambda: _EMPTY)
     depth: np.ndarray = field(default_factory=lambda: _EMPTY)
+    record: StepRecord | None = None
 
     @property
     def rollouts(self) -> int:
@@ -239,7 +242,7 @@ class BernoulliWorld:
             m_kept = np.where(keep, self.m, 0)
             rollouts = Rollouts.concatenate(self.blocks)
             trained = SimForest.plant(self.prompts, m_kept, rollouts.select(np.repeat(keep, self.m)))
-        return Batch(sim, trained, record.rounds, predicted, actual, depth)
+        return Batch(sim, trained, record.rounds, predicted, actual, depth, record)
 
 
 def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> Rollouts:

@@ -423,6 +423,6 @@ class _Run:
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
             continuation_prefix_tokens=self.prefix_tokens, continuation_prefix_cached=self.prefix_cached,
             rounds=record.rounds, end_reasons=dict(sorted(self.end_reasons.items())),
-            seconds=time.perf_counter() - self.start,
+            seconds=time.perf_counter() - self.start, continuations_by_round=record.continuations_by_round,
         )
         return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report)

@@ -187,5 +187,7 @@ def test_repeated_expansion_spends_the_budget_and_branches_from_continuations(na
     forest = batch.sampled.forest
     branch = forest.starts_rollout & (forest.origin == Origin.CONTINUATION)
     assert (forest.origin[forest.parent[branch]] == Origin.CONTINUATION).any()  # round 2 and later
+    assert len(batch.record.continuations_by_round) == rounds
+    assert sum(batch.record.continuations_by_round) == int(branch.sum())
     if policy.predicts_prefixes:
         assert batch.predicted.size > 72 + forest.prefix_anchors().size  # later rounds were predicted too
