@@ -21,6 +21,7 @@ FIGURES = (
     "learning_curves",
     "predictor_quality",
     "target_bias",
+    "expansion_rounds",
 )
 """Every figure, in the order of the report."""
 

@@ -213,6 +213,24 @@ def _target_bias(summary: dict) -> list[Row]:
     return _rows(rows)
 
 
+def _expansion_rounds(summary: dict) -> list[Row]:
+    """Per arm and R: effective ratio at equal rollouts; rollouts, mixed prompts, contrast pairs at equal turns."""
+    rows = []
+    for arm, by_r in summary["headline"].items():
+        for r, entry in by_r.items():
+            rows += [
+                (f"effective ratio, {arm}, R = {r[1:]} (equal rollouts)", NONE,
+                 _pm(entry, "effective_ratio")),
+                (f"rollouts per batch, {arm}, R = {r[1:]} (equal turns)", NONE,
+                 _fmt(_num(entry, "rollouts_at_equal_turns"), ".0f")),
+                (f"mixed prompts per batch, {arm}, R = {r[1:]} (equal turns)", NONE,
+                 _pm(entry, "mixed_prompts_at_equal_turns", ".0f")),
+                (f"contrast pairs per rollout, {arm}, R = {r[1:]} (equal turns)", NONE,
+                 _pm(entry, "contrast_pairs_per_rollout_at_equal_turns", ".2f")),
+            ]
+    return _rows(rows)
+
+
 @dataclass(frozen=True)
 class Section:
     """One claim of the method: the experiment that tests it, its figures and how to read its numbers."""
@@ -251,4 +269,10 @@ SECTIONS = (
         _predictor_quality,
     ),
     Section("target_bias", "Bias of the recursive targets", ("target_bias",), _target_bias),
+    Section(
+        "expansion_rounds",
+        "Repeated expansion (beyond the paper)",
+        ("expansion_rounds",),
+        _expansion_rounds,
+    ),
 )

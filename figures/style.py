@@ -45,7 +45,8 @@ POLICY_COLOURS = {
     "trace": OKABE_ITO["vermillion"],
     "trace_beta": OKABE_ITO["vermillion"],
 }
-"""Colour of each registered policy; TRACE's variants share vermillion and differ in line and hatch."""
+"""Colour of the policies the figures compare; TRACE's variants share vermillion and differ in line and hatch.
+A policy not listed here (a new registration) is drawn in the default style of :func:`arm_style`."""
 
 POLICY_NAMES = {
     "grpo": "GRPO",
@@ -115,9 +116,12 @@ class ArmStyle:
 def arm_style(arm: str) -> ArmStyle:
     """The style of an arm label as the simulator writes it (``trace``, ``trace[oracle]``, ``trace+local``)."""
     match = _ARM.match(arm)
-    if match is None or match["policy"] not in POLICY_COLOURS:
+    if match is None:
         return ArmStyle(arm, OKABE_ITO["grey"], "-", "o", "")
     policy, predictor, estimator = match["policy"], match["predictor"], match["estimator"]
+    if policy not in POLICY_COLOURS:  # a policy without a look of its own (newly registered): the default
+        return ArmStyle(arm, OKABE_ITO["grey"], ":" if predictor or estimator else (0, (5, 1, 1, 1)), "x",
+                        "xx" if predictor or estimator else "++")
     label = POLICY_NAMES[policy]
     linestyle, marker, hatch = "-", "o", ""
     if policy == "trace_beta":

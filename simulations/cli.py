@@ -4,6 +4,8 @@
     trace-sim run effective_ratio            # full size, into results/effective_ratio/
     trace-sim run all --quick --out /tmp/r   # every experiment at a few seconds each
     trace-sim run NAME --seed 3              # another seed (a separate --out keeps runs apart)
+    trace-sim run effective_ratio --set 'arms=("grpo", "dapo{dapo_target=16}")' --out /tmp/dapo
+                                             # change config fields; policy settings ride on the arm
 
 A finished experiment is skipped on a rerun; an interrupted one continues from its finished units.
 """
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 from .experiments import EXPERIMENTS
-from .results import run_experiment
+from .results import parse_override, run_experiment
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="a few seconds per experiment (smoke-test sizes)")
     run.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     run.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="change a config field (Python literal), e.g. seeds=3 or "
+                     "'arms=(\"grpo\", \"dapo{dapo_target=16}\")'; repeatable")
     return parser
 
 
@@ -51,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seed < 0:
             raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+        overrides = dict(parse_override(text) for text in args.set)
         for name in _names(args.names):
             start = time.perf_counter()
-            folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed)
+            folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed,
+                                         overrides=overrides)
             status = f"done in {time.perf_counter() - start:.1f} s" if ran else "already finished, skipped"
             print(f"{name}: {status} -> {folder}")
     except (ValueError, OSError) as error:

@@ -24,20 +24,12 @@ from typing import Protocol
 import numpy as np
 from scipy.special import expit, logit
 
-from trace_theory import VALUE_METHODS, node_targets, root_outcomes
+from trace_theory import VALUE_METHODS, Prediction, node_targets, root_outcomes
 
 from .rollout import SimForest
 
 _V_CLIP = 1e-6
 _KAPPA_RANGE = (0.1, 1e4)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Predicted success probability ``v`` and Beta concentration ``concentration`` per anchor."""
-
-    v: np.ndarray
-    concentration: np.ndarray
 
 
 class Predictor(Protocol):

@@ -16,6 +16,7 @@ config is never mixed with this one: that is an error, and so is a ``config.json
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -27,11 +28,30 @@ from .experiments import get_experiment
 from .experiments.base import Units
 
 
-def resolve_config(name: str, *, quick: bool = False, seed: int = 0):
-    """The config an experiment runs with: defaults (or ``quick()``) with the given seed."""
+def resolve_config(name: str, *, quick: bool = False, seed: int = 0, overrides: dict | None = None):
+    """The config an experiment runs with: defaults (or ``quick()``) with the given seed and ``overrides``
+    (field name -> value; lists become tuples), validated by the config itself."""
     experiment = get_experiment(name)
     config = experiment.config.quick() if quick else experiment.config()
-    return dataclasses.replace(config, seed=seed)
+    fields = {f.name for f in dataclasses.fields(config)}
+    changes = {"seed": seed}
+    for key, value in (overrides or {}).items():
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ValueError(f"experiment {name!r} has no config field {key!r}; fields: {known}")
+        changes[key] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(config, **changes)
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """``key=value`` with a Python literal value (``arms=("grpo", "dapo{dapo_target=16}")``, ``seeds=3``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise ValueError(f"--set takes key=value, got {text!r}")
+    try:
+        return key.strip(), ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        raise ValueError(f"--set {text!r}: the value must be a Python literal (quote strings)") from None
 
 
 def config_json(config) -> dict:
@@ -84,9 +104,11 @@ def is_finished(folder: Path) -> bool:
 
 
 def run_experiment(
-    name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True
+    name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True,
+    overrides: dict | None = None,
 ) -> tuple[Path, bool]:
-    """Run experiment ``name`` into ``out / name`` unless it is finished there.
+    """Run experiment ``name`` into ``out / name`` unless it is finished there (config fields changed by
+    ``overrides``, see :func:`resolve_config`).
 
     Returns
     -------
@@ -99,7 +121,7 @@ def run_experiment(
         If the folder holds a run made with a different config.
     """
     experiment = get_experiment(name)
-    config = resolve_config(name, quick=quick, seed=seed)
+    config = resolve_config(name, quick=quick, seed=seed, overrides=overrides)
     resolved = config_json(config)
     folder = Path(out) / name
     config_path = folder / "config.json"

@@ -1,59 +1,51 @@
 """One batch of rollouts for any registered allocation policy, at equal budget.
 
-``sample_batch`` is the simulator's rollout engine. It runs the two TRACE stages with whatever
-``trace_theory`` policy it is given, so that every comparison is a comparison of the very functions the
-trainer calls:
+``sample_batch`` is the simulator's rollout engine. The step itself (which prompts, how many rollouts,
+which prefixes, DAPO's rounds) is ``trace_theory.step.run_step``, the very driver the trainer's engine
+runs; this module only answers its questions with the simulated world (:class:`BernoulliWorld`):
 
-1. draw a candidate pool of prompts; predict their success probability;
-2. ``policy.split(budget)``, then ``policy.allocate_roots`` -> group sizes; sample bare rollouts;
-3. for branching policies: predict at every non-terminal prefix of the bare rollouts
-   (``RolloutForest.prefix_anchors``), ``policy.allocate_prefixes`` with per-prompt budgets m_i N;
-   prefix budget that no anchor can take goes to extra root rollouts (``top_up_roots``); sample the
-   continuations;
-4. DAPO (``policy.dynamic_sampling``): rounds of G rollouts for fresh prompts from the pool, driven by
-   ``DynamicSamplingState``, until the batch holds budget // G mixed groups, the budget cannot pay for
-   another group, or the pool runs out. Every rollout generated is charged; only mixed groups are
-   trained on. With a batch target of budget // G groups the first round already asks for the whole
-   budget, so at equal budget DAPO samples what GRPO samples and differs in what it trains on.
+* predict candidate prompts or nodes: the predictor on their payload (true ``v``, ``signal``) and depth;
+* plant roots with bare rollouts, grow top-ups and continuations: ``World.rollouts`` from the payload
+  of the start node, laid out by :class:`~simulations.rollout.SimForest`.
 
-Every policy spends ``budget.total`` rollouts (leaves), except DAPO, which spends less only when its
-batch fills first, the remainder cannot pay for a group or the pool runs dry. Turns are counted for
-equal-token views.
+Every policy spends ``budget.total`` rollouts (leaves), except DAPO, which spends less when its batch
+fills first (``AllocationPolicy.dynamic_target``), the remainder cannot pay for a group or the pool runs
+dry; DAPO trains on its mixed groups only. Turns are counted for equal-token views.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from trace_theory import (
-    POLICIES,
-    AllocationPolicy,
-    DynamicSamplingState,
-    Origin,
-    RolloutBudget,
-    mixed_groups,
-    top_up_roots,
-)
+from trace_theory import POLICIES, AllocationPolicy, Origin, Prediction, RolloutBudget, get_policy, run_step
+from trace_theory.step import Kind, Starts, StepRecord
 
-from .predictors import PREDICTORS, Prediction, Predictor
+from .predictors import PREDICTORS, Predictor
 from .rollout import Rollouts, SimForest
 
-_ARM = re.compile(r"^(?P<policy>[A-Za-z0-9_]+)(\[(?P<predictor>[A-Za-z0-9_]+)\])?$")
+_ARM = re.compile(
+    r"^(?P<policy>[A-Za-z0-9_]+)(\{(?P<settings>[^{}]*)\})?(\[(?P<predictor>[A-Za-z0-9_]+)\])?$"
+)
 
 
 @dataclass(frozen=True)
 class Arm:
-    """A registered policy and the predictor that guides it, written ``policy`` or ``policy[predictor]``.
+    """A registered policy, its settings and the predictor that guides it.
 
-    The predictor defaults to ``learned``, as in the paper; ``trace[oracle]`` is TRACE's upper bound.
+    Written ``policy``, ``policy[predictor]`` or with policy settings ``policy{key=value,...}[predictor]``
+    (``dapo{dapo_target=16}``, ``trace{max_per_anchor=2}[oracle]``). The predictor defaults to
+    ``learned``, as in the paper; ``trace[oracle]`` is TRACE's upper bound.
     """
 
     policy: str
     predictor: str = "learned"
+    settings: tuple[tuple[str, object], ...] = ()
+    """Fields of the ``trace_theory.AllocationPolicy`` changed for this arm, as (name, value) pairs."""
 
     def __post_init__(self):
         POLICIES.check(self.policy)
@@ -61,17 +53,47 @@ class Arm:
             raise ValueError(
                 f"unknown predictor {self.predictor!r} in arm {self.label!r}; known: {', '.join(PREDICTORS)}"
             )
+        try:
+            self.allocation_policy()
+        except TypeError as error:  # an unknown field name
+            raise ValueError(f"arm {self.label!r}: {error}") from None
 
     @classmethod
     def parse(cls, text: str) -> Arm:
         match = _ARM.match(str(text))
         if match is None:
-            raise ValueError(f"an arm is written 'policy' or 'policy[predictor]', got {text!r}")
-        return cls(match["policy"], match["predictor"] or "learned")
+            raise ValueError(
+                "an arm is written 'policy', 'policy[predictor]' or 'policy{key=value}[predictor]', "
+                f"got {text!r}"
+            )
+        return cls(match["policy"], match["predictor"] or "learned", _settings(match["settings"] or "", text))
 
     @property
     def label(self) -> str:
-        return self.policy if self.predictor == "learned" else f"{self.policy}[{self.predictor}]"
+        text = self.policy
+        if self.settings:
+            text += "{" + ",".join(f"{k}={v!r}" for k, v in self.settings) + "}"
+        return text if self.predictor == "learned" else f"{text}[{self.predictor}]"
+
+    def allocation_policy(self, **defaults) -> AllocationPolicy:
+        """``get_policy(policy, **defaults)`` with this arm's settings on top (``group_size=8``, ...)."""
+        return get_policy(self.policy, **{**defaults, **dict(self.settings)})
+
+
+def _settings(text: str, arm: str) -> tuple[tuple[str, object], ...]:
+    """``key=value`` pairs separated by commas; values are Python literals (``16``, ``None``, ``0.5``)."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = None
+            sep = ""
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"arm {arm!r}: a setting is written key=literal, got {item!r}")
+        out.append((key.strip(), value))
+    return tuple(out)
 
 
 _EMPTY = np.zeros(0)
@@ -102,6 +124,8 @@ class Batch:
     predicted, actual, depth : ndarray
         Every prediction the allocator used (candidate prompts, then prefixes), the true success
         probability there and the anchor's depth; empty for policies that use no predictor.
+    record : trace_theory.StepRecord or None
+        What the step driver recorded (rollouts by kind, continuations per expansion round, ...).
     """
 
     sampled: SimForest
@@ -110,6 +134,7 @@ class Batch:
     predicted: np.ndarray = field(default_factory=lambda: _EMPTY)
     actual: np.ndarray = field(default_factory=lambda: _EMPTY)
     depth: np.ndarray = field(default_factory=lambda: _EMPTY)
+    record: StepRecord | None = None
 
     @property
     def rollouts(self) -> int:
@@ -128,6 +153,7 @@ def sample_batch(
     *,
     pool: int,
     rng: np.random.Generator,
+    expansion_rounds: int = 1,
 ) -> Batch:
     """Sample one batch with ``policy`` from a fresh pool of ``pool`` candidate prompts.
 
@@ -145,96 +171,81 @@ def sample_batch(
         Candidate prompts drawn for the batch; at least the roots' share of groups of G
         (``budget.total / G`` for a flat policy, ``budget.roots / G`` for a tree policy).
     rng : numpy.random.Generator
+    expansion_rounds : int, default 1
+        R: rounds of prefix expansion for branching policies (``trace_theory.step``).
 
     Returns
     -------
     Batch
     """
-    n_roots, n_continuations = policy.split(budget)
+    n_roots, _ = policy.split(budget)
     need = -(-n_roots // policy.group_size)
     if pool < need:
         raise ValueError(
             f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use"
         )
-    prompts = world.sample_prompts(pool, rng)
-    if policy.dynamic_sampling:
-        return _dynamic_sampling(world, policy, budget, prompts, rng)
-    asked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    sim_world = BernoulliWorld(world, world.sample_prompts(pool, rng), predictor, rng)
+    record = run_step(sim_world, policy, budget, pool=pool, rng=rng, expansion_rounds=expansion_rounds)
+    return sim_world.batch(record)
 
-    def ask(nodes: dict[str, np.ndarray], depth: np.ndarray) -> Prediction:
-        guess = predictor.predict(nodes, depth, rng)
-        asked.append((guess.v, nodes["v"], depth))
-        return guess
 
-    if policy.root_rule == "uniform":  # pool order: no prediction needed
-        guess = Prediction(np.full(pool, 0.5), np.ones(pool))
-    else:
-        guess = ask(prompts, np.zeros(pool, dtype=np.int64))
-    m = policy.allocate_roots(guess.v, n_roots, rng=rng, concentration=guess.concentration)
-    sim = SimForest.plant(prompts, m, _bare(world, prompts, m, rng))
-    if policy.branches:
-        sim = _expand(sim, world, policy, n_continuations, ask, rng)
-    predicted, actual, depth = (np.concatenate(part) for part in zip(*asked)) if asked else (_EMPTY,) * 3
-    return Batch(sim, sim, 1, predicted, actual, depth)
+class BernoulliWorld:
+    """The simulator's answers to the step driver (``trace_theory.step.World``) for one batch.
+
+    Node ids are those of :class:`SimForest`; ``plant`` called again (DAPO's rounds) re-plants every
+    prompt planted so far, so that roots always come first, in prompt order.
+    """
+
+    def __init__(self, world: World, prompts: dict[str, np.ndarray], predictor: Predictor, rng):
+        self.world, self.prompts, self.predictor, self.rng = world, prompts, predictor, rng
+        self.m = np.zeros(len(prompts["v"]), dtype=np.int64)
+        self.blocks: list[Rollouts] = []
+        self.sim: SimForest | None = None
+
+    def predict_prompts(self, prompts, *, concentration: bool) -> Prediction:
+        payload = {k: a[prompts] for k, a in self.prompts.items()}
+        return self.predictor.predict(payload, np.zeros(len(prompts), dtype=np.int64), self.rng)
+
+    def predict_nodes(self, nodes, *, concentration: bool) -> Prediction:
+        return self.predictor.predict(self.sim.payload(nodes), self.sim.forest.depth[nodes], self.rng)
+
+    def plant(self, prompts, counts):
+        planted = np.flatnonzero(self.m)
+        if prompts.size and planted.size and prompts.min() <= planted.max():
+            raise ValueError("prompts must be planted in increasing order, each once")
+        m = np.zeros_like(self.m)
+        m[prompts] = counts
+        self.blocks.append(_bare(self.world, self.prompts, m, self.rng))
+        self.m += m
+        self.sim = SimForest.plant(self.prompts, self.m, Rollouts.concatenate(self.blocks))
+        return self.sim.forest
+
+    def grow(self, starts: Starts):
+        for kind, origin in ((Kind.TOP_UP, Origin.BARE), (Kind.CONTINUATION, Origin.CONTINUATION)):
+            nodes, counts = starts.of(kind)
+            at = np.repeat(nodes, counts)
+            if at.size:
+                rollouts = self.world.rollouts(self.sim.payload(at), self.sim.forest.depth[at], self.rng)
+                self.sim = self.sim.grow(at, rollouts, origin=origin)
+        return self.sim.forest
+
+    def batch(self, record: StepRecord) -> Batch:
+        """The :class:`Batch` of a finished step: what was sampled, trained on and predicted."""
+        sim, forest = self.sim, self.sim.forest
+        predicted = np.concatenate([record.prompt_v, record.node_v])
+        actual = np.concatenate([self.prompts["v"][record.prompt_ids], sim.nodes["v"][record.node_ids]])
+        depth = np.concatenate([np.zeros(record.prompt_ids.size, np.int64), forest.depth[record.node_ids]])
+        trained = sim
+        if record.kept is not None:  # DAPO trains on its mixed groups only
+            keep = np.zeros(len(self.m), dtype=bool)
+            keep[record.kept] = True
+            m_kept = np.where(keep, self.m, 0)
+            rollouts = Rollouts.concatenate(self.blocks)
+            trained = SimForest.plant(self.prompts, m_kept, rollouts.select(np.repeat(keep, self.m)))
+        return Batch(sim, trained, record.rounds, predicted, actual, depth, record)
 
 
 def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> Rollouts:
     """``m[i]`` rollouts from prompt i, prompt by prompt."""
     which = np.repeat(np.arange(len(m)), m)
     return world.rollouts({k: a[which] for k, a in prompts.items()}, np.zeros(which.size, np.int64), rng)
-
-
-def _expand(
-    sim: SimForest, world: World, policy: AllocationPolicy, n_continuations: int, ask, rng
-) -> SimForest:
-    """Stage 2: continuations from the prefixes of the bare rollouts, m_i N per prompt."""
-    forest = sim.forest
-    anchors = forest.prefix_anchors()
-    budgets = n_continuations * forest.leaf_count[forest.roots]
-    if policy.prefix_rule == "active":
-        v = ask(sim.payload(anchors), forest.depth[anchors]).v
-    else:  # uniform or random spreading: no prediction needed
-        v = np.full(anchors.size, 0.5)
-    factual = forest.reward[forest.factual_leaf[anchors]]
-    alloc = policy.allocate_prefixes(v, factual, forest.tree_index[anchors], budgets, rng=rng)
-    unspent = int(alloc.unspent.sum())
-    if unspent:
-        m = forest.leaf_count[forest.roots]
-        extra = np.repeat(forest.roots, top_up_roots(m, unspent) - m)
-        sim = sim.grow(
-            extra, world.rollouts(sim.payload(extra), forest.depth[extra], rng), origin=Origin.BARE
-        )
-    branch = np.repeat(anchors, alloc.k)
-    if branch.size:
-        sim = sim.grow(
-            branch, world.rollouts(sim.payload(branch), forest.depth[branch], rng), origin=Origin.CONTINUATION
-        )
-    return sim
-
-
-def _dynamic_sampling(world, policy, budget, prompts, rng) -> Batch:
-    """DAPO: rounds of G rollouts for fresh prompts until budget // G groups mix or budget or pool run out."""
-    g = policy.group_size
-    state = DynamicSamplingState(target=max(budget.total // g, 1), group_size=g, budget=budget.total)
-    pool = len(prompts["v"])
-    drawn, rounds, blocks, kept = 0, 0, [], []
-    while not state.done and drawn < pool:
-        n = min(state.next_round(), pool - drawn)
-        m = np.zeros(pool, dtype=np.int64)
-        m[drawn : drawn + n] = g
-        block = _bare(world, prompts, m, rng)
-        prompt = np.repeat(np.arange(drawn, drawn + n), g)
-        _, mixed = mixed_groups(prompt, block.reward)
-        blocks.append(block)
-        kept.append(np.repeat(mixed, g))
-        state = state.update(prompt, block.reward)
-        drawn, rounds = drawn + n, rounds + 1
-    if not blocks:  # the budget cannot pay for a single group
-        blocks, kept = [_bare(world, prompts, np.zeros(pool, dtype=np.int64), rng)], [np.zeros(0, dtype=bool)]
-    m = np.where(np.arange(pool) < drawn, g, 0)
-    sampled_rollouts = Rollouts.concatenate(blocks)
-    keep = np.concatenate(kept)
-    sampled = SimForest.plant(prompts, m, sampled_rollouts)
-    m_kept = np.zeros(pool, dtype=np.int64)
-    m_kept[np.repeat(np.arange(drawn), g)[keep]] = g
-    return Batch(sampled, SimForest.plant(prompts, m_kept, sampled_rollouts.select(keep)), rounds)

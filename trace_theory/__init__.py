@@ -2,8 +2,17 @@
 from .contrast import *  # noqa: F401,F403
 from .forest import ForestBuilder, Origin, RolloutForest  # noqa: F401
 from .allocate import PrefixAllocation, allocate_prefixes, allocate_roots, root_utility  # noqa: F401
-from .policies import POLICIES, AllocationPolicy, RolloutBudget, get_policy, top_up_roots  # noqa: F401
+from .policies import (  # noqa: F401
+    POLICIES,
+    PREFIX_RULES,
+    ROOT_RULES,
+    AllocationPolicy,
+    RolloutBudget,
+    get_policy,
+    top_up_roots,
+)
 from .dynamic_sampling import DynamicSamplingState, group_outcomes, mixed_groups  # noqa: F401
+from .step import KINDS, Prediction, Starts, StepRecord, round_shares, run_step  # noqa: F401
 from .targets import VALUE_METHODS, node_targets, node_values, root_outcomes  # noqa: F401
 from .advantages import ADVANTAGES, compute_advantages  # noqa: F401
 from .metrics import (  # noqa: F401

@@ -2,8 +2,9 @@
 
 DAPO (Yu et al., 2025) fills a training batch with groups whose rewards are not all equal by generating
 rounds of G rollouts for fresh prompts and discarding uniform groups, until ``target`` groups are kept.
-It needs rounds of generation, so the runner (simulator or trainer) owns the loop; this module holds the
-decisions, so that both runners make the same ones:
+It needs rounds of generation, which the step driver runs (:func:`trace_theory.step.run_step`, for the
+simulator and the trainer alike, with the target of ``AllocationPolicy.dynamic_target``); this module
+holds the decisions:
 
 >>> state = DynamicSamplingState(target=4, group_size=2, budget=24)
 >>> state.next_round()  # first round: exactly what is missing

@@ -27,17 +27,27 @@ name                          roots            prefixes         what it stands f
 ``trace_beta``                active (Beta)    active           TRACE with the posterior utility
 ============================  ===============  ===============  =====================================
 
-"uniform" roots take the prompts in pool order (the sampler's random order), G = ``group_size`` each;
-"active" roots are :func:`allocate_roots`, "active" prefixes :func:`allocate_prefixes`.
+A policy is a name plus a root rule and a prefix rule, registered functions with one signature each
+(:data:`ROOT_RULES`, :data:`PREFIX_RULES`), plus its settings. "uniform" roots take the prompts in pool
+order (the sampler's random order), G = ``group_size`` each; "active" roots are :func:`allocate_roots`,
+"active" prefixes :func:`allocate_prefixes`. Each rule says whether it reads predictions, so callers ask
+the policy (``needs_predictor``, ``predicts_roots``, ``predicts_prefixes``) instead of comparing names.
 
-DAPO oversamples and filters, which needs rounds of generation; the ``dapo`` entry marks the policy as
-``dynamic_sampling`` and the runner loops with the helpers in :mod:`trace_theory.dynamic_sampling`.
+DAPO oversamples and filters, which needs rounds of generation: the ``dapo`` entry sets
+``dynamic_sampling``, and :func:`trace_theory.step.run_step` runs the rounds with
+:mod:`trace_theory.dynamic_sampling` (target: :meth:`AllocationPolicy.dynamic_target`).
+
+Adding a policy touches this file only: register its rules (``@root_rule(name, predicts=...)``,
+``@prefix_rule(name, predicts=..., randomised=...)``) if they are new, then ``_register`` the policy.
+The simulator, the trainer and the shared property tests pick it up by name; figures give a policy
+without a colour of its own a default style.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -45,10 +55,69 @@ from . import _checks
 from ._registry import Registry
 from .allocate import PrefixAllocation, allocate_roots, check_root_budget, water_fill
 
-__all__ = ["RolloutBudget", "AllocationPolicy", "POLICIES", "get_policy", "top_up_roots"]
+__all__ = [
+    "RolloutBudget", "AllocationPolicy", "POLICIES", "ROOT_RULES", "PREFIX_RULES", "RootRule", "PrefixRule",
+    "get_policy", "top_up_roots",
+]
 
-ROOT_RULES = ("uniform", "pcl", "active")
-PREFIX_RULES = (None, "uniform", "random", "active")
+
+# ---------------------------------------------------------------------------------------------------
+# Rules: how roots and prefixes are chosen, registered by name with one signature each
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RootRule:
+    """A root rule: ``allocate(policy, v, budget, *, concentration) -> m``, group size per candidate.
+
+    ``v`` is validated, ``budget`` a non-negative integer and ``concentration`` the Beta concentration
+    per candidate for a posterior policy (None otherwise); ``m`` must sum to ``budget``.
+    """
+
+    allocate: Callable[..., np.ndarray]
+    predicts: bool
+    """Whether the rule reads ``v`` (then the caller must predict the candidate pool)."""
+
+
+@dataclass(frozen=True)
+class PrefixRule:
+    """A prefix rule: ``place(v, r, prompt, budget, *, room, start, rng) -> PrefixAllocation``.
+
+    One pass over the anchors: per prompt, place ``budget`` continuations on its anchors, at most
+    ``room`` more per anchor, counting from ``start`` already placed; return what could not be placed.
+    """
+
+    place: Callable[..., PrefixAllocation]
+    predicts: bool
+    """Whether the rule reads ``v`` (then the caller must predict the anchors)."""
+    randomised: bool = False
+    """Whether the rule draws from ``rng`` (then the allocation is not a function of the inputs)."""
+    reads_outcomes: bool = False
+    """Whether placement depends on the factual rewards ``r`` (outcome-dependent branching)."""
+
+
+ROOT_RULES: Registry[RootRule] = Registry("root rule")
+PREFIX_RULES: Registry[PrefixRule] = Registry("prefix rule")
+
+
+def root_rule(name: str, *, predicts: bool):
+    """Register ``allocate`` as the root rule ``name``."""
+
+    def decorator(allocate):
+        ROOT_RULES.add(name, RootRule(allocate, predicts))
+        return allocate
+
+    return decorator
+
+
+def prefix_rule(name: str, *, predicts: bool, randomised: bool = False, reads_outcomes: bool = False):
+    """Register ``place`` as the prefix rule ``name``."""
+
+    def decorator(place):
+        PREFIX_RULES.add(name, PrefixRule(place, predicts, randomised, reads_outcomes))
+        return place
+
+    return decorator
 
 
 @dataclass(frozen=True)
@@ -74,13 +143,18 @@ class RolloutBudget:
 
 @dataclass(frozen=True)
 class AllocationPolicy:
-    """One way of spending a rollout budget; see the module table for the registered ones."""
+    """One way of spending a rollout budget: a name, a root rule, a prefix rule and their settings.
+
+    Callers ask the policy what it needs (:attr:`needs_predictor`, :attr:`predicts_roots`,
+    :attr:`predicts_prefixes`, :attr:`posterior`, :attr:`branches`, :attr:`dynamic_sampling`) rather
+    than switching on rule names; :func:`trace_theory.step.run_step` runs any policy.
+    """
 
     name: str
     root_rule: str
-    """"uniform" (pool order), "pcl" (predicted v nearest 0.5) or "active" (TRACE)."""
+    """A name in :data:`ROOT_RULES`: "uniform" (pool order), "pcl" (predicted v nearest 0.5), "active"."""
     prefix_rule: str | None = None
-    """None (no branching), "uniform", "random" or "active" (TRACE)."""
+    """None (no branching) or a name in :data:`PREFIX_RULES`: "uniform", "random", "active"."""
     group_size: int = 8
     """Rollouts per selected prompt for the "uniform" and "pcl" root rules (GRPO's G)."""
     min_group: int = 2
@@ -92,13 +166,16 @@ class AllocationPolicy:
     posterior: bool = False
     """Use the Beta-posterior utility for roots; then ``concentration`` must be passed."""
     dynamic_sampling: bool = False
-    """DAPO-style rounds of oversampling and filtering (run by the caller)."""
+    """DAPO-style rounds of oversampling and filtering (run by :func:`trace_theory.step.run_step`)."""
+    dapo_target: int | None = None
+    """Mixed groups a dynamic-sampling batch aims to keep; None: :meth:`dynamic_target`'s default."""
 
     def __post_init__(self):
         if self.root_rule not in ROOT_RULES:
-            raise ValueError(f"`root_rule` must be one of {ROOT_RULES}, got {self.root_rule!r}")
-        if self.prefix_rule not in PREFIX_RULES:
-            raise ValueError(f"`prefix_rule` must be one of {PREFIX_RULES}, got {self.prefix_rule!r}")
+            raise ValueError(f"`root_rule` must be one of {tuple(ROOT_RULES)}, got {self.root_rule!r}")
+        if self.prefix_rule is not None and self.prefix_rule not in PREFIX_RULES:
+            known = (None, *PREFIX_RULES)
+            raise ValueError(f"`prefix_rule` must be one of {known}, got {self.prefix_rule!r}")
         if _checks.count("group_size", self.group_size) < 1:
             raise ValueError(f"`group_size` must be at least 1, got {self.group_size}")
         if _checks.count("min_group", self.min_group) < 1:
@@ -107,8 +184,14 @@ class AllocationPolicy:
             raise ValueError(f"`max_group` ({self.max_group}) must be at least `min_group` ({self.min_group})")
         if self.max_per_anchor is not None:
             _checks.count("max_per_anchor", self.max_per_anchor)
-        if self.dynamic_sampling and (self.prefix_rule is not None or self.root_rule != "uniform"):
+        if self.dynamic_sampling and (self.branches or self.predicts_roots):
             raise ValueError("dynamic sampling is defined for uniform roots without branching")
+        if self.dapo_target is not None:
+            if not self.dynamic_sampling:
+                raise ValueError(
+                    f"`dapo_target` is a setting of dynamic sampling; policy {self.name!r} has none")
+            if _checks.count("dapo_target", self.dapo_target) < 1:
+                raise ValueError(f"`dapo_target` must be at least 1, got {self.dapo_target}")
 
     # -----------------------------------------------------------------------------------------------
 
@@ -118,9 +201,29 @@ class AllocationPolicy:
         return self.prefix_rule is not None
 
     @property
+    def predicts_roots(self) -> bool:
+        """Whether the root rule reads predicted values of the candidate prompts."""
+        return ROOT_RULES[self.root_rule].predicts
+
+    @property
+    def predicts_prefixes(self) -> bool:
+        """Whether the prefix rule reads predicted values of the anchors."""
+        return self.branches and PREFIX_RULES[self.prefix_rule].predicts
+
+    @property
+    def branches_on_outcomes(self) -> bool:
+        """Whether where continuations go depends on the factual rewards of the bare rollouts."""
+        return self.branches and PREFIX_RULES[self.prefix_rule].reads_outcomes
+
+    @property
+    def needs_predictor(self) -> bool:
+        """Whether any of the policy's rules reads a prediction."""
+        return self.predicts_roots or self.predicts_prefixes
+
+    @property
     def deterministic(self) -> bool:
         """Whether the allocation is a function of the inputs alone (no random number generator)."""
-        return self.prefix_rule != "random"
+        return not (self.branches and PREFIX_RULES[self.prefix_rule].randomised)
 
     def replace(self, **changes) -> "AllocationPolicy":
         """A copy with fields changed (validated), e.g. ``get_policy("grpo").replace(group_size=16)``."""
@@ -132,26 +235,29 @@ class AllocationPolicy:
             return budget.roots, budget.continuations_per_root
         return budget.total, 0
 
+    def dynamic_target(self, budget: int) -> int:
+        """Mixed groups a dynamic-sampling batch of ``budget`` rollouts aims for.
+
+        ``dapo_target`` if set, else max(1, budget // (2 G)): half of the groups the budget pays for.
+        DAPO trains on a fixed number of mixed groups and generates as many rounds as it takes to fill
+        them (its recipe generates about three groups per group trained). At equal generation budget
+        the trained batch must therefore be smaller than the budget's B / G groups: with B / G the first
+        round already spends everything and dynamic sampling reduces to GRPO plus a filter. Half leaves
+        one round's worth of budget for resampling and is exactly paid for at a keep rate of 1/2.
+        """
+        budget = _checks.count("budget", budget)
+        if self.dapo_target is not None:
+            return self.dapo_target
+        return max(1, budget // (2 * self.group_size))
+
     def allocate_roots(self, v, budget, *, rng=None, concentration=None) -> np.ndarray:
         """Group size per candidate prompt, summing to ``budget``."""
         v = _checks.probabilities("v", _checks.vector("v", v))
         budget = _checks.count("budget", budget)
-        max_group = max(budget, self.min_group) if self.max_group is None else self.max_group
-        if self.root_rule == "active":
-            if self.posterior and concentration is None:
-                raise ValueError(f"policy {self.name!r} uses the Beta-posterior utility: pass `concentration`")
-            return allocate_roots(
-                v, budget, min_group=self.min_group, max_group=self.max_group,
-                concentration=concentration if self.posterior else None,
-            )
-        if self.root_rule == "pcl":
-            order = np.lexsort((np.arange(len(v)), np.abs(v - 0.5)))
-        else:
-            order = np.arange(len(v))
-        counts = _even_groups(len(v), budget, self.group_size, self.min_group, max_group)
-        m = np.zeros(len(v), dtype=np.int64)
-        m[order[: len(counts)]] = counts
-        return m
+        if self.posterior and concentration is None:
+            raise ValueError(f"policy {self.name!r} uses the Beta-posterior utility: pass `concentration`")
+        return ROOT_RULES[self.root_rule].allocate(self, v, budget,
+                                                   concentration=concentration if self.posterior else None)
 
     def allocate_prefixes(self, v, r, prompt, budget, *, rng=None) -> PrefixAllocation:
         """Continuations per anchor; per-prompt budgets, leftovers pooled across prompts, then returned."""
@@ -164,27 +270,73 @@ class AllocationPolicy:
         _checks.same_length(v=v, r=r, prompt=prompt)
         if prompt.size and prompt.max() >= len(budget):
             raise ValueError(f"`prompt` ids must lie in [0, {len(budget) - 1}], got {int(prompt.max())}")
-        if self.prefix_rule == "random" and rng is None:
+        rule = PREFIX_RULES[self.prefix_rule]
+        if rule.randomised and rng is None:
             raise ValueError(f"policy {self.name!r} is randomised: pass `rng` (a numpy.random.Generator)")
         caps = np.full(len(v), np.inf if self.max_per_anchor is None else float(self.max_per_anchor))
         zero = np.zeros(len(v), dtype=np.int64)
-        first = self._place(v, r, prompt, budget, caps, zero, rng)
+        first = rule.place(v, r, prompt, budget, room=caps, start=zero, rng=rng)
         leftover = int(first.unspent.sum())
         if leftover == 0 or prompt.size == 0:
             return first
         # Pool what some prompts could not use and place it on all anchors, continuing from `first`.
-        second = self._place(v, r, np.zeros_like(prompt), np.array([leftover]), caps - first.k, first.k, rng)
+        second = rule.place(v, r, np.zeros_like(prompt), np.array([leftover]), room=caps - first.k,
+                            start=first.k, rng=rng)
         still = int(second.unspent[0])
         # Report what is still unspent against the prompts that gave it up, in prompt order.
         unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
         return PrefixAllocation(k=first.k + second.k, unspent=unspent.astype(np.int64))
 
-    def _place(self, v, r, prompt, budget, room, start, rng) -> PrefixAllocation:
-        """One pass of this policy's prefix rule, with per-anchor ``room`` and counts already at ``start``."""
-        if self.prefix_rule == "active":
-            q = r * v + (1.0 - r) * (1.0 - v)
-            return water_fill(q, prompt, budget, room=room, start=start)
-        return _spread(prompt, budget, room, rng if self.prefix_rule == "random" else None)
+
+# ---------------------------------------------------------------------------------------------------
+# The registered rules
+# ---------------------------------------------------------------------------------------------------
+
+
+@root_rule("uniform", predicts=False)
+def _uniform_roots(policy, v, budget, *, concentration):
+    """Groups of about G for the first prompts in pool order (the sampler's random order)."""
+    return _groups_in_order(policy, np.arange(len(v)), budget)
+
+
+@root_rule("pcl", predicts=True)
+def _pcl_roots(policy, v, budget, *, concentration):
+    """Groups of about G for the prompts whose predicted v is nearest 0.5 (PCL-style filtering)."""
+    return _groups_in_order(policy, np.lexsort((np.arange(len(v)), np.abs(v - 0.5))), budget)
+
+
+@root_rule("active", predicts=True)
+def _active_roots(policy, v, budget, *, concentration):
+    """TRACE stage 1: :func:`~trace_theory.allocate.allocate_roots` (the posterior utility with kappa)."""
+    return allocate_roots(v, budget, min_group=policy.min_group, max_group=policy.max_group,
+                          concentration=concentration)
+
+
+def _groups_in_order(policy, order: np.ndarray, budget: int) -> np.ndarray:
+    max_group = max(budget, policy.min_group) if policy.max_group is None else policy.max_group
+    counts = _even_groups(len(order), budget, policy.group_size, policy.min_group, max_group)
+    m = np.zeros(len(order), dtype=np.int64)
+    m[order[: len(counts)]] = counts
+    return m
+
+
+@prefix_rule("uniform", predicts=False)
+def _uniform_prefixes(v, r, prompt, budget, *, room, start, rng):
+    """Round-robin over each prompt's anchors in anchor order."""
+    return _spread(prompt, budget, room, None)
+
+
+@prefix_rule("random", predicts=False, randomised=True)
+def _random_prefixes(v, r, prompt, budget, *, room, start, rng):
+    """Round-robin over each prompt's anchors in a random order (TreePO / Tree-GRPO-style)."""
+    return _spread(prompt, budget, room, rng)
+
+
+@prefix_rule("active", predicts=True, reads_outcomes=True)
+def _active_prefixes(v, r, prompt, budget, *, room, start, rng):
+    """TRACE stage 2: the largest flip gains q^k (1 - q), q = r v + (1 - r)(1 - v) (``water_fill``)."""
+    q = r * v + (1.0 - r) * (1.0 - v)
+    return water_fill(q, prompt, budget, room=room, start=start)
 
 
 def _even_groups(n: int, budget: int, group_size: int, min_group: int, max_group: int) -> np.ndarray:

@@ -122,6 +122,8 @@ class RolloutReport:
     """Rounds of root generation (1, or more under dynamic sampling)."""
     end_reasons: Mapping[str, int]
     seconds: float
+    continuations_by_round: tuple[int, ...] = ()
+    """Continuations placed in each expansion round (``rollout.expansion_rounds``)."""
 
     @property
     def computed_prompt_tokens(self) -> int:

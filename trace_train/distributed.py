@@ -60,7 +60,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
 
 
 class GlobalRootAllocator:
-    """A ``RolloutEngine`` root allocator that allocates the budget over every rank's pool together."""
+    """A root allocator for the step driver (``trace_theory.step.run_step``'s ``root_allocator`` hook,
+    passed through ``RolloutEngine``) that allocates the budget over every rank's pool together."""
 
     def __init__(self, info: DistInfo):
         self.info = info

@@ -1,21 +1,17 @@
 """The tree rollout engine: TRACE's two stages on real agents, for any registered allocation policy.
 
 One call of :meth:`RolloutEngine.rollout` turns a candidate pool of data set rows into a batch of rollout
-trees:
+trees. The algorithm (which prompts get how many rollouts, which prefixes get continuations, top-ups,
+repeated expansion rounds, DAPO's rounds) is ``trace_theory.step.run_step``, the very driver the
+simulator runs; this module is the world that answers its questions:
 
-1. **Roots.** The predictor scores every candidate's opening history; the policy
-   (``trace_theory.get_policy``) splits the budget (``AllocationPolicy.split``) and allocates group sizes
-   (``AllocationPolicy.allocate_roots``). The bare rollouts of all selected prompts are generated
-   together, one batched ``generate`` call per turn.
-2. **Prefixes.** For branching policies the predictor scores every non-terminal turn boundary of the bare
-   rollouts (``RolloutForest.prefix_anchors``); ``AllocationPolicy.allocate_prefixes`` places the
-   continuations within each prompt's budget m_i N; budget that no prefix can take becomes extra bare
-   rollouts (``top_up_roots``). Continuations restore the environment snapshot of their prefix, extend its
-   exact token ids, and are generated batched, turn by turn, together with the top-ups.
+* **predict** candidate prompts (their opening history) or nodes (the history up to a turn boundary)
+  with the caller's predictor;
+* **plant** roots and **grow** rollouts (bare, top-up, continuation) from nodes: generation batched
+  across all of them turn by turn, environments restored from the start node's snapshot, and the exact
+  token ids of every prefix extended, never re-tokenised.
 
-DAPO-style dynamic sampling (a policy with ``dynamic_sampling``) runs rounds of stage 1 over fresh prompts
-from the pool, as ``trace_theory.DynamicSamplingState`` decides, until it holds its target of mixed groups
-or its budget is spent.
+The distributed trainer's allocation over every rank's pool is the driver's ``root_allocator`` hook.
 
 The result is a :class:`~.batch.RolloutBatch`: a ``RolloutForest`` (node costs are the tokens generated
 for each turn) and one :class:`~.batch.NodePayload` per node with the exact token ids, loss masks,
@@ -36,14 +32,16 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_theory import (
-    DynamicSamplingState,
+    KINDS,
     ForestBuilder,
     Origin,
+    Prediction,
     RolloutBudget,
     RolloutForest,
     get_policy,
-    top_up_roots,
+    run_step,
 )
+from trace_theory.step import Starts, StepRecord
 
 from .backends.base import GenerationBackend, GenerationRequest, Sampling
 from .batch import History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
@@ -78,7 +76,10 @@ class RolloutConfig:
     min_group: int | None = None
     """Smallest non-zero group (None: the policy's own, 2); trace-eval sets 1 to play every task k times."""
     dapo_target: int | None = None
-    """Mixed groups DAPO tries to keep; default: half of the groups the budget pays for (at least 1)."""
+    """Mixed groups DAPO tries to keep; None: ``AllocationPolicy.dynamic_target`` (half of the groups
+    the budget pays for, at least 1). Only for a policy with dynamic sampling."""
+    expansion_rounds: int = 1
+    """R: rounds of prefix expansion for a branching policy (``trace_theory.step``; the paper: 1)."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     top_p: float = 1.0
@@ -102,9 +103,10 @@ class RolloutConfig:
             raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
         if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
             raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
-        self.allocation_policy  # validates G and the smallest group against the policy's other fields
-        if self.dapo_target is not None and self.dapo_target < 1:
-            raise ValueError(f"`dapo_target` must be at least 1, got {self.dapo_target}")
+        self.allocation_policy  # validates G, the smallest group and the DAPO target against the policy
+        if isinstance(self.expansion_rounds, bool) or not isinstance(self.expansion_rounds, int) \
+                or self.expansion_rounds < 1:
+            raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
@@ -114,13 +116,14 @@ class RolloutConfig:
 
     @property
     def allocation_policy(self):
-        smallest = {} if self.min_group is None else {"min_group": self.min_group}
-        return get_policy(self.policy, group_size=self.group_size, **smallest)
+        changes = {} if self.min_group is None else {"min_group": self.min_group}
+        if self.dapo_target is not None:
+            changes["dapo_target"] = self.dapo_target
+        return get_policy(self.policy, group_size=self.group_size, **changes)
 
     @property
     def needs_predictor(self) -> bool:
-        p = self.allocation_policy
-        return p.root_rule in ("active", "pcl") or p.prefix_rule == "active"
+        return self.allocation_policy.needs_predictor
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -165,7 +168,7 @@ class RolloutEngine:
         self.make_env = make_env
         self.config = config
         self.chat = chat or ChatFormat(backend.tokenizer)
-        self.root_allocator = root_allocator or _allocate_roots_locally
+        self.root_allocator = root_allocator
         self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
@@ -229,11 +232,6 @@ class RolloutEngine:
             self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
 
 
-def _allocate_roots_locally(policy, v, budget, rng, concentration):
-    """The default root allocator: this process's pool is the whole candidate pool."""
-    return policy.allocate_roots(v, budget, rng=rng, concentration=concentration)
-
-
 def _rollout_tokens(forest: RolloutForest, start: int) -> float:
     """Tokens of the rollout that begins at ``start``: its turns along first children."""
     total, node = 0.0, int(start)
@@ -253,10 +251,10 @@ class _Run:
         self.builder = ForestBuilder(binary_rewards=engine.config.binary_rewards)
         self.parent: list[int] = []
         self.nodes: list[NodePayload] = []
-        self.predictions: dict[int, float] = {}
         self.rows: dict[int, Mapping[str, Any]] = {}
+        self.nodes_prompt: dict[int, int] = {}
         self.next_seed = int(rng.integers(0, 2**30))
-        self.counts = {"bare": 0, "continuation": 0, "top_up": 0, "rounds": 0}
+        self.counts = dict.fromkeys(KINDS, 0)  # also counted by the driver's record, which the report uses
         self.prefix_tokens = self.prefix_cached = 0
         self.end_reasons: dict[str, int] = {}
         self.stats_before = engine.backend.stats.copy()
@@ -303,78 +301,54 @@ class _Run:
         return History(prompt, self.pool[prompt], len(path) - 1,
                        tuple(m for n in path for m in self.nodes[n].messages), tuple(self._context(node)))
 
-    def _predict(self, histories: list[History]) -> tuple[np.ndarray, np.ndarray | None]:
-        if self.predictor is None:
-            return np.full(len(histories), 0.5), None
+    def _predict(self, histories: list[History], concentration: bool) -> Prediction:
         if not histories:
-            return np.zeros(0), None
+            return Prediction(np.zeros(0), np.zeros(0) if concentration else None)
         v = np.asarray(self.predictor(histories), dtype=float)
-        if v.shape != (len(histories),) or not np.all((v >= 0) & (v <= 1)):
-            raise ValueError(f"the predictor must return {len(histories)} probabilities in [0, 1], got {v!r}")
-        if not self.policy.posterior:
-            return v, None
-        return v, np.asarray(self.predictor.concentration(histories), dtype=float)
+        kappa = np.asarray(self.predictor.concentration(histories), dtype=float) if concentration else None
+        return Prediction(v, kappa)
 
-    # ---- the two stages ---------------------------------------------------------------------------
+    # ---- the driver's questions (trace_theory.step.World) -----------------------------------------
+
+    def predict_prompts(self, prompts: np.ndarray, *, concentration: bool) -> Prediction:
+        return self._predict([self._history(int(i)) for i in prompts], concentration)
+
+    def predict_nodes(self, nodes: np.ndarray, *, concentration: bool) -> Prediction:
+        return self._predict([self._history(self._prompt_of(int(n)), int(n)) for n in nodes], concentration)
+
+    def plant(self, prompts: np.ndarray, counts: np.ndarray) -> RolloutForest:
+        roots = self._add_roots(prompts.tolist())
+        starts = [(root, "bare", int(k)) for root, k in zip(roots, counts)]
+        if starts:
+            self._grow(starts)
+        return self.builder.build()
+
+    def grow(self, starts: Starts) -> RolloutForest:
+        if len(starts):
+            self._grow(starts.tuples())
+        return self.builder.build()
+
+    def _prompt_of(self, node: int) -> int:
+        """The pool index of ``node``'s prompt."""
+        return self.nodes_prompt[self._path(node)[0]]
 
     def execute(self, planned: RolloutBudget) -> RolloutBatch:
-        if self.policy.dynamic_sampling:
-            self._dynamic_sampling(planned.total)
-            return self._finish(planned)
-        prompts = list(range(len(self.pool)))
-        v, kappa = self._predict([self._history(i) for i in prompts])
-        m = np.asarray(self.engine.root_allocator(self.policy, v, planned.roots, self.rng, kappa), dtype=np.int64)
-        roots = self._add_roots(prompts, m, v)
-        m = m[m > 0]
-        self._grow([(root, "bare", int(k)) for root, k in zip(roots, m)])
-        self.counts["rounds"] = 1
-        if self.policy.branches and planned.continuations_per_root > 0 and roots:
-            self._expand(roots, m, m * planned.continuations_per_root)
-        return self._finish(planned)
+        record = run_step(self, self.policy, planned, pool=len(self.pool), rng=self.rng,
+                          expansion_rounds=self.cfg.expansion_rounds,
+                          root_allocator=self.engine.root_allocator)
+        return self._finish(planned, record)
 
-    def _add_roots(self, prompts: list[int], m: np.ndarray, v: np.ndarray) -> list[int]:
-        """A root per prompt with a positive group size; returns their node ids in prompt order."""
+    def _add_roots(self, prompts: list[int]) -> list[int]:
+        """A root per prompt; returns their node ids in order."""
         roots = []
-        for prompt, count, pred in zip(prompts, m, v):
-            if count > 0:
-                messages, ids, snapshot = self._opening(prompt)
-                root = self.builder.add_root(prompt)
-                self._append(root, -1, NodePayload((), (), "", tuple(ids), "", tuple(messages), snapshot))
-                self.predictions[root] = float(pred)
-                self.rows[prompt] = self.pool[prompt]
-                roots.append(root)
+        for prompt in prompts:
+            messages, ids, snapshot = self._opening(prompt)
+            root = self.builder.add_root(prompt)
+            self._append(root, -1, NodePayload((), (), "", tuple(ids), "", tuple(messages), snapshot))
+            self.nodes_prompt[root] = prompt
+            self.rows[prompt] = self.pool[prompt]
+            roots.append(root)
         return roots
-
-    def _dynamic_sampling(self, budget: int) -> None:
-        """DAPO: rounds of G rollouts on fresh prompts (pool order) until the target of mixed groups."""
-        g = self.policy.group_size
-        state = DynamicSamplingState(target=self.cfg.dapo_target or max(1, budget // (2 * g)), group_size=g,
-                                     budget=budget)
-        drawn = 0
-        while not state.done and drawn < len(self.pool):
-            prompts = list(range(drawn, min(len(self.pool), drawn + state.next_round())))
-            drawn += len(prompts)
-            first_new = len(self.nodes)
-            roots = self._add_roots(prompts, np.full(len(prompts), g), np.full(len(prompts), np.nan))
-            self._grow([(root, "bare", g) for root in roots])
-            leaves = [n for n in range(first_new, len(self.nodes)) if self.nodes[n].end_reason is not None]
-            forest = self.builder.build()
-            state = state.update(forest.prompt[leaves], forest.reward[leaves])
-            self.counts["rounds"] += 1
-
-    def _expand(self, roots: list[int], m: np.ndarray, budget: np.ndarray) -> None:
-        """Stage 2: continuations from prefixes; budget no prefix can take goes to extra bare rollouts."""
-        forest = self.builder.build()
-        anchors = forest.prefix_anchors()
-        group = np.searchsorted(np.asarray(roots), forest.root_of[anchors])  # dense prompt index per anchor
-        v, _ = self._predict([self._history(int(forest.prompt[a]), int(a)) for a in anchors])
-        self.predictions.update(zip(anchors.tolist(), v.tolist()))
-        r = forest.reward[forest.factual_leaf[anchors]]
-        alloc = self.policy.allocate_prefixes(v, r, group, budget, rng=self.rng)
-        extra = top_up_roots(m, int(alloc.unspent.sum())) - m
-        starts = [(root, "top_up", int(k)) for root, k in zip(roots, extra) if k > 0]
-        starts += [(int(a), "continuation", int(k)) for a, k in zip(anchors, alloc.k) if k > 0]
-        self._grow(starts)
 
     # ---- generation, turn by turn -----------------------------------------------------------------
 
@@ -451,20 +425,17 @@ class _Run:
 
     # ---- result -----------------------------------------------------------------------------------
 
-    def _finish(self, planned: RolloutBudget) -> RolloutBatch:
-        forest = self.builder.build()
+    def _finish(self, planned: RolloutBudget, record: StepRecord) -> RolloutBatch:
+        forest = record.forest
         stats = self.engine.backend.stats.since(self.stats_before)
-        predictions = np.full(len(forest), np.nan)
-        for node, p in self.predictions.items():
-            predictions[node] = p
+        counts = record.counts
         report = RolloutReport(
             policy=self.cfg.policy, planned=planned, rollouts=forest.n_leaves,
-            bare_rollouts=self.counts["bare"] + self.counts["top_up"],
-            continuations=self.counts["continuation"],
-            top_up_rollouts=self.counts["top_up"], generated_tokens=int(forest.cost.sum()),
+            bare_rollouts=counts["bare"] + counts["top_up"], continuations=counts["continuation"],
+            top_up_rollouts=counts["top_up"], generated_tokens=int(forest.cost.sum()),
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
             continuation_prefix_tokens=self.prefix_tokens, continuation_prefix_cached=self.prefix_cached,
-            rounds=self.counts["rounds"], end_reasons=dict(sorted(self.end_reasons.items())),
-            seconds=time.perf_counter() - self.start,
+            rounds=record.rounds, end_reasons=dict(sorted(self.end_reasons.items())),
+            seconds=time.perf_counter() - self.start, continuations_by_round=record.continuations_by_round,
         )
-        return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), predictions, report)
+        return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report)

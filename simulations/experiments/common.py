@@ -14,7 +14,6 @@ from trace_theory import (
     contrast_pairs,
     effective_ratio,
     expected_calibration_error,
-    get_policy,
     mixed_anchor_ratio,
 )
 
@@ -111,17 +110,21 @@ def online_batches(
     rng: np.random.Generator,
     group_size: int = 8,
     predictor_options: dict[str, dict] | None = None,
+    expansion_rounds: int = 1,
 ) -> list[dict[str, float]]:
     """``batches`` batches of one arm; the predictor learns online from every batch it sees.
 
-    ``predictor_options`` maps a predictor name to its options (``{"noisy": {"noise": 2.0}}``).
+    ``predictor_options`` maps a predictor name to its options (``{"noisy": {"noise": 2.0}}``);
+    ``expansion_rounds`` is R of ``trace_theory.step`` (branching policies).
     Returns one metrics dict per batch (see :func:`batch_metrics`), with its index as ``batch``.
     """
-    policy = get_policy(arm.policy, group_size=group_size)
+    policy = arm.allocation_policy(group_size=group_size)
     predictor = make_predictor(arm.predictor, **(predictor_options or {}).get(arm.predictor, {}))
     rows = []
     for b in range(batches):
-        batch = sample_batch(model, policy, budget, predictor, pool=pool, rng=rng)
+        batch = sample_batch(
+            model, policy, budget, predictor, pool=pool, rng=rng, expansion_rounds=expansion_rounds
+        )
         predictor = predictor.update(batch.sampled)
         rows.append({"batch": b, **batch_metrics(batch)})
     return rows

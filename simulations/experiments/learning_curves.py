@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from trace_theory import ADVANTAGES, effective_ratio, get_policy
+from trace_theory import ADVANTAGES, effective_ratio
 
 from ..mdp import MDPWorld, TreeMDP, policy_gradient_step
 from ..model import PassRates
@@ -110,7 +110,7 @@ class Config(BatchShape):
 def _curve(config: Config, arm: Arm, estimator: str, s: int) -> list[dict]:
     tasks = config.mdp.build(unit_rng(config.seed, NAME, "tasks", s))  # the same tasks for every arm
     rng = unit_rng(config.seed, NAME, arm.label, estimator, s)
-    policy = get_policy(arm.policy, group_size=config.group_size)
+    policy = arm.allocation_policy(group_size=config.group_size)
     options = {"decay": config.predictor_decay} if arm.predictor == "learned" else {}
     predictor = make_predictor(arm.predictor, **options)
     theta = tasks.initial_logits()

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from trace_theory import brier_score, flip_probability, get_policy, mixed_probability, root_utility
+from trace_theory.step import place_continuations
 
 from ..model import BernoulliTreeModel
 from ..rollout import SimForest
@@ -170,7 +171,7 @@ def _active_versus_uniform(model: BernoulliTreeModel, config: Config, pool_index
         r = forest.reward[forest.factual_leaf[anchors]]
         budgets = 2 * forest.leaf_count[forest.roots]
         for name in ("uniform_tree", "random_prefix", "trace"):
-            k = get_policy(name).allocate_prefixes(v_a, r, forest.tree_index[anchors], budgets, rng=rng).k
+            k = place_continuations(get_policy(name), forest, anchors, v_a, budgets, rng=rng).k
             value = float(flip_probability(v_a, r, k).sum())
             rows.append(
                 {

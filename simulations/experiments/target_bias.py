@@ -242,7 +242,7 @@ def _outcome(table: pd.DataFrame, summary: pd.DataFrame, config: Config) -> Outc
                 float(stat(arm.label, name, "correlation")["value"].iloc[0]), 4
             )
 
-    dependent = [a.label for a in arms if get_policy(a.policy).prefix_rule == "active"]
+    dependent = [a.label for a in arms if get_policy(a.policy).branches_on_outcomes]
     independent = [a.label for a in arms if a.label not in dependent]
     limit = config.z_limit
     checks = {

@@ -13,11 +13,18 @@ from simulations.experiments.common import PAPER_GRPO_RATIO, PAPER_TRACE_RATIO
 from trace_theory import POLICIES
 
 
-def test_every_registered_policy_has_its_own_okabe_ito_look():
-    assert set(POLICIES) <= set(POLICY_COLOURS)
+def test_every_styled_policy_has_its_own_okabe_ito_look():
+    styled = [p for p in POLICY_COLOURS if p in POLICIES]
     assert set(POLICY_COLOURS.values()) <= set(OKABE_ITO.values())
-    looks = {(arm_style(p).colour, arm_style(p).hatch, arm_style(p).linestyle) for p in POLICIES}
-    assert len(looks) == len(list(POLICIES))
+    looks = {(arm_style(p).colour, arm_style(p).hatch, arm_style(p).linestyle) for p in styled}
+    assert len(looks) == len(styled)
+
+
+def test_a_policy_without_a_colour_gets_the_default_look_distinct_from_every_styled_one():
+    new, variant = arm_style("pcl_tree"), arm_style("pcl_tree[oracle]")
+    assert new.colour == OKABE_ITO["grey"] and new.label == "pcl_tree" and variant.label == "pcl_tree[oracle]"
+    styled = {(arm_style(p).colour, arm_style(p).hatch, arm_style(p).linestyle) for p in POLICY_COLOURS}
+    assert (new.colour, new.hatch, new.linestyle) not in styled and new.linestyle != variant.linestyle
 
 
 def test_a_variant_keeps_its_policy_colour_and_changes_line_and_hatch():

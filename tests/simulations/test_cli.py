@@ -43,6 +43,7 @@ def test_list_names_every_experiment_with_its_claim(capsys):
         "learning_curves",
         "predictor_quality",
         "target_bias",
+        "expansion_rounds",
     ]
 
 
@@ -190,3 +191,28 @@ def test_benchmark_script_reports_turns_per_second(tmp_path):
     assert "M turns/s" in done.stdout
     numbers = json.loads(target.read_text())
     assert numbers["raw_mturns_per_s"] > 0 and numbers["batch_mturns_per_s"] > 0
+
+
+def test_set_changes_config_fields_and_policy_settings_ride_on_the_arm(tmp_path):
+    overrides = {"arms": ["grpo", "dapo{dapo_target=2}"], "seeds": 1}
+    config = resolve_config("effective_ratio", quick=True, overrides=overrides)
+    assert config.arms == ("grpo", "dapo{dapo_target=2}") and config.seeds == 1
+    assert main(["run", "effective_ratio", "--quick", "--out", str(tmp_path), "--set", "seeds=1",
+                 "--set", "arms=('grpo', 'dapo{dapo_target=2}')"]) == 0
+    summary = json.loads((tmp_path / "effective_ratio" / "summary.json").read_text())
+    assert set(summary["headline"]) == {"grpo", "dapo{dapo_target=2}"}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "nope=1"], "experiment 'effective_ratio' has no config field 'nope'"),
+        (["--set", "seeds"], "--set takes key=value, got 'seeds'"),
+        (["--set", "arms=(grpo,)"], "the value must be a Python literal"),
+        (["--set", "arms=('dapo{target=2}',)"], "arm 'dapo{target=2}'"),
+    ],
+)
+def test_a_bad_set_is_one_line(tmp_path, capsys, argv, message):
+    assert main(["run", "effective_ratio", "--quick", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

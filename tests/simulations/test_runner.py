@@ -10,7 +10,7 @@ from simulations.mdp import MDPWorld, TreeMDP
 from simulations.model import BernoulliTreeModel
 from simulations.predictors import LearnedPredictor, OraclePredictor
 from simulations.runner import Arm, sample_batch
-from trace_theory import POLICIES, RolloutBudget, effective_ratio, get_policy, mixed_groups
+from trace_theory import POLICIES, Origin, RolloutBudget, effective_ratio, get_policy, mixed_groups
 
 MODEL = calibrated(BernoulliTreeModel(), 0.268, 8)
 
@@ -158,9 +158,36 @@ def test_a_pool_too_small_for_the_policy_is_an_error():
 def test_arms_parse_policy_and_predictor():
     assert Arm.parse("trace") == Arm("trace", "learned") and Arm.parse("trace").label == "trace"
     assert Arm.parse("pcl[noisy]").label == "pcl[noisy]"
-    with pytest.raises(ValueError, match="written 'policy' or 'policy\\[predictor\\]'"):
+    with pytest.raises(ValueError, match="written 'policy', 'policy\\[predictor\\]'"):
         Arm.parse("trace[oracle")
     with pytest.raises(ValueError, match="unknown allocation policy 'tracee'"):
         Arm.parse("tracee")
     with pytest.raises(ValueError, match="unknown predictor 'psychic' in arm 'trace\\[psychic\\]'"):
         Arm.parse("trace[psychic]")
+
+
+def test_arms_carry_policy_settings():
+    arm = Arm.parse("dapo{dapo_target=16}[oracle]")
+    assert arm.settings == (("dapo_target", 16),) and arm.label == "dapo{dapo_target=16}[oracle]"
+    assert Arm.parse(arm.label) == arm
+    assert arm.allocation_policy(group_size=4) == get_policy("dapo", group_size=4, dapo_target=16)
+    with pytest.raises(ValueError, match="`dapo_target` is a setting of dynamic sampling; policy 'trace' has none"):
+        Arm.parse("trace{dapo_target=2}")
+    with pytest.raises(ValueError, match="a setting is written key=literal, got 'x'"):
+        Arm.parse("trace{x}")
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES.names() if get_policy(n).branches])
+@pytest.mark.parametrize("rounds", [2, 3])
+def test_repeated_expansion_spends_the_budget_and_branches_from_continuations(name, rounds):
+    policy, budget = get_policy(name), RolloutBudget(96, 3)
+    batch = sample_batch(MODEL, policy, budget, LearnedPredictor(), pool=72, rng=np.random.default_rng(6),
+                         expansion_rounds=rounds)
+    _check_budget(batch, policy, budget)
+    forest = batch.sampled.forest
+    branch = forest.starts_rollout & (forest.origin == Origin.CONTINUATION)
+    assert (forest.origin[forest.parent[branch]] == Origin.CONTINUATION).any()  # round 2 and later
+    assert len(batch.record.continuations_by_round) == rounds
+    assert sum(batch.record.continuations_by_round) == int(branch.sum())
+    if policy.predicts_prefixes:
+        assert batch.predicted.size > 72 + forest.prefix_anchors().size  # later rounds were predicted too

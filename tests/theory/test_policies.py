@@ -58,7 +58,7 @@ def test_root_allocation_properties(name, v, budget, random):
         assert not m.any()
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if get_policy(n).root_rule in ("active", "pcl")])
+@pytest.mark.parametrize("name", [n for n in ALL if get_policy(n).predicts_roots])
 @given(tie_free_probabilities(), st.integers(2, 40), st.randoms(use_true_random=False))
 def test_value_based_roots_are_permutation_equivariant_without_ties(name, v, budget, random):
     policy = get_policy(name)
@@ -172,3 +172,36 @@ def test_registry_rejects_duplicates_and_bad_prefix_rules():
     assert "a" in reg and reg.check("a") == "a" and list(reg) == ["a"]
     with pytest.raises(ValueError, match=r"`prefix_rule` must be one of \(None, 'uniform', 'random', 'active'\), got 'all'"):
         AllocationPolicy("x", "uniform", "all")
+
+
+def test_a_policy_says_what_it_needs():
+    needs = {name: (p.predicts_roots, p.predicts_prefixes, p.branches_on_outcomes, p.posterior, p.dynamic_sampling)
+             for name, p in ((n, get_policy(n)) for n in ALL)}
+    assert needs["grpo"] == needs["uniform_tree"] == needs["random_prefix"] == (False,) * 5
+    assert needs["pcl"] == needs["root_only"] == needs["active_root_uniform_prefix"] == (True, False, False, False, False)
+    assert needs["prefix_only"] == (False, True, True, False, False) and needs["trace"] == (True, True, True, False, False)
+    assert needs["trace_beta"] == (True, True, True, True, False) and needs["dapo"] == (False,) * 4 + (True,)
+    assert [n for n in ALL if get_policy(n).needs_predictor] == [
+        "pcl", "root_only", "active_root_uniform_prefix", "prefix_only", "trace", "trace_beta"]
+    assert not get_policy("random_prefix").deterministic and get_policy("trace").deterministic
+
+
+def test_a_new_policy_is_one_registration_away():
+    """Rules are registered functions; a policy built from registered rule names runs everywhere."""
+    from trace_theory.policies import PREFIX_RULES, ROOT_RULES
+
+    assert list(ROOT_RULES) == ["uniform", "pcl", "active"] and list(PREFIX_RULES) == ["uniform", "random", "active"]
+    policy = AllocationPolicy("pcl_tree", "pcl", "active")
+    m = policy.allocate_roots([0.1, 0.5, 0.9, 0.45], 16)
+    assert m.tolist() == [0, 8, 0, 8]
+    out = policy.allocate_prefixes([0.9, 0.5], [0, 1], [0, 1], [2, 2])
+    assert out.k.sum() == 4 and policy.needs_predictor
+
+
+def test_dapo_target_is_half_the_groups_the_budget_pays_for_unless_set():
+    assert get_policy("dapo").dynamic_target(256) == 16 and get_policy("dapo").dynamic_target(8) == 1
+    assert get_policy("dapo", dapo_target=5).dynamic_target(256) == 5
+    with pytest.raises(ValueError, match=r"`dapo_target` is a setting of dynamic sampling; policy 'trace' has none"):
+        get_policy("trace", dapo_target=4)
+    with pytest.raises(ValueError, match=r"`dapo_target` must be at least 1, got 0"):
+        get_policy("dapo", dapo_target=0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trace_theory import POLICIES, Origin, RolloutBudget, get_policy, top_up_roots
+from trace_theory.step import in_rollout_order
 from trace_train.chat import ChatFormat
 from trace_train.engine import History, RolloutConfig, RolloutEngine
 from trace_train.envs import EndReason, EpisodeLimits, GuessNumberEnv, make_rows
@@ -158,7 +159,7 @@ def test_generation_is_batched_across_prompts_turn_by_turn(hf_backend):
     forest = batch.forest
     bare_depth = int(forest.depth[forest.origin == Origin.BARE].max())
     branch = branch_starts(forest)
-    anchors = np.unique(forest.parent[branch])
+    anchors = in_rollout_order(forest, np.unique(forest.parent[branch]))  # the driver's order
     # Stage 1: one call per turn; the first holds one request per selected prompt with n = its group.
     assert recorder.calls[0] == [
         (len(batch.nodes[r].observation_ids), len(forest.children(r))) for r in forest.roots
@@ -202,12 +203,14 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         assert groups == {i: int(k) for i, k in enumerate(m) if k > 0}
         assert report.continuations == 0
         return
-    anchors = np.flatnonzero(np.isfinite(batch.predictions) & (forest.parent != -1))
+    anchors = _stage_one_anchors(forest, m)
+    predicted = np.isfinite(batch.predictions[anchors])
+    assert predicted.all() if policy.predicts_prefixes else not predicted.any()
     if policy.deterministic:
         roots = forest.roots
         group = np.searchsorted(roots, forest.root_of[anchors])
         alloc = policy.allocate_prefixes(
-            batch.predictions[anchors],
+            np.where(predicted, batch.predictions[anchors], 0.5),
             forest.reward[forest.factual_leaf[anchors]],
             group,
             m[m > 0] * planned.continuations_per_root,
@@ -216,6 +219,19 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         expected = top_up_roots(m[m > 0], int(alloc.unspent.sum()))
         assert [groups[int(forest.prompt[r])] for r in roots] == expected.tolist()
     assert report.continuations == sum(len(forest.children(a)) - 1 for a in anchors)
+
+
+def _stage_one_anchors(forest, m):
+    """Non-terminal prefixes of the first m_i bare rollouts of each root (top-ups come later), root by
+    root, rollout by rollout, down each rollout."""
+    anchors = []
+    for root in forest.roots:
+        for start in forest.children(root)[: m[forest.prompt[root]]].tolist():
+            node = start
+            while not forest.is_leaf[node]:
+                anchors.append(node)
+                node = int(forest.first_child[node])
+    return np.asarray(anchors, dtype=np.int64)  # in rollout order, as the step driver lists them
 
 
 def test_turn_limit_ends_rollouts_as_documented(hf_backend):

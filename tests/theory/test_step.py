@@ -1,0 +1,267 @@
+"""The step driver against a scripted world whose outcomes are fixed: every policy, every round count."""
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from trace_theory import (
+    KINDS,
+    POLICIES,
+    ForestBuilder,
+    Origin,
+    RolloutForest,
+    Prediction,
+    RolloutBudget,
+    get_policy,
+    round_shares,
+    run_step,
+)
+from trace_theory.step import Kind, in_rollout_order
+
+
+class ScriptedWorld:
+    """Rollouts with fixed outcomes: the j-th rollout ever started at node n has ``length(n, j)`` turns
+    (at most ``horizon - depth(n)``) and reward ``reward(n, j)``; predictions are fixed functions of the
+    prompt and the depth. Every question the driver asks is logged."""
+
+    def __init__(self, pool, *, horizon=3, seed=0, prompt_v=None):
+        self.pool, self.horizon = pool, horizon
+        self.table = np.random.default_rng(seed).random((64, 4096))  # outcome draws, fixed by the seed
+        self.prompt_v = np.linspace(0.05, 0.95, pool) if prompt_v is None else np.asarray(prompt_v, float)
+        self.builder = ForestBuilder()
+        self.node_prompt, self.node_depth, self.started = [], [], {}
+        self.log = []
+
+    def _draw(self, node, j, what):
+        return self.table[(node * 7 + what) % 64, j % 4096]
+
+    def predict_prompts(self, prompts, *, concentration):
+        self.log.append(("predict_prompts", prompts.copy()))
+        v = self.prompt_v[prompts]
+        return Prediction(v, np.full(len(v), 5.0) if concentration else None)
+
+    def predict_nodes(self, nodes, *, concentration):
+        self.log.append(("predict_nodes", nodes.copy()))
+        v = np.array([np.clip(self.prompt_v[self.node_prompt[n]] + 0.1 * self.node_depth[n], 0.01, 0.99) for n in nodes])
+        return Prediction(v, np.full(len(v), 5.0) if concentration else None)
+
+    def _add(self, node, parent, prompt, depth, origin=None):
+        self.node_prompt.append(prompt)
+        self.node_depth.append(depth)
+        return node
+
+    def _rollout(self, start, origin):
+        j = self.started.get(start, 0)
+        self.started[start] = j + 1
+        depth, prompt = self.node_depth[start], self.node_prompt[start]
+        turns = 1 + int(self._draw(start, j, 0) * (self.horizon - depth))
+        node = start
+        for t in range(turns):
+            node = self._add(self.builder.add_turn(node, origin=origin), node, prompt, depth + t + 1)
+        v = self.prompt_v[prompt]
+        self.builder.finish(node, float(self._draw(start, j, 1) < v))
+
+    def plant(self, prompts, counts):
+        self.log.append(("plant", prompts.copy(), counts.copy()))
+        for p, c in zip(prompts.tolist(), counts.tolist()):
+            root = self._add(self.builder.add_root(p), -1, p, 0)
+            for _ in range(c):
+                self._rollout(root, Origin.BARE)
+        return self.builder.build()
+
+    def grow(self, starts):
+        self.log.append(("grow", starts.tuples()))
+        for node, kind, count in starts.tuples():
+            origin = Origin.CONTINUATION if kind == "continuation" else Origin.BARE
+            for _ in range(count):
+                self._rollout(node, origin)
+        return self.builder.build()
+
+
+def _step(name, budget, *, pool=12, rounds=1, seed=0, horizon=3, **changes):
+    world = ScriptedWorld(pool, seed=seed, horizon=horizon)
+    policy = get_policy(name, **changes)
+    record = run_step(world, policy, budget, pool=pool, rng=np.random.default_rng(seed), expansion_rounds=rounds)
+    return world, policy, record
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(POLICIES.names()),
+    roots=st.integers(2, 40),
+    continuations=st.integers(0, 4),
+    rounds=st.integers(1, 3),
+    horizon=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+)
+@example(name="trace", roots=8, continuations=3, rounds=3, horizon=1, seed=0)  # no prefix: all top-ups
+def test_every_policy_spends_exactly_its_budget_in_every_round_count(name, roots, continuations, rounds, horizon, seed):
+    pool = 24
+    world = ScriptedWorld(pool, horizon=horizon, seed=seed % 1000)
+    policy = get_policy(name, group_size=4)
+    budget = RolloutBudget(roots, continuations)
+    record = run_step(world, policy, budget, pool=pool, rng=np.random.default_rng(seed), expansion_rounds=rounds)
+    forest = record.forest.validate()
+    if policy.dynamic_sampling:
+        assert forest.n_leaves <= budget.total and forest.n_leaves % 4 == 0
+    else:
+        assert forest.n_leaves == budget.total == record.rollouts
+    # The record's counts are the forest's: bare rollouts start at roots, continuations at prefixes.
+    starts = forest.starts_rollout
+    assert record.counts["continuation"] == int((starts & (forest.origin == Origin.CONTINUATION)).sum())
+    assert record.counts["bare"] + record.counts["top_up"] == int((starts & (forest.origin == Origin.BARE)).sum())
+    assert sum(record.continuations_by_round) == record.counts["continuation"]
+    groups = np.zeros(pool, dtype=np.int64)
+    groups[forest.prompt[forest.roots]] = forest.n_children[forest.roots]
+    assert np.array_equal(groups, record.groups)
+    # Predictions are asked for exactly when a rule reads them.
+    asked = {entry[0] for entry in world.log}
+    assert ("predict_prompts" in asked) == policy.predicts_roots
+    if "predict_nodes" in asked:
+        assert policy.predicts_prefixes
+
+
+@pytest.mark.parametrize("name", ["trace", "trace_beta", "prefix_only", "uniform_tree", "active_root_uniform_prefix"])
+def test_one_round_is_the_two_stage_algorithm(name):
+    """R = 1: roots from ``allocate_roots`` on the predictions, continuations from ``allocate_prefixes``
+    on the bare rollouts' prefixes with budgets m_i N, the rest as top-ups; re-derived by hand."""
+    world, policy, record = _step(name, RolloutBudget(16, 2))
+    forest = record.forest
+    v = world.prompt_v
+    m = policy.allocate_roots(v, 16, concentration=np.full(len(v), 5.0))
+    assert record.counts == {"bare": 16, "top_up": 0, "continuation": 32}  # these rollouts leave prefixes
+    anchors = forest.prefix_anchors()
+    if policy.predicts_prefixes:
+        assert np.array_equal(record.node_ids, anchors) and set(record.node_round.tolist()) == {1}
+        vp = record.node_v
+    else:
+        assert record.node_ids.size == 0
+        vp = np.full(anchors.size, 0.5)
+    np.testing.assert_array_equal(record.groups, m)
+    alloc = policy.allocate_prefixes(vp, forest.reward[forest.factual_leaf[anchors]], forest.tree_index[anchors],
+                                     2 * m[m > 0])
+    assert np.array_equal(forest.n_children[anchors] - 1, alloc.k) and not alloc.unspent.any()
+    assert world.log[0][0] == ("predict_prompts" if policy.predicts_roots else "plant")
+
+
+def test_later_rounds_branch_from_the_rollouts_the_previous_round_added():
+    world, policy, record = _step("trace", RolloutBudget(16, 3), rounds=3, horizon=8)
+    forest = record.forest
+    assert record.continuations_by_round == (16, 16, 16)  # 48 = 3 x 16, evenly; every round had anchors
+    assert sorted(set(record.node_round.tolist())) == [1, 2, 3]
+    grows = [entry[1] for entry in world.log if entry[0] == "grow"]
+    for r, starts in zip((2, 3), grows[1:]):
+        branched = np.array([node for node, kind, _ in starts if kind == "continuation"])
+        assert np.isin(branched, record.node_ids[record.node_round == r]).all()
+        # round r's anchors are prefixes of continuations, and all of them begin inside round r - 1's additions
+        assert (forest.origin[branched] == Origin.CONTINUATION).all()
+        previous = record.node_ids[record.node_round == r - 1]
+        assert branched.min() > previous.max()
+
+
+def test_rounds_split_each_prompts_budget_evenly_front_loaded():
+    shares = round_shares([7, 2, 0, 3], 3)
+    assert shares.tolist() == [[3, 1, 0, 1], [2, 1, 0, 1], [2, 0, 0, 1]]
+    assert shares.sum(0).tolist() == [7, 2, 0, 3] and (np.diff(shares, axis=0) <= 0).all()
+    with pytest.raises(ValueError, match="`rounds` must be at least 1, got 0"):
+        round_shares([1], 0)
+
+
+def test_no_prefix_anywhere_sends_every_round_to_top_ups():
+    world = ScriptedWorld(6, horizon=1)
+    record = run_step(world, get_policy("trace"), RolloutBudget(8, 2), pool=6, rng=np.random.default_rng(0),
+                      expansion_rounds=3)
+    assert record.counts == {"bare": 8, "top_up": 16, "continuation": 0}
+    assert record.continuations_by_round == (0,)  # the first round had no anchors: the rest topped up at once
+    assert record.forest.n_leaves == 24
+
+
+def test_dapo_rounds_with_fixed_outcomes():
+    """G = 2 and odd prompts mix: target 16 // 4 = 4 groups; round 1 draws 4 (keeps 1, 3), round 2
+    draws 2 / (2/4) = 4 more (keeps 5, 7) and the batch is full after 16 rollouts."""
+
+    class Alternating(ScriptedWorld):
+        def _rollout(self, start, origin):
+            j = self.started.get(start, 0)
+            self.started[start] = j + 1
+            node = self.builder.add_turn(start, origin=origin)
+            self._add(node, start, self.node_prompt[start], 1)
+            self.builder.finish(node, float(j == 0 or self.node_prompt[start] % 2 == 0))
+
+    world = Alternating(12)
+    record = run_step(world, get_policy("dapo", group_size=2), RolloutBudget(16), pool=12,
+                      rng=np.random.default_rng(0))
+    assert record.rounds == 2 and record.kept.tolist() == [1, 3, 5, 7]
+    assert [entry[1].tolist() for entry in world.log] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert record.groups.tolist() == [2] * 8 + [0] * 4 and record.rollouts == 16
+    set_target = run_step(Alternating(12), get_policy("dapo", group_size=2, dapo_target=2), RolloutBudget(16),
+                          pool=12, rng=np.random.default_rng(0))
+    # target 2: round 1 draws 2 prompts (keeps 1), round 2 draws 1 / (1/2) = 2 more (keeps 3)
+    assert set_target.rounds == 2 and set_target.kept.tolist() == [1, 3] and set_target.rollouts == 8
+
+
+def test_the_root_allocator_hook_replaces_the_local_allocation():
+    calls = []
+
+    def everything_on_the_last_two(policy, v, budget, rng, concentration):
+        calls.append((policy.name, v.size, budget))
+        m = np.zeros(v.size, dtype=np.int64)
+        m[-2:] = budget // 2, budget - budget // 2
+        return m
+
+    world = ScriptedWorld(8)
+    record = run_step(world, get_policy("trace"), RolloutBudget(10, 1), pool=8, rng=np.random.default_rng(0),
+                      root_allocator=everything_on_the_last_two)
+    assert calls == [("trace", 8, 10)]
+    assert world.log[1][0] == "plant" and world.log[1][1].tolist() == [6, 7]
+    assert record.rollouts == 20
+    # A distributed allocator returns this rank's share of the global budget: the rest of the step is local.
+    share = run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8,
+                     rng=np.random.default_rng(0), root_allocator=lambda *args: np.full(8, 2))
+    assert share.counts["bare"] == 16 and share.rollouts == 32
+    with pytest.raises(ValueError, match="the root allocator must return 8 non-negative counts"):
+        run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8, rng=np.random.default_rng(0),
+                 root_allocator=lambda *args: np.ones(7, dtype=np.int64))
+
+
+def test_bad_input_fails_with_one_line_messages():
+    class Overconfident(ScriptedWorld):
+        def predict_prompts(self, prompts, *, concentration):
+            return Prediction(np.full(len(prompts), 1.5))
+
+    with pytest.raises(ValueError, match="`expansion_rounds` must be at least 1, got 0"):
+        _step("trace", RolloutBudget(8, 1), rounds=0)
+    with pytest.raises(ValueError, match=r"the predictor must return 6 probabilities in \[0, 1\]"):
+        run_step(Overconfident(6), get_policy("trace"), RolloutBudget(8, 1), pool=6, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="policy 'trace_beta' needs 6 positive concentrations"):
+        run_step(_NoConcentration(6), get_policy("trace_beta"), RolloutBudget(8, 1), pool=6,
+                 rng=np.random.default_rng(0))
+
+
+class _NoConcentration(ScriptedWorld):
+    def predict_prompts(self, prompts, *, concentration):
+        return Prediction(self.prompt_v[prompts])
+
+
+def test_kinds_and_record_predictions_per_node():
+    assert KINDS == ("bare", "top_up", "continuation") and Kind.TOP_UP == 1
+    world, policy, record = _step("trace", RolloutBudget(16, 2))
+    per_node = record.node_predictions()
+    forest = record.forest
+    roots = forest.roots
+    assert np.allclose(per_node[roots], world.prompt_v[forest.prompt[roots]])
+    assert np.allclose(per_node[record.node_ids], record.node_v)
+    assert np.isnan(per_node[forest.is_leaf]).all()
+
+
+def test_rollout_order_does_not_depend_on_how_a_world_numbers_its_nodes():
+    """One prompt, two bare rollouts of three turns: numbered rollout by rollout (the simulator) and turn
+    by turn across rollouts (the engine). The driver lists the prefixes in the same order for both."""
+    nan = float("nan")
+    by_rollout = RolloutForest.from_parents([-1, 0, 1, 2, 0, 4, 5], [nan, nan, nan, 1, nan, nan, 0])
+    by_turn = RolloutForest.from_parents([-1, 0, 0, 1, 2, 3, 4], [nan, nan, nan, nan, nan, 1, 0])
+    same = {1: 1, 2: 3, 4: 2, 5: 4}  # a rollout-major id -> the turn-major id of the same prefix
+    order = in_rollout_order(by_rollout, np.array([5, 2, 4, 1]))
+    assert order.tolist() == [1, 2, 4, 5]
+    assert in_rollout_order(by_turn, np.array([4, 3, 2, 1])).tolist() == [same[n] for n in order.tolist()]
