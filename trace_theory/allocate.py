@@ -116,7 +116,10 @@ def root_utility(v, m, *, concentration=None):
         from .contrast import mixed_probability
 
         return float(mixed_probability(v, m).sum())
-    kappa = np.broadcast_to(_checks.positive("concentration", concentration), v.shape)
+    kappa = _checks.positive("concentration", concentration)
+    if kappa.ndim and kappa.shape != v.shape:
+        raise ValueError(f"`concentration` must be a scalar or have the shape of `v` {v.shape}, got shape {kappa.shape}")
+    kappa = np.broadcast_to(kappa, v.shape)
     total = 0.0
     for vi, ki, mi in zip(v.ravel(), kappa.ravel(), m.ravel()):
         total += float(_beta_mixed_table(np.array([vi]), np.array([ki]), 0, int(mi))[0, -1])
@@ -202,7 +205,7 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
             raise ValueError(f"`max_group` ({max_group}) must be at least `min_group` ({min_group})")
     kappa = None
     if concentration is not None:
-        kappa = np.broadcast_to(_checks.positive("concentration", concentration), v.shape).astype(float)
+        kappa = _checks.per_item("concentration", concentration, n, _checks.positive).astype(float)
     check_root_budget(n, budget, min_group, max_group)
     if budget == 0:
         return np.zeros(n, dtype=np.int64)

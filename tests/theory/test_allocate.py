@@ -145,6 +145,18 @@ def test_roots_large_instance_against_a_heap_greedy_bound():
         (dict(v=[1.2], budget=2), r"`v` must lie in \[0, 1\], got 1.2"),
         (dict(v=[[0.5]], budget=2), r"`v` must be one-dimensional, got shape \(1, 1\)"),
         (dict(v=[0.5], budget=2, concentration=0.0), r"`concentration` must be finite and positive, got 0.0"),
+        # Found by the adversarial review (issue 10): these were broadcast, converted or crashed.
+        (dict(v=[0.5, 0.5], budget=4, concentration=[1.0, 2.0, 3.0]),
+         r"`concentration` must be a scalar or hold one value per prompt \(2\), got shape \(3,\)"),
+        (dict(v=[0.5, 0.5, 0.5], budget=4, concentration=[2.0]),
+         r"`concentration` must be a scalar or hold one value per prompt \(3\), got shape \(1,\)"),
+        (dict(v=[0.5, 0.5], budget=4, concentration=[[1.0], [2.0]]),
+         r"`concentration` must be a scalar or hold one value per prompt \(2\), got shape \(2, 1\)"),
+        (dict(v=[0.5], budget="4"), r"`budget` must be a non-negative integer, got '4'"),
+        (dict(v=[0.5], budget=4 + 0j), r"`budget` must be a non-negative integer, got \(4\+0j\)"),
+        (dict(v=[0.5], budget=1e300), r"`budget` must be a non-negative integer, got 1e\+300"),
+        (dict(v=[0.5], budget=float("nan")), r"`budget` must be a non-negative integer, got nan"),
+        (dict(v=[0.5], budget=[4]), r"`budget` must be a non-negative integer, got \[4\]"),
     ],
 )
 def test_root_errors(kwargs, message):
@@ -231,6 +243,25 @@ def test_prefixes_prefer_surprising_outcomes():
 def test_prefix_errors(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         allocate_prefixes(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "budget, message",
+    [
+        (["3"], r"`budget` must be non-negative integers, got values of dtype <U1"),
+        ([2.5], r"`budget` must be non-negative integers, got 2.5"),
+        ([1e19], r"`budget` must be non-negative integers, got 1e\+19"),
+    ],
+)
+def test_prefix_budgets_must_be_integers(budget, message):
+    args = ([0.5], [1], [0], budget)
+    with pytest.raises(ValueError, match=message):
+        allocate_prefixes(*args)
+
+
+def test_root_utility_concentration_must_match_v():
+    with pytest.raises(ValueError, match=r"`concentration` must be a scalar or have the shape of `v` \(2,\), got shape \(3,\)"):
+        root_utility([0.5, 0.5], [2, 2], concentration=[1.0, 2.0, 3.0])
 
 
 def test_prefix_allocation_near_certain_repeat_does_not_enumerate_the_bracket():
