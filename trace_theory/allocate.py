@@ -506,7 +506,54 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
 
 
 _FLOOR = -800.0  # a log-gain below every positive double: units under it count as worthless
-_BISECTIONS = 40  # brackets the water level to ~1e-9 in log space; the bracket is then sorted exactly
+_MAX_STEPS = 60  # bracket steps per call (the Illinois rule converges superlinearly)
+_SLACK = 1.0  # stop narrowing once a bracket holds <= 1 + _SLACK * target units: sorting them is cheaper
+
+
+def _water_level(count_above, target, top, bottom) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, log levels lo <= hi with count_above(lo) >= target > count_above(hi), close enough.
+
+    ``count_above(t)`` counts the units whose log gain exceeds t[group]; it falls as t rises, in steps.
+    ``top`` (no unit above it) and ``bottom`` (a guess with enough units above it, checked here; the
+    floor where it fails) start the bracket. Between breakpoints the count is linear in t (each
+    anchor's units are evenly spaced in log gain), so we step to where the line through the two ends
+    crosses target - 1/2, halving the weight of an end that stayed put twice (the Illinois rule). A
+    group is done when its bracket holds at most twice the needed units plus one per anchor, or is
+    ~1e-9 wide (ties at the level); the caller then sorts the bracket exactly. Groups without
+    ``target`` units above the floor get lo = hi = floor. (Bisection alone took 40 passes.)
+    """
+    lo, hi = bottom.copy(), top.copy()
+    c_lo, c_hi = count_above(lo), np.zeros(len(target))
+    low = c_lo < target  # the guess was too high: start from the floor
+    if low.any():
+        lo[low] = _FLOOR
+        c_lo = np.where(low, count_above(lo), c_lo)
+    short = c_lo < target
+    hi[short] = lo[short] = _FLOOR
+    goal = target - 0.5
+    f_lo, f_hi = c_lo - goal, c_hi - goal
+    slack = _SLACK * target + 1.0
+    side = np.zeros(len(target), np.int8)  # the end that moved last: +1 lo, -1 hi
+    open_ = ~short & (target > 0) & (c_lo - c_hi > slack) & (hi - lo > 1e-9)
+    for _ in range(_MAX_STEPS):
+        if not open_.any():
+            break
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.clip(f_lo / (f_lo - f_hi), 1e-6, 1 - 1e-6)
+        mid = lo + frac * (hi - lo)
+        count = count_above(mid)
+        moved = np.where(open_, np.where(count >= target, 1, -1), 0).astype(np.int8)
+        up, down = moved == 1, moved == -1
+        lo, c_lo, f_lo = np.where(up, mid, lo), np.where(up, count, c_lo), np.where(up, count - goal, f_lo)
+        hi, c_hi, f_hi = np.where(down, mid, hi), np.where(down, count, c_hi), np.where(down, count - goal, f_hi)
+        f_lo = np.where(down & (side == -1), 0.5 * f_lo, f_lo)  # Illinois: the stale end weighs less
+        f_hi = np.where(up & (side == 1), 0.5 * f_hi, f_hi)
+        side = np.where(moved != 0, moved, side)
+        open_ &= (c_lo - c_hi > slack) & (hi - lo > 1e-9)
+    # Secant steps can land exactly on a unit's log gain, where the count's rounding is fuzzy; widen
+    # the bracket a little so that such units are sorted with their exact gains (the counts stay valid).
+    pad = np.where(short, 0.0, 1e-11 * (1.0 + np.abs(lo)))
+    return lo - pad, np.minimum(hi + pad, top)
 
 
 def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
@@ -535,19 +582,27 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
 
     def units_above(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Units with log gain > t[group], per regular and per certain anchor."""
-        reg = np.clip(np.ceil((t[g_reg] - a_reg) * inv_reg), 0.0, room_reg)
+        reg = np.ceil((t[g_reg] - a_reg) * inv_reg)
+        np.maximum(reg, 0.0, out=reg)
+        np.minimum(reg, room_reg, out=reg)
         cer = np.where(t[g_cer] < 0.0, room_cer, 0.0)
         return reg, cer
 
     def per_group(reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
-        return np.bincount(g_reg, reg, n_groups) + np.bincount(g_cer, cer, n_groups)
+        counts = np.bincount(g_reg, reg, n_groups)
+        return counts + np.bincount(g_cer, cer, n_groups) if g_cer.size else counts
 
-    # Invariant: >= target units lie above e^lo, < target above e^hi (no gain exceeds 1 = e^0).
-    lo, hi = np.full(n_groups, _FLOOR), np.zeros(n_groups)
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        enough = per_group(*units_above(mid)) >= target
-        lo, hi = np.where(enough, mid, lo), np.where(enough, hi, mid)
+    # The level lies below the best first gain of the group, and above the level at which its best
+    # anchor alone would supply the whole target (checked: rooms can make that guess too high).
+    top = np.full(n_groups, -np.inf)
+    np.maximum.at(top, g_reg, a_reg)
+    top[g_cer] = 0.0
+    np.maximum(top, _FLOOR, out=top)
+    bottom = np.full(n_groups, _FLOOR)
+    alone = room_reg >= target[g_reg]
+    np.maximum.at(bottom, g_reg[alone], a_reg[alone] + (target[g_reg[alone]] - 1) / inv_reg[alone])
+    bottom = np.clip(bottom - 1e-9 * (1.0 + np.abs(bottom)), _FLOOR, top)
+    lo, hi = _water_level(lambda t: per_group(*units_above(t)), target, top, bottom)
 
     k = np.zeros(n)
     reg_hi, cer_hi = units_above(hi)
@@ -567,11 +622,11 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     kk = k[anchor] + (np.arange(anchor.size) - np.repeat(np.cumsum(extra) - extra, extra))
     with np.errstate(invalid="ignore"):
         log_gain = np.where(q[anchor] == 0.0, 0.0, kk * lq[anchor] + l1q[anchor])  # kk counts from start
-    order = np.lexsort((anchor, -log_gain, group[anchor]))
+    order = np.lexsort((-log_gain, group[anchor]))  # stable: equal gains stay in anchor order
     g_sorted = group[anchor[order]]
     rank = np.arange(order.size) - np.searchsorted(g_sorted, g_sorted)
     chosen = anchor[order[rank < missing[g_sorted]]]
-    np.add.at(k, chosen, 1.0)
+    k += np.bincount(chosen, minlength=n)
     missing = missing - np.bincount(group[chosen], minlength=n_groups)
 
     # Groups that ran out of worthwhile units (lo stuck at the floor) fill up with worthless ones,
