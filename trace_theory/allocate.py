@@ -510,18 +510,57 @@ _MAX_STEPS = 60  # bracket steps per call (the Illinois rule converges superline
 _SLACK = 1.0  # stop narrowing once a bracket holds <= 1 + _SLACK * target units: sorting them is cheaper
 
 
-def _water_level(count_above, target, top, bottom) -> tuple[np.ndarray, np.ndarray]:
+class _Units(NamedTuple):
+    """The units of water filling, per anchor: log gain k / inv + a for k = 0, 1, ... (at most room).
+
+    Regular anchors (0 < q < 1) have a = log of the first gain and 1 / inv = log q < 0; a certain
+    anchor (q = 0, nothing placed yet) has one unit worth 1 (log gain 0).
+    """
+
+    n_groups: int
+    g: np.ndarray
+    a: np.ndarray
+    inv: np.ndarray
+    room: np.ndarray
+    g_cer: np.ndarray
+    room_cer: np.ndarray
+
+    def above(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Units with log gain > t[group], per regular and per certain anchor."""
+        reg = np.ceil((t[self.g] - self.a) * self.inv)
+        np.maximum(reg, 0.0, out=reg)
+        np.minimum(reg, self.room, out=reg)
+        return reg, np.where(t[self.g_cer] < 0.0, self.room_cer, 0.0)
+
+    def per_group(self, reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
+        counts = np.bincount(self.g, reg, self.n_groups)
+        return counts + np.bincount(self.g_cer, cer, self.n_groups) if self.g_cer.size else counts
+
+    def count(self, t: np.ndarray) -> np.ndarray:
+        return self.per_group(*self.above(t))
+
+    def of(self, groups: np.ndarray, level: np.ndarray) -> "_Units":
+        """The anchors of the groups where the mask ``groups`` is set whose first unit lies above
+        ``level[group]`` (the others add nothing above it: their counts there are 0)."""
+        r = groups[self.g] & (self.a > level[self.g])
+        c = groups[self.g_cer] & (level[self.g_cer] < 0.0)
+        return _Units(self.n_groups, self.g[r], self.a[r], self.inv[r], self.room[r], self.g_cer[c], self.room_cer[c])
+
+
+def _water_level(units: _Units, target, top, bottom) -> tuple[np.ndarray, np.ndarray]:
     """Per group, log levels lo <= hi with count_above(lo) >= target > count_above(hi), close enough.
 
-    ``count_above(t)`` counts the units whose log gain exceeds t[group]; it falls as t rises, in steps.
+    ``units.count(t)`` counts the units whose log gain exceeds t[group]; it falls as t rises, in steps.
     ``top`` (no unit above it) and ``bottom`` (a guess with enough units above it, checked here; the
     floor where it fails) start the bracket. Between breakpoints the count is linear in t (each
     anchor's units are evenly spaced in log gain), so we step to where the line through the two ends
     crosses target - 1/2, halving the weight of an end that stayed put twice (the Illinois rule). A
     group is done when its bracket holds at most twice the needed units plus one per anchor, or is
     ~1e-9 wide (ties at the level); the caller then sorts the bracket exactly. Groups without
-    ``target`` units above the floor get lo = hi = floor. (Bisection alone took 40 passes.)
+    ``target`` units above the floor get lo = hi = floor. (Bisection alone took 40 passes.) Each pass
+    counts only the units of groups still open once they are fewer than half.
     """
+    count_above, live = units.count, len(target)
     lo, hi = bottom.copy(), top.copy()
     c_lo, c_hi = count_above(lo), np.zeros(len(target))
     low = c_lo < target  # the guess was too high: start from the floor
@@ -530,14 +569,20 @@ def _water_level(count_above, target, top, bottom) -> tuple[np.ndarray, np.ndarr
         c_lo = np.where(low, count_above(lo), c_lo)
     short = c_lo < target
     hi[short] = lo[short] = _FLOOR
+    units = units.of(~short & (target > 0), lo)  # every level we try lies above lo
+    count_above, live = units.count, int((~short & (target > 0)).sum())
     goal = target - 0.5
     f_lo, f_hi = c_lo - goal, c_hi - goal
     slack = _SLACK * target + 1.0
     side = np.zeros(len(target), np.int8)  # the end that moved last: +1 lo, -1 hi
     open_ = ~short & (target > 0) & (c_lo - c_hi > slack) & (hi - lo > 1e-9)
     for _ in range(_MAX_STEPS):
-        if not open_.any():
+        n_open = int(open_.sum())
+        if n_open == 0:
             break
+        if 2 * n_open < live:
+            units, live = units.of(open_, lo), n_open
+            count_above = units.count
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.clip(f_lo / (f_lo - f_hi), 1e-6, 1 - 1e-6)
         mid = lo + frac * (hi - lo)
@@ -577,20 +622,12 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     target = np.minimum(budget, room_total).astype(np.int64)
     regular = np.flatnonzero((q > 0) & (q < 1))
     certain = np.flatnonzero((q == 0) & (start == 0))  # one unit worth 1, then worthless ones
-    g_reg, a_reg, inv_reg, room_reg = group[regular], l1q[regular], 1.0 / lq[regular], room[regular]
-    g_cer, room_cer = group[certain], np.minimum(room[certain], 1.0)
-
-    def units_above(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Units with log gain > t[group], per regular and per certain anchor."""
-        reg = np.ceil((t[g_reg] - a_reg) * inv_reg)
-        np.maximum(reg, 0.0, out=reg)
-        np.minimum(reg, room_reg, out=reg)
-        cer = np.where(t[g_cer] < 0.0, room_cer, 0.0)
-        return reg, cer
-
-    def per_group(reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
-        counts = np.bincount(g_reg, reg, n_groups)
-        return counts + np.bincount(g_cer, cer, n_groups) if g_cer.size else counts
+    units = _Units(
+        n_groups, group[regular], l1q[regular], 1.0 / lq[regular], room[regular],
+        group[certain], np.minimum(room[certain], 1.0),
+    )
+    g_reg, a_reg, inv_reg, room_reg, g_cer = units.g, units.a, units.inv, units.room, units.g_cer
+    units_above, per_group = units.above, units.per_group
 
     # The level lies below the best first gain of the group, and above the level at which its best
     # anchor alone would supply the whole target (checked: rooms can make that guess too high).
@@ -602,7 +639,7 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     alone = room_reg >= target[g_reg]
     np.maximum.at(bottom, g_reg[alone], a_reg[alone] + (target[g_reg[alone]] - 1) / inv_reg[alone])
     bottom = np.clip(bottom - 1e-9 * (1.0 + np.abs(bottom)), _FLOOR, top)
-    lo, hi = _water_level(lambda t: per_group(*units_above(t)), target, top, bottom)
+    lo, hi = _water_level(units, target, top, bottom)
 
     k = np.zeros(n)
     reg_hi, cer_hi = units_above(hi)
