@@ -547,6 +547,19 @@ class _Units(NamedTuple):
         return _Units(self.n_groups, self.g[r], self.a[r], self.inv[r], self.room[r], self.g_cer[c], self.room_cer[c])
 
 
+def _group_max(values: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """max of ``values`` per group (the floor for empty groups); one pass when ``group`` is sorted."""
+    out = np.full(n_groups, _FLOOR)
+    if not len(group):
+        return out
+    if (group[1:] >= group[:-1]).all():
+        starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+        out[group[starts]] = np.maximum(np.maximum.reduceat(values, starts), _FLOOR)
+    else:
+        np.maximum.at(out, group, values)
+    return out
+
+
 def _water_level(units: _Units, target, top, bottom) -> tuple[np.ndarray, np.ndarray]:
     """Per group, log levels lo <= hi with count_above(lo) >= target > count_above(hi), close enough.
 
@@ -631,13 +644,10 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
 
     # The level lies below the best first gain of the group, and above the level at which its best
     # anchor alone would supply the whole target (checked: rooms can make that guess too high).
-    top = np.full(n_groups, -np.inf)
-    np.maximum.at(top, g_reg, a_reg)
+    top = _group_max(a_reg, g_reg, n_groups)
     top[g_cer] = 0.0
-    np.maximum(top, _FLOOR, out=top)
-    bottom = np.full(n_groups, _FLOOR)
-    alone = room_reg >= target[g_reg]
-    np.maximum.at(bottom, g_reg[alone], a_reg[alone] + (target[g_reg[alone]] - 1) / inv_reg[alone])
+    alone = np.where(room_reg >= target[g_reg], a_reg + (target[g_reg] - 1) / inv_reg, _FLOOR)
+    bottom = _group_max(alone, g_reg, n_groups)
     bottom = np.clip(bottom - 1e-9 * (1.0 + np.abs(bottom)), _FLOOR, top)
     lo, hi = _water_level(units, target, top, bottom)
 
