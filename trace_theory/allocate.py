@@ -275,8 +275,8 @@ def _relaxed_threshold(F, gains, L: int, B: int, complete: bool) -> float | None
     # Unit values: each block repeated, then the tail gains (gains inside a block are not units).
     values = np.concatenate([np.repeat(rho, L + block), gains.ravel()])
     tails = values[rho.size and int((L + block).sum()):].reshape(gains.shape)
-    inside = np.arange(min(W - 1, int(block.max(initial=0))))
-    tails[:, inside] = np.where(inside[None, :] < block[:, None], -np.inf, tails[:, inside])
+    inside = min(W - 1, int(block.max(initial=0)))
+    np.copyto(tails[:, :inside], -np.inf, where=np.arange(inside)[None, :] < block[:, None])
     n_units = values.size - int((block.clip(max=W - 1)).sum())
     if n_units < B:
         return None
