@@ -17,6 +17,12 @@ Conventions the rest of the project relies on:
   the simulator, 0 for a root.
 
 ``trace_theory`` never sees text or tensors; the trainer keys its payloads by node id.
+
+Checked and trusted construction: every builder checks its input and the resulting forest by default.
+Code that grows a forest from links it made itself (the simulator, a step driver) passes
+``validate=False`` to :meth:`RolloutForest.from_parents` and :meth:`RolloutForest.append` and calls
+:meth:`RolloutForest.validate` once per step where it wants the guarantee (tests do); both paths give
+equal forests from valid input, and appending costs the new nodes plus one copy of the arrays.
 """
 
 from __future__ import annotations
