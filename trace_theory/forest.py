@@ -458,7 +458,7 @@ class RolloutForest:
         """Node ids grouped by depth (index d holds the nodes at depth d)."""
         if len(self) == 0:
             return []
-        order = np.argsort(self.depth, kind="stable")
+        order = _stable_order(self.depth)
         bounds = np.searchsorted(self.depth[order], np.arange(int(self.depth.max()) + 2))
         return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
 
@@ -630,6 +630,13 @@ def _check_parent_links(parent: np.ndarray) -> None:
             f"node {i} comes before its parent {int(parent[i])}; nodes must be in topological order "
             "(every parent before its children)"
         )
+
+
+def _stable_order(depth: np.ndarray) -> np.ndarray:
+    """``np.argsort(depth, kind="stable")``; as 16-bit keys (a radix sort) when depths allow it."""
+    if len(depth) and int(depth.max()) < 2**15:
+        return np.argsort(depth.astype(np.int16), kind="stable")
+    return np.argsort(depth, kind="stable")
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:
