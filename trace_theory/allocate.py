@@ -568,12 +568,13 @@ def _water_level(units: _Units, target, top, bottom) -> tuple[np.ndarray, np.nda
     floor where it fails) start the bracket. Between breakpoints the count is linear in t (each
     anchor's units are evenly spaced in log gain), so we step to where the line through the two ends
     crosses target - 1/2, halving the weight of an end that stayed put twice (the Illinois rule). A
-    group is done when its bracket holds at most twice the needed units plus one per anchor, or is
-    ~1e-9 wide (ties at the level); the caller then sorts the bracket exactly. Groups without
-    ``target`` units above the floor get lo = hi = floor. (Bisection alone took 40 passes.) Each pass
-    counts only the units of groups still open once they are fewer than half.
+    group is done when its bracket holds at most 1 + ``_SLACK`` * target units, or is ~1e-9 wide
+    (ties at the level); the caller then sorts the bracket exactly, so the allocation does not depend
+    on where the bracket ends. Groups without ``target`` units above the floor get lo = hi = floor.
+    (Bisection from the floor took 40 passes over all anchors; this takes a handful.) Passes count only
+    anchors whose first unit lies above lo, and only those of open groups once these are under half.
     """
-    count_above, live = units.count, len(target)
+    count_above = units.count
     lo, hi = bottom.copy(), top.copy()
     c_lo, c_hi = count_above(lo), np.zeros(len(target))
     low = c_lo < target  # the guess was too high: start from the floor
