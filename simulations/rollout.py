@@ -7,6 +7,10 @@ nodes, the way the trainer's rollout engine records real turns: bare rollouts be
 ``RolloutForest.from_parents`` (node ids: roots, then each rollout's turns in order), continuations
 below existing prefixes with ``RolloutForest.append``. Payloads stay aligned with node ids, the way the
 trainer keys token ids and environment snapshots by node id.
+
+Both use the forest's trusted fast path (``validate=False``): the links come from the simulator's own
+rollouts, so checking every invariant on every growth would only cost time (a fifth of a batch).
+``tests/simulations`` validate the forests that ``sample_batch`` returns for every policy.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class SimForest:
             np.concatenate([np.full(active.size, np.nan), reward]),
             prompt=active,
             origin=np.concatenate([np.full(active.size, Origin.ROOT), np.full(parent.size, Origin.BARE)]),
+            validate=False,
         )
         nodes = {k: np.concatenate([prompts[k][active], rollouts.turns[k]]) for k in rollouts.turns}
         return cls(forest, nodes)
@@ -123,7 +128,7 @@ class SimForest:
         roots (prefix budget that no anchor could take, spent on roots to keep budgets equal).
         """
         parent, reward = _turn_links(rollouts, anchors, offset=len(self.forest))
-        forest = self.forest.append(parent, reward, origin=int(origin))
+        forest = self.forest.append(parent, reward, origin=int(origin), validate=False)
         nodes = {k: np.concatenate([a, rollouts.turns[k]]) for k, a in self.nodes.items()}
         return SimForest(forest, nodes)
 

@@ -33,13 +33,19 @@ def positive(name: str, x) -> np.ndarray:
 
 
 def counts(name: str, x) -> np.ndarray:
-    """``x`` as an int64 array of non-negative integers (integral floats are accepted)."""
+    """``x`` as an int64 array of non-negative integers (integral floats are accepted).
+
+    Strings, complex numbers, booleans and values beyond int64 are refused, not converted.
+    """
     arr = np.asarray(x)
     if arr.dtype == bool:
         raise ValueError(f"`{name}` must be non-negative integers, got booleans")
+    if arr.dtype.kind not in "iuf":
+        shown = repr(x) if arr.ndim == 0 else f"values of dtype {arr.dtype}"
+        raise ValueError(f"`{name}` must be non-negative integers, got {shown}")
     if not np.issubdtype(arr.dtype, np.integer):
         arr_f = np.asarray(arr, dtype=float)
-        bad = ~(np.isfinite(arr_f) & (arr_f == np.round(arr_f)))
+        bad = ~(np.isfinite(arr_f) & (arr_f == np.round(arr_f)) & (np.abs(arr_f) < 2.0**63))
         if bad.any():
             raise ValueError(f"`{name}` must be non-negative integers, got {_first_bad(arr_f, bad)!r}")
         arr = arr_f
@@ -58,6 +64,14 @@ def count(name: str, x) -> int:
     except (ValueError, TypeError):
         shown = x.item() if isinstance(x, np.generic) else x
         raise ValueError(f"`{name}` must be a non-negative integer, got {shown!r}") from None
+
+
+def per_item(name: str, x, n: int, check) -> np.ndarray:
+    """``check(name, x)`` broadcast to length ``n``: a scalar, or exactly one value per item."""
+    arr = check(name, x)
+    if arr.ndim > 1 or (arr.ndim == 1 and len(arr) != n):
+        raise ValueError(f"`{name}` must be a scalar or hold one value per prompt ({n}), got shape {arr.shape}")
+    return np.broadcast_to(arr, (n,))
 
 
 def vector(name: str, x, dtype=float) -> np.ndarray:

@@ -116,7 +116,10 @@ def root_utility(v, m, *, concentration=None):
         from .contrast import mixed_probability
 
         return float(mixed_probability(v, m).sum())
-    kappa = np.broadcast_to(_checks.positive("concentration", concentration), v.shape)
+    kappa = _checks.positive("concentration", concentration)
+    if kappa.ndim and kappa.shape != v.shape:
+        raise ValueError(f"`concentration` must be a scalar or have the shape of `v` {v.shape}, got shape {kappa.shape}")
+    kappa = np.broadcast_to(kappa, v.shape)
     total = 0.0
     for vi, ki, mi in zip(v.ravel(), kappa.ravel(), m.ravel()):
         total += float(_beta_mixed_table(np.array([vi]), np.array([ki]), 0, int(mi))[0, -1])
@@ -202,7 +205,7 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
             raise ValueError(f"`max_group` ({max_group}) must be at least `min_group` ({min_group})")
     kappa = None
     if concentration is not None:
-        kappa = np.broadcast_to(_checks.positive("concentration", concentration), v.shape).astype(float)
+        kappa = _checks.per_item("concentration", concentration, n, _checks.positive).astype(float)
     check_root_budget(n, budget, min_group, max_group)
     if budget == 0:
         return np.zeros(n, dtype=np.int64)
@@ -272,8 +275,8 @@ def _relaxed_threshold(F, gains, L: int, B: int, complete: bool) -> float | None
     # Unit values: each block repeated, then the tail gains (gains inside a block are not units).
     values = np.concatenate([np.repeat(rho, L + block), gains.ravel()])
     tails = values[rho.size and int((L + block).sum()):].reshape(gains.shape)
-    inside = np.arange(min(W - 1, int(block.max(initial=0))))
-    tails[:, inside] = np.where(inside[None, :] < block[:, None], -np.inf, tails[:, inside])
+    inside = min(W - 1, int(block.max(initial=0)))
+    np.copyto(tails[:, :inside], -np.inf, where=np.arange(inside)[None, :] < block[:, None])
     n_units = values.size - int((block.clip(max=W - 1)).sum())
     if n_units < B:
         return None
@@ -503,7 +506,113 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
 
 
 _FLOOR = -800.0  # a log-gain below every positive double: units under it count as worthless
-_BISECTIONS = 40  # brackets the water level to ~1e-9 in log space; the bracket is then sorted exactly
+_MAX_STEPS = 60  # bracket steps per call (the Illinois rule converges superlinearly)
+_SLACK = 1.0  # stop narrowing once a bracket holds <= 1 + _SLACK * target units: sorting them is cheaper
+
+
+class _Units(NamedTuple):
+    """The units of water filling, per anchor: log gain k / inv + a for k = 0, 1, ... (at most room).
+
+    Regular anchors (0 < q < 1) have a = log of the first gain and 1 / inv = log q < 0; a certain
+    anchor (q = 0, nothing placed yet) has one unit worth 1 (log gain 0).
+    """
+
+    n_groups: int
+    g: np.ndarray
+    a: np.ndarray
+    inv: np.ndarray
+    room: np.ndarray
+    g_cer: np.ndarray
+    room_cer: np.ndarray
+
+    def above(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Units with log gain > t[group], per regular and per certain anchor."""
+        reg = np.ceil((t[self.g] - self.a) * self.inv)
+        np.maximum(reg, 0.0, out=reg)
+        np.minimum(reg, self.room, out=reg)
+        return reg, np.where(t[self.g_cer] < 0.0, self.room_cer, 0.0)
+
+    def per_group(self, reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
+        counts = np.bincount(self.g, reg, self.n_groups)
+        return counts + np.bincount(self.g_cer, cer, self.n_groups) if self.g_cer.size else counts
+
+    def count(self, t: np.ndarray) -> np.ndarray:
+        return self.per_group(*self.above(t))
+
+    def of(self, groups: np.ndarray, level: np.ndarray) -> "_Units":
+        """The anchors of the groups where the mask ``groups`` is set whose first unit lies above
+        ``level[group]`` (the others add nothing above it: their counts there are 0)."""
+        r = groups[self.g] & (self.a > level[self.g])
+        c = groups[self.g_cer] & (level[self.g_cer] < 0.0)
+        return _Units(self.n_groups, self.g[r], self.a[r], self.inv[r], self.room[r], self.g_cer[c], self.room_cer[c])
+
+
+def _group_max(values: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """max of ``values`` per group (the floor for empty groups); one pass when ``group`` is sorted."""
+    out = np.full(n_groups, _FLOOR)
+    if not len(group):
+        return out
+    if (group[1:] >= group[:-1]).all():
+        starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+        out[group[starts]] = np.maximum(np.maximum.reduceat(values, starts), _FLOOR)
+    else:
+        np.maximum.at(out, group, values)
+    return out
+
+
+def _water_level(units: _Units, target, top, bottom) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, log levels lo <= hi with count_above(lo) >= target > count_above(hi), close enough.
+
+    ``units.count(t)`` counts the units whose log gain exceeds t[group]; it falls as t rises, in steps.
+    ``top`` (no unit above it) and ``bottom`` (a guess with enough units above it, checked here; the
+    floor where it fails) start the bracket. Between breakpoints the count is linear in t (each
+    anchor's units are evenly spaced in log gain), so we step to where the line through the two ends
+    crosses target - 1/2, halving the weight of an end that stayed put twice (the Illinois rule). A
+    group is done when its bracket holds at most 1 + ``_SLACK`` * target units, or is ~1e-9 wide
+    (ties at the level); the caller then sorts the bracket exactly, so the allocation does not depend
+    on where the bracket ends. Groups without ``target`` units above the floor get lo = hi = floor.
+    (Bisection from the floor took 40 passes over all anchors; this takes a handful.) Passes count only
+    anchors whose first unit lies above lo, and only those of open groups once these are under half.
+    """
+    count_above = units.count
+    lo, hi = bottom.copy(), top.copy()
+    c_lo, c_hi = count_above(lo), np.zeros(len(target))
+    low = c_lo < target  # the guess was too high: start from the floor
+    if low.any():
+        lo[low] = _FLOOR
+        c_lo = np.where(low, count_above(lo), c_lo)
+    short = c_lo < target
+    hi[short] = lo[short] = _FLOOR
+    units = units.of(~short & (target > 0), lo)  # every level we try lies above lo
+    count_above, live = units.count, int((~short & (target > 0)).sum())
+    goal = target - 0.5
+    f_lo, f_hi = c_lo - goal, c_hi - goal
+    slack = _SLACK * target + 1.0
+    side = np.zeros(len(target), np.int8)  # the end that moved last: +1 lo, -1 hi
+    open_ = ~short & (target > 0) & (c_lo - c_hi > slack) & (hi - lo > 1e-9)
+    for _ in range(_MAX_STEPS):
+        n_open = int(open_.sum())
+        if n_open == 0:
+            break
+        if 2 * n_open < live:
+            units, live = units.of(open_, lo), n_open
+            count_above = units.count
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.clip(f_lo / (f_lo - f_hi), 1e-6, 1 - 1e-6)
+        mid = lo + frac * (hi - lo)
+        count = count_above(mid)
+        moved = np.where(open_, np.where(count >= target, 1, -1), 0).astype(np.int8)
+        up, down = moved == 1, moved == -1
+        lo, c_lo, f_lo = np.where(up, mid, lo), np.where(up, count, c_lo), np.where(up, count - goal, f_lo)
+        hi, c_hi, f_hi = np.where(down, mid, hi), np.where(down, count, c_hi), np.where(down, count - goal, f_hi)
+        f_lo = np.where(down & (side == -1), 0.5 * f_lo, f_lo)  # Illinois: the stale end weighs less
+        f_hi = np.where(up & (side == 1), 0.5 * f_hi, f_hi)
+        side = np.where(moved != 0, moved, side)
+        open_ &= (c_lo - c_hi > slack) & (hi - lo > 1e-9)
+    # Secant steps can land exactly on a unit's log gain, where the count's rounding is fuzzy; widen
+    # the bracket a little so that such units are sorted with their exact gains (the counts stay valid).
+    pad = np.where(short, 0.0, 1e-11 * (1.0 + np.abs(lo)))
+    return lo - pad, np.minimum(hi + pad, top)
 
 
 def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
@@ -527,24 +636,21 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     target = np.minimum(budget, room_total).astype(np.int64)
     regular = np.flatnonzero((q > 0) & (q < 1))
     certain = np.flatnonzero((q == 0) & (start == 0))  # one unit worth 1, then worthless ones
-    g_reg, a_reg, inv_reg, room_reg = group[regular], l1q[regular], 1.0 / lq[regular], room[regular]
-    g_cer, room_cer = group[certain], np.minimum(room[certain], 1.0)
+    units = _Units(
+        n_groups, group[regular], l1q[regular], 1.0 / lq[regular], room[regular],
+        group[certain], np.minimum(room[certain], 1.0),
+    )
+    g_reg, a_reg, inv_reg, room_reg, g_cer = units.g, units.a, units.inv, units.room, units.g_cer
+    units_above, per_group = units.above, units.per_group
 
-    def units_above(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Units with log gain > t[group], per regular and per certain anchor."""
-        reg = np.clip(np.ceil((t[g_reg] - a_reg) * inv_reg), 0.0, room_reg)
-        cer = np.where(t[g_cer] < 0.0, room_cer, 0.0)
-        return reg, cer
-
-    def per_group(reg: np.ndarray, cer: np.ndarray) -> np.ndarray:
-        return np.bincount(g_reg, reg, n_groups) + np.bincount(g_cer, cer, n_groups)
-
-    # Invariant: >= target units lie above e^lo, < target above e^hi (no gain exceeds 1 = e^0).
-    lo, hi = np.full(n_groups, _FLOOR), np.zeros(n_groups)
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        enough = per_group(*units_above(mid)) >= target
-        lo, hi = np.where(enough, mid, lo), np.where(enough, hi, mid)
+    # The level lies below the best first gain of the group, and above the level at which its best
+    # anchor alone would supply the whole target (checked: rooms can make that guess too high).
+    top = _group_max(a_reg, g_reg, n_groups)
+    top[g_cer] = 0.0
+    alone = np.where(room_reg >= target[g_reg], a_reg + (target[g_reg] - 1) / inv_reg, _FLOOR)
+    bottom = _group_max(alone, g_reg, n_groups)
+    bottom = np.clip(bottom - 1e-9 * (1.0 + np.abs(bottom)), _FLOOR, top)
+    lo, hi = _water_level(units, target, top, bottom)
 
     k = np.zeros(n)
     reg_hi, cer_hi = units_above(hi)
@@ -564,11 +670,11 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     kk = k[anchor] + (np.arange(anchor.size) - np.repeat(np.cumsum(extra) - extra, extra))
     with np.errstate(invalid="ignore"):
         log_gain = np.where(q[anchor] == 0.0, 0.0, kk * lq[anchor] + l1q[anchor])  # kk counts from start
-    order = np.lexsort((anchor, -log_gain, group[anchor]))
+    order = np.lexsort((-log_gain, group[anchor]))  # stable: equal gains stay in anchor order
     g_sorted = group[anchor[order]]
     rank = np.arange(order.size) - np.searchsorted(g_sorted, g_sorted)
     chosen = anchor[order[rank < missing[g_sorted]]]
-    np.add.at(k, chosen, 1.0)
+    k += np.bincount(chosen, minlength=n)
     missing = missing - np.bincount(group[chosen], minlength=n_groups)
 
     # Groups that ran out of worthwhile units (lo stuck at the floor) fill up with worthless ones,

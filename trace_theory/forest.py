@@ -17,6 +17,12 @@ Conventions the rest of the project relies on:
   the simulator, 0 for a root.
 
 ``trace_theory`` never sees text or tensors; the trainer keys its payloads by node id.
+
+Checked and trusted construction: every builder checks its input and the resulting forest by default.
+Code that grows a forest from links it made itself (the simulator, a step driver) passes
+``validate=False`` to :meth:`RolloutForest.from_parents` and :meth:`RolloutForest.append` and calls
+:meth:`RolloutForest.validate` once per step where it wants the guarantee (tests do); both paths give
+equal forests from valid input, and appending costs the new nodes plus one copy of the arrays.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import numpy as np
 from . import _checks
 
 __all__ = ["Origin", "RolloutForest", "ForestBuilder"]
+
+_FIELDS = ("parent", "prompt", "depth", "reward", "is_leaf", "origin", "cost", "binary_rewards")
 
 
 class Origin(enum.IntEnum):
@@ -206,7 +214,8 @@ class RolloutForest:
     # -----------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_parents(cls, parent, reward, *, prompt=None, origin=None, cost=None, binary_rewards=True):
+    def from_parents(cls, parent, reward, *, prompt=None, origin=None, cost=None, binary_rewards=True,
+                     validate=True):
         """Build a forest from parent links and leaf rewards, deriving depth, leaves and defaults.
 
         Parameters
@@ -224,6 +233,9 @@ class RolloutForest:
             Cost per node; default 1 per turn and 0 per root.
         binary_rewards : bool, default True
             Declare (and check) that rewards are 0 or 1.
+        validate : bool, default True
+            ``False`` skips every check (the trusted fast path, see :meth:`append`); the caller
+            guarantees valid links and rewards and may call :meth:`validate` once later.
 
         Examples
         --------
@@ -235,11 +247,14 @@ class RolloutForest:
         >>> [Origin(o).name for o in f.origin]
         ['ROOT', 'BARE', 'BARE', 'BARE', 'CONTINUATION']
         """
-        parent = cls._integral("parent", parent)
+        if validate:
+            parent = cls._integral("parent", parent)
+            reward = _checks.vector("reward", reward, dtype=float)
+            _checks.same_length(parent=parent, reward=reward)
+            _check_parent_links(parent)
+        else:  # copies: the forest must not share arrays that the caller may change
+            parent, reward = np.array(parent, np.int64), np.array(reward, float)
         n = len(parent)
-        reward = _checks.vector("reward", reward, dtype=float)
-        _checks.same_length(parent=parent, reward=reward)
-        _check_parent_links(parent)
         depth = _depths(parent)
         is_root = parent == -1
         if prompt is None:
@@ -256,7 +271,12 @@ class RolloutForest:
             origin = _default_origin(parent, depth)
         if cost is None:
             cost = np.where(is_root, 0.0, 1.0)
-        return cls(parent, node_prompt, depth, reward, is_leaf, origin, cost, binary_rewards)
+        if validate:
+            return cls(parent, node_prompt, depth, reward, is_leaf, origin, cost, binary_rewards)
+        return cls._trusted(
+            parent=parent, prompt=node_prompt, depth=depth, reward=reward, is_leaf=is_leaf,
+            origin=np.array(origin, np.int8), cost=np.array(cost, float), binary_rewards=binary_rewards,
+        )
 
     @classmethod
     def from_nested(cls, trees: Sequence, *, prompt=None, binary_rewards=True):
@@ -303,29 +323,94 @@ class RolloutForest:
         return cls.from_parents(np.asarray(parent, dtype=np.int64), np.asarray(reward), prompt=prompt,
                                 binary_rewards=binary_rewards)
 
-    def append(self, parent, reward, *, origin, cost=1.0) -> "RolloutForest":
+    def append(self, parent, reward, *, origin, cost=1.0, validate=True) -> "RolloutForest":
         """A new forest with turns appended below existing trees (ids continue from ``len(self)``).
 
         ``parent`` may point at existing nodes or at earlier appended ones, never -1 (start new prompts
         with :meth:`from_parents`). An existing leaf cannot gain children: validation rejects it.
+
+        The cost is linear in the appended nodes plus one copy of the existing arrays: depths and
+        prompts of the new nodes come from their parents, and only the parents' leaf flags change.
+
+        Parameters
+        ----------
+        parent : array_like of int
+            Parent of each appended node (an existing node id, or an earlier appended one).
+        reward : array_like of float
+            Reward of each appended leaf, NaN for appended internal nodes.
+        origin : int or array_like of int
+            :class:`Origin` code of the appended nodes.
+        cost : float or array_like of float, default 1
+            Cost of each appended node.
+        validate : bool, default True
+            Check the arguments and every invariant of the result. ``False`` is the trusted fast path
+            for code that grows a forest it built itself (the simulator, a step driver): no check at
+            all, so bad input gives a corrupt forest instead of an error. Call :meth:`validate` once
+            when the growing is done (tests do), and keep ``validate=True`` wherever the input comes
+            from outside. With valid input both paths return equal forests.
+
+        Examples
+        --------
+        >>> f = RolloutForest.from_parents([-1, 0, 1], [float("nan"), float("nan"), 0.0])
+        >>> g = f.append([1, 3], [float("nan"), 1.0], origin=Origin.CONTINUATION, validate=False)
+        >>> g.validate().depth.tolist(), g.is_leaf.tolist()
+        ([0, 1, 2, 2, 3], [False, False, True, False, True])
         """
+        if not validate:
+            return self._append_trusted(np.asarray(parent, np.int64), np.asarray(reward, float), origin, cost)
         parent = self._integral("parent", parent)
         reward = _checks.vector("reward", reward, dtype=float)
         _checks.same_length(parent=parent, reward=reward)
         if (parent == -1).any():
             raise ValueError("`parent` of an appended node must be an existing or appended node, not -1")
-        old = parent[(parent >= 0) & (parent < len(self))]
+        n = len(self)
+        bad = (parent < -1) | (parent >= n + np.arange(len(parent)))
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"appended node {n + j} has parent {int(parent[j])}; it must be an existing node or an "
+                f"earlier appended one, in [0, {n + j - 1}]"
+            )
+        old = parent[parent < n]
         if self.is_leaf[old].any():
             i = int(old[self.is_leaf[old]][0])
             raise ValueError(f"node {i} is a finished leaf (reward {float(self.reward[i])!r}) and cannot get children")
-        return RolloutForest.from_parents(
-            np.concatenate([self.parent, parent]),
-            np.concatenate([self.reward, reward]),
-            prompt=self.prompt[self.roots],
-            origin=np.concatenate([self.origin, np.broadcast_to(origin, parent.shape)]),
-            cost=np.concatenate([self.cost, np.broadcast_to(np.asarray(cost, float), parent.shape)]),
+        grown = self._append_trusted(parent, reward, origin, cost)
+        return RolloutForest(*(getattr(grown, f) for f in _FIELDS))  # checks every invariant
+
+    def _append_trusted(self, parent, reward, origin, cost) -> "RolloutForest":
+        """:meth:`append` without checks: the new arrays from the parents, by pointer jumping."""
+        n, n_new = len(self), len(parent)
+        # Walk each new node up through new nodes until an existing ancestor, counting the turns.
+        hop, dist = parent.copy(), np.ones(n_new, np.int64)
+        inside = np.flatnonzero(hop >= n)
+        while inside.size:
+            up = hop[inside] - n
+            dist[inside] += dist[up]
+            hop[inside] = hop[up]
+            inside = inside[hop[inside] >= n]
+        is_leaf = np.concatenate([self.is_leaf, np.ones(n_new, bool)])
+        is_leaf[parent] = False
+        return RolloutForest._trusted(
+            parent=np.concatenate([self.parent, parent]),
+            prompt=np.concatenate([self.prompt, self.prompt[hop]]),
+            depth=np.concatenate([self.depth, self.depth[hop] + dist]),
+            reward=np.concatenate([self.reward, reward]),
+            is_leaf=is_leaf,
+            origin=np.concatenate([self.origin, np.broadcast_to(np.asarray(origin, np.int8), (n_new,))]),
+            cost=np.concatenate([self.cost, np.broadcast_to(np.asarray(cost, float), (n_new,))]),
             binary_rewards=self.binary_rewards,
         )
+
+    @classmethod
+    def _trusted(cls, **fields) -> "RolloutForest":
+        """A forest from fresh arrays of the right dtypes that the caller guarantees valid; no checks."""
+        forest = object.__new__(cls)
+        for name, value in fields.items():
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+            object.__setattr__(forest, name, value)
+        return forest
 
     # -----------------------------------------------------------------------------------------------
     # Sizes and simple views
@@ -373,7 +458,7 @@ class RolloutForest:
         """Node ids grouped by depth (index d holds the nodes at depth d)."""
         if len(self) == 0:
             return []
-        order = np.argsort(self.depth, kind="stable")
+        order = _stable_order(self.depth)
         bounds = np.searchsorted(self.depth[order], np.arange(int(self.depth.max()) + 2))
         return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
 
@@ -545,6 +630,13 @@ def _check_parent_links(parent: np.ndarray) -> None:
             f"node {i} comes before its parent {int(parent[i])}; nodes must be in topological order "
             "(every parent before its children)"
         )
+
+
+def _stable_order(depth: np.ndarray) -> np.ndarray:
+    """``np.argsort(depth, kind="stable")``; as 16-bit keys (a radix sort) when depths allow it."""
+    if len(depth) and int(depth.max()) < 2**15:
+        return np.argsort(depth.astype(np.int16), kind="stable")
+    return np.argsort(depth, kind="stable")
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from simulations.rollout import Rollouts, SimForest
-from trace_theory import Origin
+from trace_theory import Origin, RolloutForest
 
 
 def _block(lengths, rewards, tag):
@@ -55,3 +55,13 @@ def test_select_and_concatenate_keep_turns_with_their_rollouts():
 def test_plant_rejects_mismatched_blocks():
     with pytest.raises(ValueError, match="holds 1 rollouts for group sizes summing to 2"):
         SimForest.plant({"v": np.array([0.5])}, np.array([2]), _block([1], [1], tag=0))
+
+
+def test_trusted_growth_gives_the_forest_that_validation_accepts():
+    """plant/grow skip the forest's checks; the result must be the very forest the checked path builds."""
+    sim = SimForest.plant({"v": np.array([0.1, 0.2, 0.3])}, np.array([2, 0, 1]), _block([2, 1, 3], [1, 0, 1], tag=10))
+    grown = sim.grow(np.array([0, 2, 6]), _block([1, 2, 1], [0, 1, 1], tag=20), origin=Origin.CONTINUATION)
+    f = grown.forest.validate()
+    checked = RolloutForest.from_parents(f.parent, f.reward, prompt=f.prompt[f.roots], origin=f.origin, cost=f.cost)
+    for name in ("parent", "prompt", "depth", "reward", "is_leaf", "origin", "cost"):
+        assert np.array_equal(getattr(f, name), getattr(checked, name), equal_nan=True), name

@@ -145,6 +145,18 @@ def test_roots_large_instance_against_a_heap_greedy_bound():
         (dict(v=[1.2], budget=2), r"`v` must lie in \[0, 1\], got 1.2"),
         (dict(v=[[0.5]], budget=2), r"`v` must be one-dimensional, got shape \(1, 1\)"),
         (dict(v=[0.5], budget=2, concentration=0.0), r"`concentration` must be finite and positive, got 0.0"),
+        # Found by the adversarial review (issue 10): these were broadcast, converted or crashed.
+        (dict(v=[0.5, 0.5], budget=4, concentration=[1.0, 2.0, 3.0]),
+         r"`concentration` must be a scalar or hold one value per prompt \(2\), got shape \(3,\)"),
+        (dict(v=[0.5, 0.5, 0.5], budget=4, concentration=[2.0]),
+         r"`concentration` must be a scalar or hold one value per prompt \(3\), got shape \(1,\)"),
+        (dict(v=[0.5, 0.5], budget=4, concentration=[[1.0], [2.0]]),
+         r"`concentration` must be a scalar or hold one value per prompt \(2\), got shape \(2, 1\)"),
+        (dict(v=[0.5], budget="4"), r"`budget` must be a non-negative integer, got '4'"),
+        (dict(v=[0.5], budget=4 + 0j), r"`budget` must be a non-negative integer, got \(4\+0j\)"),
+        (dict(v=[0.5], budget=1e300), r"`budget` must be a non-negative integer, got 1e\+300"),
+        (dict(v=[0.5], budget=float("nan")), r"`budget` must be a non-negative integer, got nan"),
+        (dict(v=[0.5], budget=[4]), r"`budget` must be a non-negative integer, got \[4\]"),
     ],
 )
 def test_root_errors(kwargs, message):
@@ -233,6 +245,25 @@ def test_prefix_errors(args, kwargs, message):
         allocate_prefixes(*args, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "budget, message",
+    [
+        (["3"], r"`budget` must be non-negative integers, got values of dtype <U1"),
+        ([2.5], r"`budget` must be non-negative integers, got 2.5"),
+        ([1e19], r"`budget` must be non-negative integers, got 1e\+19"),
+    ],
+)
+def test_prefix_budgets_must_be_integers(budget, message):
+    args = ([0.5], [1], [0], budget)
+    with pytest.raises(ValueError, match=message):
+        allocate_prefixes(*args)
+
+
+def test_root_utility_concentration_must_match_v():
+    with pytest.raises(ValueError, match=r"`concentration` must be a scalar or have the shape of `v` \(2,\), got shape \(3,\)"):
+        root_utility([0.5, 0.5], [2, 2], concentration=[1.0, 2.0, 3.0])
+
+
 def test_prefix_allocation_near_certain_repeat_does_not_enumerate_the_bracket():
     """q within rounding of 1: the bracket of near-equal gains held ~4e7 units before the fix (350 MB)."""
     import tracemalloc
@@ -243,3 +274,80 @@ def test_prefix_allocation_near_certain_repeat_does_not_enumerate_the_bracket():
     tracemalloc.stop()
     assert out.k.tolist() == [16]
     assert peak < 1_000_000  # bytes
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prefixes: identical to the obvious greedy, tie for tie (the water level is found by Illinois steps)
+# ---------------------------------------------------------------------------------------------------
+
+
+def greedy_prefixes(v, r, prompt, budget, cap):
+    """Per prompt, take units by largest log gain k log q + log(1 - q), ties to lower anchor ids; when no
+    worthwhile unit is left, fill worthless ones in anchor order up to the cap. Returns (k, unspent)."""
+    import heapq
+    import math
+
+    q = r * v + (1 - r) * (1 - v)
+    k = np.zeros(len(q), dtype=np.int64)
+    cap = math.inf if cap is None else cap
+    unspent = []
+
+    def log_gain(a):
+        if q[a] == 0.0:
+            return 0.0 if k[a] == 0 else -math.inf
+        if q[a] == 1.0:
+            return -math.inf
+        return k[a] * math.log(q[a]) + math.log1p(-q[a])
+
+    for g, b in enumerate(budget):
+        idx = np.flatnonzero(prompt == g).tolist()
+        need = int(min(b, cap * len(idx))) if idx else 0
+        unspent.append(int(b) - need)
+        heap = [(-log_gain(a), a) for a in idx if cap > 0]
+        heapq.heapify(heap)
+        while need and heap and heap[0][0] < math.inf:
+            _, a = heapq.heappop(heap)
+            k[a] += 1
+            need -= 1
+            if k[a] < cap:
+                heapq.heappush(heap, (-log_gain(a), a))
+        for a in idx:  # worthless units, in anchor order
+            more = int(min(need, cap - k[a]))
+            k[a] += more
+            need -= more
+    return k, unspent
+
+
+tie_prone = st.sampled_from([0.0, 1.0, 0.5, 0.25, 0.75, 0.9, 1 - 1e-6, 1e-9])
+large_prefix_cases = st.integers(1, 30).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.one_of(tie_prone, st.floats(0.0, 1.0)), min_size=n, max_size=n).map(np.array),
+        st.lists(st.sampled_from([0.0, 1.0]), min_size=n, max_size=n).map(np.array),
+        st.lists(st.integers(0, 3), min_size=n, max_size=n).map(lambda x: np.array(x, dtype=np.int64)),
+        st.lists(st.integers(0, 400), min_size=4, max_size=4).map(np.array),
+        st.one_of(st.none(), st.integers(0, 40)),
+    )
+)
+
+
+@given(large_prefix_cases)
+@example((np.array([0.5] * 6), np.array([1.0, 0.0] * 3), np.zeros(6, np.int64), np.array([400, 0, 0, 0]), None))
+@example((np.array([1 - 1e-6, 0.3, 1 - 1e-6]), np.ones(3), np.zeros(3, np.int64), np.array([137, 0, 0, 0]), None))
+@example((np.array([0.0, 1.0, 0.5]), np.array([1.0, 1.0, 0.0]), np.zeros(3, np.int64), np.array([90, 0, 0, 0]), 7))
+def test_prefixes_equal_the_obvious_greedy_tie_for_tie(case):
+    """Large budgets, equal gains across anchors, near-certain prefixes and budgets above the caps."""
+    v, r, prompt, budget, cap = case
+    out = allocate_prefixes(v, r, prompt, budget, max_per_anchor=cap)
+    k, unspent = greedy_prefixes(v, r, prompt, budget, cap)
+    assert out.k.tolist() == k.tolist()
+    assert out.unspent.tolist() == unspent
+
+
+def test_prefix_water_level_with_near_equal_gains_keeps_the_tie_order():
+    """Two anchors with q = 1 - 1e-12 continuing from counts 2 and 1: their gains interleave, and the
+    secant steps land on a unit's level exactly; a first version split 136 units 67 / 69, not 68 / 68."""
+    from trace_theory.allocate import water_fill
+
+    q = np.array([1 - 1e-12, 1 - 1e-12, 0.3])
+    out = water_fill(q, np.array([0, 0, 1]), np.array([136, 0]), room=np.full(3, np.inf), start=np.array([2.0, 1.0, 0.0]))
+    assert out.k.tolist() == [68, 68, 0]

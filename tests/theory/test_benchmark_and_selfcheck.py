@@ -3,12 +3,18 @@
 from trace_theory import benchmark, selfcheck
 
 
-def test_benchmark_quick_run_reports_consistent_utilities():
-    result = benchmark.run(quick=True)
-    for row in result.values():
-        assert row["trace_ms"] > 0 and row["heap_greedy_ms"] > 0
-        # The exact allocators are never worse than the greedy baselines.
-        assert row["trace_utility"] >= row["heap_greedy_utility"] - 1e-9
+def test_benchmark_scaling_table_reports_consistent_utilities():
+    result = benchmark.run(sizes=(1_000, 2_000))
+    assert set(result) == {"roots", "prefixes"}
+    for rows in result.values():
+        assert [row["n"] for row in rows] == [1_000, 2_000]
+        for row in rows:
+            assert row["floor_ms"] > 0 and row["trace_ms"] > 0 and row["heap_greedy_ms"] > 0
+            # The exact allocators are never worse than the greedy baselines.
+            assert row["trace_utility"] >= row["heap_greedy_utility"] - 1e-9
+    assert result["roots"][0]["budget"] == 8_000
+    table = benchmark.format_table(result)
+    assert len(table.splitlines()) == 5 and "ours/floor" in table
 
 
 def test_selfcheck_passes(capsys):

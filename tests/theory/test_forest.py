@@ -146,6 +146,89 @@ def test_append_extends_without_touching_existing_nodes(f):
     assert g.origin[-2:].tolist() == [Origin.CONTINUATION] * 2 and g.cost[-2:].tolist() == [5.0, 6.0]
 
 
+FIELDS = ("parent", "prompt", "depth", "reward", "is_leaf", "origin", "cost", "binary_rewards")
+
+
+def assert_same_forest(a, b):
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and not x.flags.writeable and not y.flags.writeable, name
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+        else:
+            assert x == y, name
+
+
+@st.composite
+def growth(draw, f):
+    """Appended turns for ``f``: parents among its unfinished nodes or earlier appended ones."""
+    open_ = np.flatnonzero(~f.is_leaf).tolist()
+    n = draw(st.integers(1, 12))
+    parent = []
+    for j in range(n):
+        parent.append(draw(st.sampled_from(open_ + [len(f) + i for i in range(j)])))
+    parent = np.array(parent)
+    leaf = ~np.isin(len(f) + np.arange(n), parent)
+    reward = np.where(leaf, np.array(draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=n, max_size=n))), np.nan)
+    origin = draw(st.sampled_from([Origin.BARE, Origin.CONTINUATION]))
+    cost = draw(st.one_of(st.just(1.0), st.lists(st.integers(0, 9), min_size=n, max_size=n).map(np.array)))
+    return parent, reward, origin, cost
+
+
+@given(st.data())
+def test_trusted_append_builds_exactly_the_validated_forest(data):
+    f = data.draw(forests())
+    parent, reward, origin, cost = data.draw(growth(f))
+    # Origin BARE below a continuation is invalid; keep the comparison to growth that validates.
+    if origin == Origin.BARE and (f.origin[parent[parent < len(f)]] == Origin.CONTINUATION).any():
+        origin = Origin.CONTINUATION
+    checked = f.append(parent, reward, origin=origin, cost=cost)
+    trusted = f.append(parent, reward, origin=origin, cost=cost, validate=False)
+    assert_same_forest(trusted, checked)
+    assert trusted.validate() is trusted
+    # Grown twice, the trusted forest still matches one built from scratch.
+    again = trusted.append([len(f)] if not trusted.is_leaf[len(f)] else [f.roots[0]], [1.0], origin=Origin.CONTINUATION,
+                           validate=False)
+    scratch = RolloutForest.from_parents(again.parent, again.reward, prompt=again.prompt[again.roots],
+                                         origin=again.origin, cost=again.cost)
+    assert_same_forest(again, scratch)
+
+
+@given(forests())
+def test_trusted_from_parents_builds_exactly_the_validated_forest(f):
+    args = (f.parent.copy(), f.reward.copy())
+    kwargs = dict(prompt=f.prompt[f.roots] + 3, origin=f.origin.copy(), cost=f.cost.copy())
+    trusted = RolloutForest.from_parents(*args, **kwargs, validate=False)
+    assert_same_forest(trusted, RolloutForest.from_parents(*args, **kwargs))
+    args[0][:] = 0  # the trusted forest owns its arrays
+    assert trusted.validate().parent[0] == -1
+
+
+@pytest.mark.parametrize(
+    "parent, reward, message",
+    [
+        ([9], [1.0], r"appended node 5 has parent 9; it must be an existing node or an earlier appended one, in \[0, 4\]"),
+        ([2, 6], [NAN, 1.0], r"appended node 6 has parent 6"),
+        ([2], [NAN], r"leaf 5 has no reward"),
+        ([2], [0.5], r"leaf 5 has reward 0.5, but rewards are declared binary"),
+        ([2, 2], [1.0], r"arrays must have the same length"),
+        ([2.5], [1.0], r"`parent` must hold integers, got 2.5"),
+    ],
+)
+def test_validated_append_rejects_bad_growth(parent, reward, message):
+    f = RolloutForest.from_nested([[1, [0, 1]]])
+    with pytest.raises(ValueError, match=message):
+        f.append(parent, reward, origin=Origin.CONTINUATION)
+
+
+def test_trusted_forest_is_checked_when_validated():
+    """The trusted path checks nothing; ``validate()`` afterwards finds what it let through."""
+    f = RolloutForest.from_nested([[1, [0, 1]]])
+    bad = f.append([2], [0.5], origin=Origin.CONTINUATION, validate=False)
+    with pytest.raises(ValueError, match=r"leaf 5 has reward 0.5"):
+        bad.validate()
+
+
 def test_append_rejects_children_of_finished_leaves_and_new_roots():
     f = RolloutForest.from_nested([[1, [0, 1]]])
     with pytest.raises(ValueError, match=r"node 1 is a finished leaf \(reward 1.0\) and cannot get children"):
