@@ -17,8 +17,10 @@ MODEL = calibrated(BernoulliTreeModel(), 0.268, 8)
 
 def _check_budget(batch, policy, budget):
     spent = batch.rollouts
-    if policy.dynamic_sampling:
-        assert budget.total - policy.group_size < spent <= budget.total
+    if policy.dynamic_sampling:  # stops early only once its batch holds the target of mixed groups
+        kept = batch.trained.rollouts // policy.group_size
+        assert spent <= budget.total
+        assert spent > budget.total - policy.group_size or kept >= policy.dynamic_target(budget.total)
     else:
         assert spent == budget.total
     forest = batch.sampled.forest

@@ -116,5 +116,4 @@ def test_rounds_and_the_dapo_target_are_rollout_settings():
 
     cfg = load_config(TrainConfig, "cpu_demo", ["rollout.expansion_rounds=2", "rollout.policy=dapo",
                                                  "rollout.dapo_target=2"])
-    engine_config = cfg.rollout.engine_config(seed=0, binary_rewards=True)
-    assert engine_config.expansion_rounds == 2 and engine_config.dapo_target == 2
+    assert cfg.rollout.expansion_rounds == 2 and cfg.rollout.dapo_target == 2
