@@ -48,7 +48,8 @@ from .envs.tooling import chat_format
 from .loss import PolicyLossConfig, policy_loss
 from .metrics_log import MetricsLogger
 from .predictor import HashedSuccessPredictor, PredictorConfig
-from .sequences import SHARED_TURN_WEIGHTS, TrainingSequences, build_sequences, token_logprobs
+from .packing import PACKINGS, build_training_batch
+from .sequences import SHARED_TURN_WEIGHTS
 from .tasks import TaskConfig, build_task
 
 __all__ = ["TrainConfig", "main", "PromptSampler", "NonFiniteLossError"]
@@ -128,10 +129,20 @@ class AlgorithmConfig:
     shared_turn_weight: str = "leaves"
     """How a turn shared by several rollouts is weighted (``trace_train.sequences``)."""
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    packing: str = "tree"
+    """How the update forwards the trees (``trace_train.packing``): "tree" forwards every tree token once
+    with a tree attention mask; "leaf" forwards one row per root-to-leaf path (shared prefixes repeated)."""
+    pack_tokens: int = 8192
+    """Tree packing: tokens per micro-batch (rows x width, padding included), which sets the update's peak
+    memory; a tree larger than this is split, its ancestors repeated as context. At least the longest path."""
 
     def __post_init__(self):
         ADVANTAGES.check(self.advantage)
         VALUE_METHODS.check(self.value_target)
+        if self.packing not in PACKINGS:
+            raise ValueError(f"`packing` must be one of {PACKINGS}, got {self.packing!r}")
+        if self.pack_tokens < 1:
+            raise ValueError(f"`pack_tokens` must be at least 1, got {self.pack_tokens}")
         if self.shared_turn_weight not in SHARED_TURN_WEIGHTS:
             raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {self.shared_turn_weight!r}")
 
@@ -332,36 +343,36 @@ def _update_predictor(predictor: HashedSuccessPredictor, batch: RolloutBatch, va
     return metrics
 
 
-def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
-    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step."""
+def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
+    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step.
+    ``seqs``: packed trees or per-leaf rows (``trace_train.packing.build_training_batch``)."""
     loss_cfg = cfg.algorithm.loss
     per_token = loss_cfg.aggregation == "token_mean"
-    local = float((seqs.weights).sum()) if per_token else float((seqs.loss_mask.sum(1) > 0).sum())
-    total = global_normaliser(local, info)
+    total = global_normaliser(seqs.normaliser(per_token), info)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-    mb = cfg.optim.micro_batch_size
+    parts = seqs.micro_batches()
     # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
     # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
-    n_micro = max_over_ranks(max(1, math.ceil(len(seqs) / mb)), info)
+    n_micro = max_over_ranks(max(1, len(parts)), info)
     device = next(model.parameters()).device
     for i in range(n_micro):
-        if i * mb >= len(seqs):
+        if i >= len(parts):
             ids = torch.full((1, 2), _pad_id_of(model), dtype=torch.long, device=device)
             (model(input_ids=ids).logits.sum() * 0.0).backward()
             continue
-        part = seqs.select(range(i * mb, min(len(seqs), (i + 1) * mb)))
-        ids, attention = part.input_ids.to(device), part.attention_mask.to(device)
-        logp = token_logprobs(model, ids, attention)
+        part = parts[i]
+        logp = part.logprobs(model)
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
-                ref_logp = token_logprobs(ref, ids, attention)
+                ref_logp = part.logprobs(ref)
+        seq_ids = part.sequence_ids.to(device) if part.sequence_ids is not None else None
         loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
                               part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,
-                              token_weights=part.weights.to(device))
-        share = (float(part.weights.sum()) if per_token else float((part.loss_mask.sum(1) > 0).sum())) / max(total, 1e-12)
+                              token_weights=part.weights.to(device), sequence_ids=seq_ids)
+        share = part.normaliser(per_token) / max(total, 1e-12)
         scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"loss is {float(loss)}")
@@ -376,6 +387,7 @@ def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, 
     optimizer.step()
     model.eval()
     stats["grad_norm"] = grad_norm
+    stats["train_forward_tokens"], stats["train_unique_tokens"] = seqs.forward_tokens, seqs.unique_tokens
     return stats
 
 
@@ -471,8 +483,9 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             # ---- learning signals from the trees --------------------------------------------------
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)
             predictor_metrics = _update_predictor(predictor, batch, cfg.algorithm.value_target)
-            sequences = build_sequences(batch, advantages, pad_token_id=_pad_id(tokenizer),
-                                        shared_turn_weight=cfg.algorithm.shared_turn_weight)
+            sequences = build_training_batch(batch, advantages, packing=cfg.algorithm.packing, pad_token_id=_pad_id(tokenizer),
+                                             shared_turn_weight=cfg.algorithm.shared_turn_weight,
+                                             micro_batch_size=cfg.optim.micro_batch_size, token_budget=cfg.algorithm.pack_tokens)
             # ---- policy update and weight sync ----------------------------------------------------
             try:
                 update = _policy_update(policy, optimizer, sequences, cfg, info, ref=ref)
@@ -573,6 +586,7 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens", "predictor_examples",
+              "train_forward_tokens", "train_unique_tokens",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     return merge_metrics(scalars, report.rollouts, info, sums=counts)
 
