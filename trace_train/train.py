@@ -132,16 +132,17 @@ class AlgorithmConfig:
     packing: str = "tree"
     """How the update forwards the trees (``trace_train.packing``): "tree" forwards every tree token once
     with a tree attention mask; "leaf" forwards one row per root-to-leaf path (shared prefixes repeated)."""
-    pack_tokens: int = 8192
+    pack_tokens: int | None = None
     """Tree packing: tokens per micro-batch (rows x width, padding included), which sets the update's peak
-    memory; a tree larger than this is split, its ancestors repeated as context. At least the longest path."""
+    memory; a tree larger than this is split, its ancestors repeated as context. Default: the largest
+    micro-batch of "leaf" (optim.micro_batch_size x rollout.max_context_tokens), which holds any path."""
 
     def __post_init__(self):
         ADVANTAGES.check(self.advantage)
         VALUE_METHODS.check(self.value_target)
         if self.packing not in PACKINGS:
             raise ValueError(f"`packing` must be one of {PACKINGS}, got {self.packing!r}")
-        if self.pack_tokens < 1:
+        if self.pack_tokens is not None and self.pack_tokens < 1:
             raise ValueError(f"`pack_tokens` must be at least 1, got {self.pack_tokens}")
         if self.shared_turn_weight not in SHARED_TURN_WEIGHTS:
             raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {self.shared_turn_weight!r}")
@@ -485,7 +486,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             predictor_metrics = _update_predictor(predictor, batch, cfg.algorithm.value_target)
             sequences = build_training_batch(batch, advantages, packing=cfg.algorithm.packing, pad_token_id=_pad_id(tokenizer),
                                              shared_turn_weight=cfg.algorithm.shared_turn_weight,
-                                             micro_batch_size=cfg.optim.micro_batch_size, token_budget=cfg.algorithm.pack_tokens)
+                                             micro_batch_size=cfg.optim.micro_batch_size,
+                                             token_budget=cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.max_context_tokens)
             # ---- policy update and weight sync ----------------------------------------------------
             try:
                 update = _policy_update(policy, optimizer, sequences, cfg, info, ref=ref)
