@@ -49,6 +49,8 @@ class BenchConfig:
     """Generated tokens of each continuation."""
     demo: bool = True
     """Measure the CPU demo's TRACE and GRPO batches."""
+    demo_budgets: tuple[int, ...] = (2048,)
+    """Also pack the demo batches with these token budgets (``tree/B`` rows): memory against budget."""
     repeats: int = 3
     """Timed updates per case and packing (after one untimed one)."""
     threads: int = 1
@@ -59,6 +61,8 @@ class BenchConfig:
     def __post_init__(self):
         if self.repeats < 1 or self.threads < 1 or self.continuation_tokens < 1:
             raise ValueError("`repeats`, `threads` and `continuation_tokens` must be at least 1")
+        if any(b < 1 for b in self.demo_budgets):
+            raise ValueError(f"`demo_budgets` must be positive token counts, got {self.demo_budgets}")
         if any(p < 64 for p in self.prefixes) or any(k < 1 for k in self.continuations):
             raise ValueError("`prefixes` must be at least 64 tokens and `continuations` at least 1")
 
@@ -205,7 +209,7 @@ def _measure(job: dict) -> dict:
             stats = _policy_update(model, optimizer, seqs, cfg, DistInfo(), ref=ref)
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
-    return {"case": job["case"], "packing": job["packing"], "forward_tokens": seqs.forward_tokens,
+    return {"case": job["case"], "packing": job.get("label", job["packing"]), "forward_tokens": seqs.forward_tokens,
             "unique_tokens": seqs.unique_tokens, "micro_batches": len(seqs.micro_batches()),
             "build_s": build_s, "update_s": float(np.median(times)), "update_s_all": times,
             "update_cpu_s": float(np.median(cpu_times)),
@@ -231,7 +235,10 @@ def _jobs(config: BenchConfig, tmp: str) -> list[dict]:
             jobs.append({**base, "case": f"prefix-{prefix}-x{k}", "model": None, "tree": tree,
                          "positions": prefix + config.continuation_tokens + 64,
                          "overrides": ["algorithm.pack_tokens=16384"]})
-    return [{**job, "packing": p} for job in jobs for p in ("leaf", "tree")]
+    variants = [{**job, "packing": p} for job in jobs for p in ("leaf", "tree")]
+    variants += [{**job, "packing": "tree", "label": f"tree/{b}", "overrides": [*job["overrides"], f"algorithm.pack_tokens={b}"]}
+                 for job in jobs if job["case"].startswith("demo") for b in config.demo_budgets]
+    return variants
 
 
 def main(config: BenchConfig) -> dict:
@@ -248,7 +255,7 @@ def main(config: BenchConfig) -> dict:
             with ctx.Pool(1) as pool:
                 row = pool.apply(_measure, (job,))
             rows.append(row)
-            print(f"{row['case']:16s} {row['packing']:4s} forward {row['forward_tokens']:7d} unique "
+            print(f"{row['case']:16s} {row['packing']:9s} forward {row['forward_tokens']:7d} unique "
                   f"{row['unique_tokens']:7d}  update {row['update_s']:.3f} s (cpu {row['update_cpu_s']:.3f} s)  build {row['build_s']:.3f} s  "
                   f"peak {row['peak_mb']:.0f} MB", flush=True)
     summary = _summary(rows)
@@ -308,6 +315,7 @@ def _parse(argv=None) -> tuple[BenchConfig, bool]:
     parser.add_argument("--continuations", type=int, nargs="+", default=list(defaults.continuations))
     parser.add_argument("--continuation-tokens", type=int, default=defaults.continuation_tokens)
     parser.add_argument("--no-demo", action="store_true", help="skip the CPU demo batches")
+    parser.add_argument("--demo-budgets", type=int, nargs="*", default=list(defaults.demo_budgets))
     parser.add_argument("--repeats", type=int, default=defaults.repeats)
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -315,7 +323,7 @@ def _parse(argv=None) -> tuple[BenchConfig, bool]:
     parser.add_argument("--learning", action="store_true", help="compare learning on cpu_demo instead")
     args = parser.parse_args(argv)
     config = BenchConfig(tuple(args.prefixes), tuple(args.continuations), args.continuation_tokens, not args.no_demo,
-                         args.repeats, args.threads, args.seed, args.out)
+                         tuple(args.demo_budgets), args.repeats, args.threads, args.seed, args.out)
     return config, args.learning
 
 

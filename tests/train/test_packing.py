@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.theory.strategies import forests
+from tests.train.test_sequences import tree_batch  # noqa: F401  (real rollouts of the tiny model, with branches)
 from trace_theory import ADVANTAGES, RolloutForest, compute_advantages
 from trace_train.batch import NodePayload, RolloutBatch
 from trace_train.distributed import DistInfo
@@ -267,25 +268,12 @@ def test_flex_attention_block_mask_gives_the_same_logprobs(models):
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real_tree_batch(tiny_dir):
-    from trace_train.backends.hf_backend import HFBackend
-    from trace_train.engine import RolloutConfig, RolloutEngine
-    from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
-
-    backend = HFBackend.from_pretrained(tiny_dir)
-    cfg = RolloutConfig(policy="uniform_tree", roots=8, continuations_per_root=2, group_size=4,
-                        limits=EpisodeLimits(max_turns=3, max_turn_tokens=8, max_context_tokens=1024), seed=3)
-    batch = RolloutEngine(backend, GuessNumberEnv, cfg).rollout(make_rows(4, high=6, max_guesses=3, seed=1))
-    return backend, batch
-
-
 @pytest.mark.parametrize("shared_turn_weight", ["leaves", "once"])
-def test_real_rollouts_of_the_tiny_qwen3(real_tree_batch, shared_turn_weight):
+def test_real_rollouts_of_the_tiny_qwen3(tree_batch, shared_turn_weight):
     """Warm-started tiny Qwen3, real guess-the-number trees with branches: same update, fewer tokens."""
     from transformers import AutoModelForCausalLM
 
-    backend, batch = real_tree_batch
+    backend, batch = tree_batch
     f = batch.forest
     assert (f.n_children[f.parent != -1] > 1).any(), "the batch must contain branched prefixes"
     policy = backend.model
