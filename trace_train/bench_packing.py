@@ -311,7 +311,7 @@ def learning(seeds=(0, 1, 2), run_root: str = "runs/bench_packing") -> dict:
 def _parse(argv=None) -> tuple[BenchConfig, bool]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
-    parser.add_argument("--prefixes", type=int, nargs="+", default=list(defaults.prefixes))
+    parser.add_argument("--prefixes", type=int, nargs="*", default=list(defaults.prefixes))
     parser.add_argument("--continuations", type=int, nargs="+", default=list(defaults.continuations))
     parser.add_argument("--continuation-tokens", type=int, default=defaults.continuation_tokens)
     parser.add_argument("--no-demo", action="store_true", help="skip the CPU demo batches")

@@ -14,6 +14,10 @@ y by n_y, the number of leaves below y, so the loss equals flat GRPO on the root
 a trajectory, shared tokens counted once per path) while computing each token once; ``"once"`` weights
 every token 1, so a turn shared by many rollouts counts like any other. The choice is explicit; nothing
 is weighted twice by accident. The loss's ``token_mean`` divides by the total weight.
+
+This is the reference layout (``algorithm.packing=leaf``). The default, ``tree``
+(:mod:`trace_train.packing`), trains the same tokens with the same weights but forwards each tree token
+once, with a tree attention mask.
 """
 
 from __future__ import annotations
