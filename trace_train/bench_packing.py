@@ -171,7 +171,7 @@ def _measure(job: dict) -> dict:
 
     from .config import load_config
     from .distributed import DistInfo
-    from .packing import build_training_batch
+    from .packing import training_batch_for
     from .train import TrainConfig, _policy_update
     from trace_theory import compute_advantages
 
@@ -196,10 +196,7 @@ def _measure(job: dict) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     adv = compute_advantages(batch.forest, cfg.algorithm.advantage)
     t0 = time.perf_counter()
-    seqs = build_training_batch(batch, adv, packing=cfg.algorithm.packing, pad_token_id=model.config.pad_token_id,
-                                shared_turn_weight=cfg.algorithm.shared_turn_weight,
-                                micro_batch_size=cfg.optim.micro_batch_size,
-                                token_budget=cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.max_context_tokens)
+    seqs = training_batch_for(batch, adv, cfg, pad_token_id=model.config.pad_token_id)
     build_s = time.perf_counter() - t0
     _policy_update(model, optimizer, seqs, cfg, DistInfo(), ref=ref)  # warm-up
     times, cpu_times = [], []

@@ -53,8 +53,8 @@ import torch
 from .batch import RolloutBatch
 from .sequences import TrainingSequences, build_sequences, check_inputs, nodes_on_paths, path_tokens
 
-__all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "tree_logprobs",
-           "tree_attention_mask"]
+__all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
+           "tree_logprobs", "tree_attention_mask"]
 
 PACKINGS = ("tree", "leaf")
 ATTENTIONS = ("auto", "dense", "flex")
@@ -136,6 +136,17 @@ def build_training_batch(batch: RolloutBatch, advantages: np.ndarray, *, packing
                                micro_batch_size=micro_batch_size)
     return pack_trees(batch, advantages, pad_token_id=pad_token_id, shared_turn_weight=shared_turn_weight,
                       token_budget=token_budget)
+
+
+def training_batch_for(batch: RolloutBatch, advantages: np.ndarray, cfg, *, pad_token_id: int):
+    """:func:`build_training_batch` with a ``TrainConfig``'s settings: ``algorithm.packing``,
+    ``algorithm.shared_turn_weight``, ``optim.micro_batch_size`` and the token budget
+    ``algorithm.pack_tokens`` (default: ``optim.micro_batch_size x rollout.max_context_tokens``, the
+    largest micro-batch of the leaf layout, which holds any path)."""
+    budget = cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.max_context_tokens
+    return build_training_batch(batch, advantages, packing=cfg.algorithm.packing, pad_token_id=pad_token_id,
+                                shared_turn_weight=cfg.algorithm.shared_turn_weight,
+                                micro_batch_size=cfg.optim.micro_batch_size, token_budget=budget)
 
 
 def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int, shared_turn_weight: str = "leaves",

@@ -48,7 +48,7 @@ from .envs.tooling import chat_format
 from .loss import PolicyLossConfig, policy_loss
 from .metrics_log import MetricsLogger
 from .predictor import HashedSuccessPredictor, PredictorConfig
-from .packing import PACKINGS, build_training_batch
+from .packing import PACKINGS, training_batch_for
 from .sequences import SHARED_TURN_WEIGHTS
 from .tasks import TaskConfig, build_task
 
@@ -484,10 +484,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             # ---- learning signals from the trees --------------------------------------------------
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)
             predictor_metrics = _update_predictor(predictor, batch, cfg.algorithm.value_target)
-            sequences = build_training_batch(batch, advantages, packing=cfg.algorithm.packing, pad_token_id=_pad_id(tokenizer),
-                                             shared_turn_weight=cfg.algorithm.shared_turn_weight,
-                                             micro_batch_size=cfg.optim.micro_batch_size,
-                                             token_budget=cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.max_context_tokens)
+            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=_pad_id(tokenizer))
             # ---- policy update and weight sync ----------------------------------------------------
             try:
                 update = _policy_update(policy, optimizer, sequences, cfg, info, ref=ref)
