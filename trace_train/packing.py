@@ -209,13 +209,10 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
 def _trained_chains(forest, n_action: np.ndarray) -> list[list[int]]:
     """For every leaf whose rollout owns a generated token (leaf order), its owned nodes, top down."""
     owner = forest.factual_leaf
-    chains = []
-    for leaf in forest.leaves.tolist():
-        nodes = np.flatnonzero(owner == leaf)
-        nodes = nodes[np.argsort(forest.depth[nodes], kind="stable")]
-        if n_action[nodes].sum() > 0:
-            chains.append(nodes.tolist())
-    return chains
+    order = np.lexsort((forest.depth, owner))  # by owning leaf (leaf order), then top down
+    order = order[owner[order] >= 0]
+    bounds = np.flatnonzero(np.diff(owner[order])) + 1
+    return [c.tolist() for c in np.split(order, bounds) if len(c) and n_action[c].sum() > 0]
 
 
 def _preorder(forest) -> tuple[np.ndarray, np.ndarray]:
