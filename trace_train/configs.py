@@ -17,6 +17,7 @@ from trace_theory import ADVANTAGES, VALUE_METHODS, get_policy
 from .engine import RolloutConfig
 from .envs.spec import find_environment
 from .loss import PolicyLossConfig
+from .packing import PACKINGS
 from .predictor import PredictorConfig
 from .sequences import SHARED_TURN_WEIGHTS
 
@@ -120,10 +121,21 @@ class AlgorithmConfig:
     """How a turn shared by several rollouts is weighted (``trace_train.sequences``)."""
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """The clipped policy-gradient loss (``trace_train.loss``)."""
+    packing: str = "tree"
+    """How the update forwards the trees (``trace_train.packing``): "tree" forwards every tree token once
+    with a tree attention mask; "leaf" forwards one row per root-to-leaf path (shared prefixes repeated)."""
+    pack_tokens: int | None = None
+    """Tree packing: tokens per micro-batch (rows x width, padding included), which sets the update's peak
+    memory; a tree larger than this is split, its ancestors repeated as context. Default: the largest
+    micro-batch of "leaf" (optim.micro_batch_size x rollout.limits.max_context_tokens), which holds any path."""
 
     def __post_init__(self):
         ADVANTAGES.check(self.advantage)
         VALUE_METHODS.check(self.value_target)
+        if self.packing not in PACKINGS:
+            raise ValueError(f"`packing` must be one of {PACKINGS}, got {self.packing!r}")
+        if self.pack_tokens is not None and (isinstance(self.pack_tokens, bool) or self.pack_tokens < 1):
+            raise ValueError(f"`pack_tokens` must be a positive integer or None, got {self.pack_tokens!r}")
         if self.shared_turn_weight not in SHARED_TURN_WEIGHTS:
             raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {self.shared_turn_weight!r}")
 

@@ -79,11 +79,19 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return torch.expm1(d) - d
 
 
-def _aggregate(values: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+def _aggregate(values: torch.Tensor, mask: torch.Tensor, how: str, sequence_ids: torch.Tensor | None = None) -> torch.Tensor:
     if how == "token_mean":
         return (values * mask).sum() / mask.sum().clamp_min(1.0)
-    per_seq_tokens = mask.sum(dim=-1)
-    per_seq = (values * mask).sum(dim=-1)
+    if sequence_ids is None:  # one sequence per row
+        per_seq_tokens = mask.sum(dim=-1)
+        per_seq = (values * mask).sum(dim=-1)
+    else:  # sequences spread over rows (packed trees): sum by id
+        ids = sequence_ids.reshape(-1)
+        keep = ids >= 0
+        _, dense = torch.unique(ids[keep], return_inverse=True)
+        n = int(dense.max()) + 1 if dense.numel() else 0
+        per_seq_tokens = mask.new_zeros(n).index_add(0, dense, mask.reshape(-1)[keep])
+        per_seq = mask.new_zeros(n).index_add(0, dense, (values * mask).reshape(-1)[keep])
     has_tokens = per_seq_tokens > 0
     if how == "seq_mean_token_mean":
         per_seq = per_seq / per_seq_tokens.clamp_min(1.0)
@@ -99,6 +107,7 @@ def policy_loss(
     *,
     ref_logprobs: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over masked tokens; returns (loss, metrics).
 
@@ -116,6 +125,9 @@ def policy_loss(
     token_weights : Tensor, optional
         A weight per token (default 1), multiplying its loss and its share of the normaliser: a token of
         weight w counts as w tokens (``trace_train.sequences`` uses it for turns shared by rollouts).
+    sequence_ids : Tensor of int, optional
+        The sequence each token belongs to (-1 for none), for the sequence-level aggregations when a
+        row holds several sequences (packed trees, ``trace_train.packing``); default: one per row.
 
     Returns
     -------
@@ -132,6 +144,8 @@ def policy_loss(
         raise ValueError("`ref_logprobs` is required when `kl_coef` > 0")
     if token_weights is not None and (token_weights.shape != logprobs.shape or bool((token_weights < 0).any())):
         raise ValueError("`token_weights` must be non-negative and shaped like `logprobs`")
+    if sequence_ids is not None and sequence_ids.shape != logprobs.shape:
+        raise ValueError("`sequence_ids` must be shaped like `logprobs`")
     mask = loss_mask.to(logprobs.dtype)
     if token_weights is not None:
         mask = mask * token_weights.to(logprobs.dtype)
@@ -141,14 +155,14 @@ def policy_loss(
     unclipped_obj = ratio * advantages
     clipped_obj = clipped * advantages
     token_loss = -torch.minimum(unclipped_obj, clipped_obj)
-    pg = _aggregate(token_loss, mask, config.aggregation)
+    pg = _aggregate(token_loss, mask, config.aggregation, sequence_ids)
     loss = pg
     kl_value = torch.zeros((), dtype=logprobs.dtype)
     if ref_logprobs is not None:
         kl_tokens = kl_penalty(logprobs, ref_logprobs, config.kl_estimator)
         kl_value = _aggregate(kl_tokens, mask, "token_mean")
         if config.kl_coef > 0:
-            loss = loss + config.kl_coef * _aggregate(kl_tokens, mask, config.aggregation)
+            loss = loss + config.kl_coef * _aggregate(kl_tokens, mask, config.aggregation, sequence_ids)
     n = mask.sum().clamp_min(1.0)
     with torch.no_grad():
         was_clipped = (clipped_obj < unclipped_obj).to(mask.dtype)

@@ -14,6 +14,10 @@ y by n_y, the number of leaves below y, so the loss equals flat GRPO on the root
 a trajectory, shared tokens counted once per path) while computing each token once; ``"once"`` weights
 every token 1, so a turn shared by many rollouts counts like any other. The choice is explicit; nothing
 is weighted twice by accident. The loss's ``token_mean`` divides by the total weight.
+
+This is the reference layout (``algorithm.packing=leaf``). The default, ``tree``
+(:mod:`trace_train.packing`), trains the same tokens with the same weights but forwards each tree token
+once, with a tree attention mask.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import torch
 
 from .batch import RolloutBatch
 
-__all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS"]
+__all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens", "check_inputs",
+           "nodes_on_paths", "token_logprobs"]
 
 SHARED_TURN_WEIGHTS = ("leaves", "once")
 
@@ -45,9 +50,20 @@ class TrainingSequences:
     """Per-token weight in the loss (n_y or 1; see the module docstring), 0 where not trained."""
     leaves: np.ndarray
     """Leaf node id of each row."""
+    micro_batch_size: int = 16
+    """Rows per forward pass in :meth:`micro_batches`."""
+    unique_tokens: int = 0
+    """Tokens of the nodes on the rows' paths, counted once (what tree packing forwards)."""
+
+    sequence_ids = None
+    """Every row is one sequence (the loss aggregates sequence means per row)."""
 
     def __len__(self) -> int:
         return len(self.leaves)
+
+    @property
+    def forward_tokens(self) -> int:
+        return int(self.attention_mask.sum())
 
     def select(self, rows) -> "TrainingSequences":
         """A micro-batch of rows, trimmed to its longest sequence."""
@@ -56,11 +72,81 @@ class TrainingSequences:
         pick = lambda t: t[rows, :width]  # noqa: E731
         return TrainingSequences(pick(self.input_ids), pick(self.attention_mask), pick(self.loss_mask),
                                  pick(self.advantages), pick(self.old_logprobs), pick(self.weights),
-                                 self.leaves[rows.numpy()])
+                                 self.leaves[rows.numpy()], self.micro_batch_size)
+
+    def micro_batches(self) -> list["TrainingSequences"]:
+        """Consecutive rows, ``micro_batch_size`` at a time."""
+        size = self.micro_batch_size
+        return [self.select(range(i, min(len(self), i + size))) for i in range(0, len(self), size)]
+
+    def normaliser(self, per_token: bool) -> float:
+        """Total token weight (``token_mean``) or number of rows with a trained token (sequence means)."""
+        return float(self.weights.sum()) if per_token else float((self.loss_mask.sum(1) > 0).sum())
+
+    def logprobs(self, model) -> torch.Tensor:
+        """log pi of every token under ``model`` (0 at position 0), on the model's device."""
+        device = next(model.parameters()).device
+        return token_logprobs(model, self.input_ids.to(device), self.attention_mask.to(device))
+
+
+@dataclass(frozen=True)
+class NodeTokens:
+    """Every node's own tokens (action then observation), as the layouts need them."""
+
+    ids: list
+    """Token ids of each node (int64 arrays)."""
+    action: list
+    """True on each node's action tokens."""
+    logprobs: list
+    """Generation-time log-probabilities (0 on observation tokens)."""
+    offset: np.ndarray
+    """Position of each node's first token on its root-to-node path."""
+
+    @property
+    def length(self) -> np.ndarray:
+        return np.array([len(x) for x in self.ids], dtype=np.int64)
+
+    @property
+    def n_action(self) -> np.ndarray:
+        return np.array([int(a.sum()) for a in self.action], dtype=np.int64)
+
+
+def path_tokens(batch: RolloutBatch) -> NodeTokens:
+    """The tokens of every node of ``batch`` and where on its path each node starts."""
+    ids, action, logp = [], [], []
+    for p in batch.nodes:
+        ids.append(np.asarray(p.action_ids + p.observation_ids, dtype=np.int64))
+        action.append(np.arange(len(ids[-1])) < len(p.action_ids))
+        logp.append(np.concatenate([np.asarray(p.action_logprobs, dtype=np.float64), np.zeros(len(p.observation_ids))]))
+    length = np.array([len(x) for x in ids], dtype=np.int64)
+    offset = np.zeros(len(ids), dtype=np.int64)
+    forest = batch.forest
+    for level in list(forest.iter_levels())[1:]:
+        offset[level] = offset[forest.parent[level]] + length[forest.parent[level]]
+    return NodeTokens(ids, action, logp, offset)
+
+
+def check_inputs(forest, advantages, shared_turn_weight: str) -> tuple[np.ndarray, np.ndarray]:
+    """Validated advantages (one per node) and the per-node token weight of ``shared_turn_weight``."""
+    advantages = np.asarray(advantages, dtype=float)
+    if advantages.shape != (len(forest),):
+        raise ValueError(f"`advantages` must hold one value per node ({len(forest)}), got shape {advantages.shape}")
+    if shared_turn_weight not in SHARED_TURN_WEIGHTS:
+        raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {shared_turn_weight!r}")
+    node_weight = forest.leaf_count.astype(float) if shared_turn_weight == "leaves" else np.ones(len(forest))
+    return advantages, node_weight
+
+
+def nodes_on_paths(forest, leaves: np.ndarray) -> np.ndarray:
+    """Boolean mask of the nodes on the root-to-leaf paths of ``leaves``."""
+    on = np.zeros(len(forest), dtype=bool)
+    for leaf in np.asarray(leaves).tolist():
+        on[forest.path_to_root(leaf)] = True
+    return on
 
 
 def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int,
-                    shared_turn_weight: str = "leaves") -> TrainingSequences:
+                    shared_turn_weight: str = "leaves", micro_batch_size: int = 16) -> TrainingSequences:
     """One padded sequence per leaf; see the module docstring for which tokens each one trains.
 
     Parameters
@@ -70,14 +156,13 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
         Advantage of each node's turn (``trace_theory.compute_advantages``).
     pad_token_id : int
     shared_turn_weight : {"leaves", "once"}
+    micro_batch_size : int
+        Rows per forward pass.
     """
     forest = batch.forest
-    advantages = np.asarray(advantages, dtype=float)
-    if advantages.shape != (len(forest),):
-        raise ValueError(f"`advantages` must hold one value per node ({len(forest)}), got shape {advantages.shape}")
-    if shared_turn_weight not in SHARED_TURN_WEIGHTS:
-        raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {shared_turn_weight!r}")
-    node_weight = forest.leaf_count.astype(float) if shared_turn_weight == "leaves" else np.ones(len(forest))
+    advantages, node_weight = check_inputs(forest, advantages, shared_turn_weight)
+    if micro_batch_size < 1:
+        raise ValueError(f"`micro_batch_size` must be at least 1, got {micro_batch_size}")
     rows = []
     for leaf in forest.leaves.tolist():
         traj = batch.trajectory(leaf)
@@ -101,7 +186,8 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
         old[i, :length] = torch.from_numpy(logp.astype(np.float32)) * mask
         weight[i, :length] = torch.from_numpy(w.astype(np.float32)) * mask
     leaves = np.array([r[0] for r in rows], dtype=np.int64)
-    return TrainingSequences(input_ids, attention, loss_mask, adv, old, weight, leaves)
+    unique = sum(len(batch.nodes[n].token_ids) for n in np.flatnonzero(nodes_on_paths(forest, leaves)).tolist())
+    return TrainingSequences(input_ids, attention, loss_mask, adv, old, weight, leaves, micro_batch_size, unique)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ One step of ``main`` is the algorithm, one line each (the machinery lives in the
     batch      = engine.rollout(pool, predictor)            # predict V~; allocate roots, then prefixes; generate
     advantages = compute_advantages(forest, advantage)      # tree advantages (trace_theory)
     fit        = predictor update on node_targets(forest)   # on a worker thread, only if the policy reads V~
-    update     = policy_loss(build_sequences(batch, adv))   # clipped token-level PG (loss.py, sequences.py)
+    update     = policy_loss(packed trees of batch, adv)     # clipped token-level PG (loss.py, packing.py)
     sync weights; log(metrics); maybe evaluate, checkpoint  # metrics.jsonl, TensorBoard; atomic checkpoints
 
 :func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
@@ -49,7 +49,7 @@ from .envs.tooling import chat_format
 from .loss import policy_loss
 from .metrics_log import MetricsLogger
 from .predictor import HashedSuccessPredictor
-from .sequences import TrainingSequences, build_sequences, token_logprobs
+from .packing import training_batch_for
 from .tasks import Task, build_task
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "cli"]
@@ -190,36 +190,36 @@ class _PredictorFit:
         return self._future.result() if self._future is not None else {}
 
 
-def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
-    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step."""
+def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
+    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step.
+    ``seqs``: packed trees or per-leaf rows (``trace_train.packing.build_training_batch``)."""
     loss_cfg = cfg.algorithm.loss
     per_token = loss_cfg.aggregation == "token_mean"
-    local = float((seqs.weights).sum()) if per_token else float((seqs.loss_mask.sum(1) > 0).sum())
-    total = global_normaliser(local, info)
+    total = global_normaliser(seqs.normaliser(per_token), info)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-    mb = cfg.optim.micro_batch_size
+    parts = seqs.micro_batches()
     # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
     # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
-    n_micro = max_over_ranks(max(1, math.ceil(len(seqs) / mb)), info)
+    n_micro = max_over_ranks(max(1, len(parts)), info)
     device = next(model.parameters()).device
     for i in range(n_micro):
-        if i * mb >= len(seqs):
+        if i >= len(parts):
             ids = torch.full((1, 2), _pad_id_of(model), dtype=torch.long, device=device)
             (model(input_ids=ids).logits.sum() * 0.0).backward()
             continue
-        part = seqs.select(range(i * mb, min(len(seqs), (i + 1) * mb)))
-        ids, attention = part.input_ids.to(device), part.attention_mask.to(device)
-        logp = token_logprobs(model, ids, attention)
+        part = parts[i]
+        logp = part.logprobs(model)
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
-                ref_logp = token_logprobs(ref, ids, attention)
+                ref_logp = part.logprobs(ref)
+        seq_ids = part.sequence_ids.to(device) if part.sequence_ids is not None else None
         loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
                               part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,
-                              token_weights=part.weights.to(device))
-        share = (float(part.weights.sum()) if per_token else float((part.loss_mask.sum(1) > 0).sum())) / max(total, 1e-12)
+                              token_weights=part.weights.to(device), sequence_ids=seq_ids)
+        share = part.normaliser(per_token) / max(total, 1e-12)
         scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"loss is {float(loss)}")
@@ -234,6 +234,7 @@ def _policy_update(model, optimizer, seqs: TrainingSequences, cfg: TrainConfig, 
     optimizer.step()
     model.eval()
     stats["grad_norm"] = grad_norm
+    stats["train_forward_tokens"], stats["train_unique_tokens"] = seqs.forward_tokens, seqs.unique_tokens
     return stats
 
 
@@ -372,8 +373,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             t1 = time.perf_counter()
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             fit = _PredictorFit(run.workers, run, batch)                         # predictor update (background)
-            sequences = build_sequences(batch, advantages, pad_token_id=_pad_id(run.tokenizer),
-                                        shared_turn_weight=cfg.algorithm.shared_turn_weight)
+            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=_pad_id(run.tokenizer))
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
             _sync_weights(run)                                                   # generator gets the new weights
             metrics = _step_metrics(batch, update, fit.result(), t1 - t0, time.perf_counter() - t1, run.info)
@@ -392,7 +392,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     return metrics
 
 
-def _guarded_policy_update(run: Run, sequences: TrainingSequences, fit: _PredictorFit, step: int) -> dict:
+def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -> dict:
     """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step."""
     try:
         return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
@@ -506,6 +506,7 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens", "predictor_examples",
+              "train_forward_tokens", "train_unique_tokens",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     return merge_metrics(scalars, report.rollouts, info, sums=counts)
 
