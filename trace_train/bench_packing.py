@@ -81,7 +81,8 @@ def demo_batch(policy: str, run_dir: str, seed: int):
     from .envs.tooling import chat_format
     from .predictor import HashedSuccessPredictor
     from .tasks import build_task
-    from .train import PromptSampler, TrainConfig, _build_backend, _load_policy, _model_path, _step_seed
+    from .configs import TrainConfig
+    from .train import PromptSampler, _build_backend, _load_policy, _model_path, _step_seed
 
     cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={run_dir}", f"rollout.policy={policy}", f"seed={seed}"])
     task = build_task(cfg.task, seed=cfg.seed)
@@ -89,7 +90,8 @@ def demo_batch(policy: str, run_dir: str, seed: int):
     model, tokenizer = _load_policy(path, cfg, "cpu")
     backend = _build_backend(cfg, path, model, tokenizer, DistInfo())
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
-    engine = RolloutEngine(backend, task.make_env, cfg.rollout.engine_config(seed=cfg.seed, binary_rewards=task.binary_rewards),
+    engine = RolloutEngine(backend, task.make_env, dataclasses.replace(
+        cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards),
                            chat=chat)
     pool = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed).next_pool()
     batch = engine.rollout(pool, predictor=HashedSuccessPredictor(cfg.predictor), seed=_step_seed(cfg.seed, 0, 0))

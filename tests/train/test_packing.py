@@ -20,7 +20,8 @@ from trace_train.distributed import DistInfo
 from trace_train.loss import PolicyLossConfig, policy_loss
 from trace_train.packing import build_training_batch, pack_trees, tree_logprobs
 from trace_train.sequences import build_sequences, path_tokens
-from trace_train.train import AlgorithmConfig, OptimConfig, TrainConfig, _policy_update
+from trace_train.configs import AlgorithmConfig, OptimConfig, TrainConfig
+from trace_train.train import _policy_update
 
 VOCAB = 40
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
