@@ -43,6 +43,7 @@ from .config import config_to_dict, fingerprint, load_config
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
 from .engine import RolloutConfig, RolloutEngine
+from .threads import set_compute_threads
 from .envs.base import EpisodeLimits
 from .envs.tooling import chat_format
 from .loss import PolicyLossConfig, policy_loss
@@ -82,6 +83,8 @@ class BackendConfig:
     enforce_eager: bool = True
     max_batch_size: int = 64
     """Samples decoded together by the transformers back end."""
+    threads: int | None = None
+    """Compute threads of torch and vLLM-CPU (``trace_train.threads``); None: the CPUs the process may use."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,11 @@ class RolloutSettings:
     max_context_tokens: int = 2048
     chat_template_kwargs: dict = field(default_factory=dict)
     """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
+    schedule: str = "concurrent"
+    env_workers: int = 16
+    env_timeout_s: float | None = 300.0
+    raise_env_errors: bool = False
+    """Scheduling and environment failures: see ``RolloutConfig`` (``trace_train.engine``)."""
 
     def __post_init__(self):
         if self.pool_size < 1:
@@ -116,6 +124,8 @@ class RolloutSettings:
             token_budget=self.token_budget, group_size=self.group_size, temperature=self.temperature,
             top_p=self.top_p, binary_rewards=binary_rewards, seed=seed,
             limits=EpisodeLimits(self.max_turns, self.max_turn_tokens, self.max_context_tokens),
+            schedule=self.schedule, env_workers=self.env_workers, env_timeout_s=self.env_timeout_s,
+            raise_env_errors=self.raise_env_errors,
         )
 
 
@@ -394,6 +404,7 @@ def _evaluate(engine_eval: RolloutEngine, rows: list, step: int) -> dict:
 def main(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) training; returns the last step's metrics."""
     info = init_distributed(cfg.device)
+    set_compute_threads(cfg.backend.threads)
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
     run_dir = Path(cfg.run_dir)
@@ -566,6 +577,10 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
         "prefix_cache_hit_rate": report.cached_prompt_tokens / max(report.prompt_tokens, 1),
         "continuation_prefix_hit_rate": report.continuation_prefix_hit_rate,
         "rollout_seconds": rollout_s,
+        "generation_seconds": report.generation_seconds,
+        "env_seconds": report.env_seconds,
+        "generator_idle_share": report.generator_idle_share,
+        "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
         "train_seconds": train_s,
         **{k: float(v) for k, v in update.items()},
         **{k: float(v) for k, v in predictor_metrics.items()},
@@ -573,6 +588,7 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens", "predictor_examples",
+              "env_failures",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     return merge_metrics(scalars, report.rollouts, info, sums=counts)
 
