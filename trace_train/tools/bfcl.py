@@ -366,5 +366,5 @@ def _parse_call(call: str) -> tuple[str, list, dict]:
 def _forget_checker_instances(model_name: str) -> None:
     """The checker keeps its instances in ``multi_turn_utils``' globals, keyed by model name: drop ours."""
     namespace = vars(multi_turn_utils)
-    for key in [key for key in namespace if key.startswith(model_name + "_")]:
+    for key in [key for key in list(namespace) if key.startswith(model_name + "_")]:  # other threads add keys
         del namespace[key]
