@@ -46,6 +46,8 @@ class ConcurrencyBenchConfig:
     prompts: int = 16
     group_size: int = 4
     """Rollouts per prompt: prompts x group_size rollouts per run."""
+    schedules: tuple[str, ...] = ("lockstep", "concurrent")
+    """Schedules to measure (``RolloutConfig.schedule``)."""
     turns: int = 4
     """Turns per rollout (``max_turns``; the range is wide enough that few games end sooner)."""
     env_workers: int = 64
@@ -60,10 +62,14 @@ class ConcurrencyBenchConfig:
 
     def __post_init__(self):
         if set(self.backends) - {"vllm", "hf"} or not self.backends:
-            raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), got {self.backends!r}")
+            raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), "
+                             f"got {self.backends!r}")
         if set(self.latencies) - set(LATENCIES) or not self.latencies:
             raise ValueError(f"`latencies` must be a non-empty subset of {tuple(LATENCIES)}, "
                              f"got {self.latencies!r}")
+        if set(self.schedules) - {"lockstep", "concurrent"} or not self.schedules:
+            raise ValueError(f"`schedules` must be a non-empty subset of ('lockstep', 'concurrent'), "
+                             f"got {self.schedules!r}")
         for name in ("prompts", "group_size", "turns", "env_workers", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}")
@@ -111,17 +117,18 @@ def main(config: ConcurrencyBenchConfig) -> dict:
             rows = {}
             for latency in config.latencies:
                 mean, distribution = LATENCIES[latency]
-                for schedule in ("lockstep", "concurrent"):
+                for schedule in config.schedules:
                     runs = []
                     for r in range(config.repeats):
                         make_env = with_latency(game, Latency(mean, distribution), seed=config.seed + r)
                         runs.append(_run(backend, make_env, pool, config, schedule, seed=config.seed + r))
                     rows[f"{latency}/{schedule}"] = summary = _median(runs)
-                    print(f"{name:5s} {latency:16s} {schedule:10s} " + " ".join(
-                        f"{k}={v:.3f}" for k, v in summary.items() if k not in ("rollouts", "generated_tokens")),
-                        flush=True)
-                rows[f"{latency}/concurrent_vs_lockstep_seconds"] = (rows[f"{latency}/concurrent"]["seconds"]
-                                                                     / rows[f"{latency}/lockstep"]["seconds"])
+                    times = {k: v for k, v in summary.items() if k not in ("rollouts", "generated_tokens")}
+                    print(f"{name:5s} {latency:16s} {schedule:10s} "
+                          + " ".join(f"{k}={v:.3f}" for k, v in times.items()), flush=True)
+                if len(config.schedules) == 2:
+                    rows[f"{latency}/concurrent_vs_lockstep_seconds"] = (
+                        rows[f"{latency}/concurrent"]["seconds"] / rows[f"{latency}/lockstep"]["seconds"])
             results["backends"][name] = rows
             del backend
     results["load_average_end"] = os.getloadavg()
@@ -138,13 +145,15 @@ def _parse(argv=None) -> ConcurrencyBenchConfig:
     defaults = ConcurrencyBenchConfig()
     parser.add_argument("--backend", choices=["vllm", "hf", "both"], default="both")
     parser.add_argument("--latencies", nargs="+", choices=list(LATENCIES), default=list(defaults.latencies))
+    parser.add_argument("--schedules", nargs="+", choices=["lockstep", "concurrent"],
+                        default=list(defaults.schedules))
     for field in ("prompts", "group_size", "turns", "env_workers", "repeats", "examples", "seed"):
         parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=defaults.out)
     args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
-    args["latencies"] = tuple(args["latencies"])
+    args["latencies"], args["schedules"] = tuple(args["latencies"]), tuple(args["schedules"])
     return ConcurrencyBenchConfig(backends=("hf", "vllm") if backend == "both" else (backend,), **args)
 
 

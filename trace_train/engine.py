@@ -111,7 +111,8 @@ class RolloutConfig:
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
-        if isinstance(self.env_workers, bool) or not isinstance(self.env_workers, int) or self.env_workers < 1:
+        workers = self.env_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
         if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
             raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "

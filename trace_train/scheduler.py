@@ -255,7 +255,7 @@ class _Grower:
     # ---- seeds and requests -----------------------------------------------------------------------
 
     def _request(self, w: _Walker, n: int = 1) -> GenerationRequest:
-        """Walker ``w``'s next turn with seed ``s + t W + i`` (``n`` samples for ``n`` consecutive walkers)."""
+        """Walker ``w``'s next turn, seed ``s + t W + i`` (``n`` samples: ``n`` consecutive walkers)."""
         room = self.cfg.limits.max_context_tokens - len(w.context)
         seed = self.seed + len(w.turns) * len(self.walkers) + w.index
         return GenerationRequest(tuple(w.context), n=n, seed=seed,
@@ -285,6 +285,7 @@ class _Grower:
                     stream.submit(w.index, self._request(w), sampling)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+            stream.close()  # nothing left in the engine if the loop raised
         self._commit()
 
     def _pool(self):

@@ -1,4 +1,4 @@
-"""The rollout scheduler: concurrent environments, order-independent batches, failures that end one rollout."""
+"""The rollout scheduler: concurrent environments, order-independent batches, failures end one rollout."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from trace_train.engine import RolloutConfig, RolloutEngine
-from trace_train.envs import EndReason, EpisodeLimits, GuessNumberEnv, is_concurrency_safe, make_env_factory, make_rows
+from trace_train.envs import (EndReason, EpisodeLimits, GuessNumberEnv, is_concurrency_safe, make_env_factory,
+                              make_rows)
 from trace_train.envs.latency import Latency, with_latency
 from trace_train.scheduler import EnvFailure, Timeline
 
@@ -77,6 +78,9 @@ def test_vllm_streams_requests_into_the_running_batch_with_the_lockstep_result(v
     concurrent = make_engine(vllm_backend, slow).rollout(POOL, predictor=TurnPredictor(), seed=4)
     lockstep = make_engine(vllm_backend, schedule="lockstep").rollout(POOL, predictor=TurnPredictor(), seed=4)
     assert_same_batch(concurrent, lockstep)
+    with pytest.raises(EnvFailure):  # a run that raises mid-way leaves no request behind in the engine
+        make_engine(vllm_backend, FaultyEnv, policy="grpo", raise_env_errors=True).rollout(POOL, seed=0)
+    assert not vllm_backend.llm.llm_engine.has_unfinished_requests()
 
 
 class FaultyEnv(GuessNumberEnv):
@@ -101,7 +105,8 @@ def test_an_environment_that_raises_ends_its_rollouts_not_the_batch(hf_backend, 
                                                                           POOL[1]["target"])]]
     batch = make_engine(hf_backend, FaultyEnv, policy="grpo", schedule=schedule).rollout(pool, seed=0)
     f = batch.forest
-    bad = np.isin(np.asarray([pool[p]["target"] for p in f.prompt]), [FaultyEnv.bad_step, FaultyEnv.bad_verify])
+    targets = np.asarray([pool[p]["target"] for p in f.prompt])
+    bad = np.isin(targets, [FaultyEnv.bad_step, FaultyEnv.bad_verify])
     leaves = f.leaves
     failed = [n for n in leaves if batch.nodes[n].end_reason == EndReason.ENV_ERROR]
     stepped_bad = [n for n in leaves if bad[n] and batch.nodes[n].finish_reason == "stop"]
@@ -138,7 +143,8 @@ def test_a_step_past_its_time_limit_ends_its_rollout_with_reward_zero(hf_backend
     f = batch.forest
     hung = [n for n in f.leaves if POOL[int(f.prompt[n])]["target"] == POOL[0]["target"]]
     reasons = {batch.nodes[n].end_reason for n in hung}
-    assert hung and EndReason.ENV_TIMEOUT in reasons and reasons <= {EndReason.ENV_TIMEOUT, EndReason.TURN_TOKENS}
+    assert hung and EndReason.ENV_TIMEOUT in reasons
+    assert reasons <= {EndReason.ENV_TIMEOUT, EndReason.TURN_TOKENS}  # cut turns never reach the environment
     assert np.all(f.reward[hung] == 0)
     others = [n for n in f.leaves if n not in hung]
     assert others and all(batch.nodes[n].end_reason != EndReason.ENV_TIMEOUT for n in others)
@@ -190,7 +196,8 @@ def test_environments_declare_whether_they_are_safe_to_run_concurrently():
 
 
 def test_the_report_says_where_the_time_went(hf_backend):
-    batch = make_engine(hf_backend, with_latency(GuessNumberEnv, Latency(0.002)), policy="grpo").rollout(POOL, seed=0)
+    slow = with_latency(GuessNumberEnv, Latency(0.002))
+    batch = make_engine(hf_backend, slow, policy="grpo").rollout(POOL, seed=0)
     r = batch.report
     assert 0 < r.generation_seconds <= r.seconds and 0 < r.env_seconds <= r.seconds
     assert r.overlap_seconds <= min(r.generation_seconds, r.env_seconds)
@@ -217,3 +224,19 @@ def test_bad_scheduler_settings_fail_with_clear_messages():
         RolloutConfig(env_timeout_s=0)
     with pytest.raises(ValueError, match="`distribution` must be one of"):
         Latency(0.1, "pareto")
+
+
+def test_the_concurrency_benchmark_reports_every_setting(tiny_dir, tmp_path):
+    from trace_train.bench_concurrency import ConcurrencyBenchConfig, main
+
+    config = ConcurrencyBenchConfig(backends=("hf",), latencies=("0ms", "50ms"), prompts=2, group_size=2,
+                                    turns=2, env_workers=4, examples=1, model=tiny_dir,
+                                    out=str(tmp_path / "b.json"))
+    rows = main(config)["backends"]["hf"]
+    for latency in ("0ms", "50ms"):
+        for schedule in ("lockstep", "concurrent"):
+            row = rows[f"{latency}/{schedule}"]
+            assert row["rollouts"] == 4 and row["bound_ratio"] >= 1.0  # wall >= each of its parts
+    assert (tmp_path / "b.json").exists()
+    with pytest.raises(ValueError, match="`schedules` must be a non-empty subset"):
+        ConcurrencyBenchConfig(schedules=("async",))

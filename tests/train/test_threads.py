@@ -12,7 +12,8 @@ from trace_train.threads import available_cpus, set_compute_threads
 
 
 def _in_child(code: str, **env) -> str:
-    environment = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}
+    unset = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
+    environment = {k: v for k, v in os.environ.items() if k not in unset}
     environment.update(env)
     return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
                           check=True).stdout.strip()

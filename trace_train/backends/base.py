@@ -30,8 +30,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend", "RequestStream",
-           "BatchedStream", "request_stream"]
+__all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend",
+           "RequestStream", "BatchedStream", "request_stream"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,9 @@ class RequestStream(Protocol):
     def poll(self) -> list[tuple[Hashable, list[Completion]]]:
         """Advance generation (one engine step, or one batch) and return the requests now finished."""
 
+    def close(self) -> None:
+        """Drop every unfinished request (after an error, so that none is left in the engine)."""
+
 
 class BatchedStream:
     """:class:`RequestStream` over any back end's ``generate``: each ``poll`` generates all queued requests
@@ -190,6 +193,9 @@ class BatchedStream:
             return []
         completions = self.backend.generate([r for _, r, _ in queue], queue[0][2])
         return [(key, c) for (key, _, _), c in zip(queue, completions)]
+
+    def close(self) -> None:
+        self._queue = []
 
 
 def request_stream(backend: GenerationBackend, *, batched: bool = False) -> RequestStream:

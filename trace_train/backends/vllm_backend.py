@@ -183,7 +183,8 @@ class VLLMStream:
             params.output_kind = RequestOutputKind.FINAL_ONLY
             request_id = f"trace-{next(self._ids)}"
             self._samples[request_id] = (key, j)
-            self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params)
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+            self.engine.add_request(request_id, prompt, params)
 
     def poll(self) -> list[tuple[Hashable, list[Completion]]]:
         finished = []
@@ -197,3 +198,8 @@ class VLLMStream:
                 del self._open[key]
                 finished.append((key, samples))
         return finished
+
+    def close(self) -> None:
+        if self._samples:
+            self.engine.abort_request(list(self._samples))
+        self._samples, self._open = {}, {}
