@@ -5,7 +5,10 @@ construction (the engine's grow primitive). Each rollout is a *walker* that alte
 
 * **generation** of its next turn, through the back end's request stream (:mod:`.backends.base`): on
   vLLM a request joins the running batch as soon as it is submitted (continuous batching); other back
-  ends generate whatever is queued as one batch per poll;
+  ends generate whatever is queued as one batch per poll, after waiting up to ``BATCH_WINDOW_S`` for
+  the rest of a wave of environment answers. When environments have answered faster than one engine
+  step so far (a running mean), the loop waits up to one step for the turns it just handed out, so that
+  fast tools rejoin the batch together instead of one step apart;
 * **environment calls** for that turn (``make_env`` and ``restore`` before its first turn, then
   ``step``, ``snapshot`` and, when the rollout ends, ``verify``), run on a pool of worker threads.
 
@@ -178,6 +181,8 @@ class _Calls:
         self.since: float | None = None
         """Start of the call running now (None between calls)."""
         self.name = ""
+        self.seconds = 0.0
+        """Time the calls took so far."""
 
     def __call__(self, name: str, fn: Callable, *args):
         self.name, self.since = name, time.perf_counter()
@@ -186,6 +191,7 @@ class _Calls:
         finally:
             end = time.perf_counter()
             self.timeline.add_env(self.since, end)
+            self.seconds += end - self.since
             self.walker.env_seconds += end - self.since
             self.since = None
 
@@ -251,6 +257,8 @@ class _Grower:
         self.seed = run.next_seed
         run.next_seed += len(self.walkers) * self.cfg.limits.max_turns
         self.timeline: Timeline = run.timeline
+        self.env_turn_seconds: float | None = None
+        """Running mean of the environment's time per turn (all calls of one turn)."""
 
     # ---- seeds and requests -----------------------------------------------------------------------
 
@@ -277,9 +285,11 @@ class _Grower:
                 if stream.pending:
                     start = time.perf_counter()
                     finished = stream.poll()
-                    self.timeline.generation.append((start, time.perf_counter()))
-                    for key, completions in finished:
-                        self._generated(pool, key, completions)
+                    end = time.perf_counter()
+                    self.timeline.generation.append((start, end))
+                    launched = [f for key, done in finished for f in self._generated(pool, key, done)]
+                    if stream.continuous and launched and self._env_faster_than(end - start):
+                        wait(launched, timeout=end - start)  # let fast answers join the very next step
                 ready = self._collect(continuous=stream.continuous, generating=stream.pending)
                 for w in sorted(ready, key=lambda w: w.index):
                     stream.submit(w.index, self._request(w), sampling)
@@ -294,8 +304,12 @@ class _Grower:
         workers = self.cfg.env_workers if is_concurrency_safe(self.engine.make_env) else 1
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-env")
 
-    def _generated(self, pool, key, completions: list[Completion]) -> None:
-        """Record the turns just generated and hand each to its environment."""
+    def _env_faster_than(self, seconds: float) -> bool:
+        """Whether environment turns have taken less than ``seconds`` (running mean; True before any)."""
+        return self.env_turn_seconds is None or self.env_turn_seconds < seconds
+
+    def _generated(self, pool, key, completions: list[Completion]) -> list[Future]:
+        """Record the turns just generated and hand each to its environment; returns the calls' futures."""
         if isinstance(key, tuple):  # a start's first turn: k samples for its k walkers
             walkers = self.first[key[1]]
             node, kind, k = self.starts[key[1]]
@@ -304,7 +318,7 @@ class _Grower:
                 self.run_.prefix_cached += sum(c.cached_prompt_tokens for c in completions)
         else:
             walkers = [self.walkers[key]]
-        limits = self.cfg.limits
+        limits, launched = self.cfg.limits, []
         for w, c in zip(walkers, completions):
             text = self.chat.action_text(tuple(c.token_ids))
             turn = _Turn(c, text, ({"role": "assistant", "content": text},))
@@ -317,6 +331,8 @@ class _Grower:
             future = pool.submit(_env_turn, calls, self.engine.make_env, self.run_.nodes[w.start].snapshot,
                                  None if cut else text, cut or w.depth >= limits.max_turns)
             self.running[future] = (calls, _env_turn)
+            launched.append(future)
+        return launched
 
     def _collect(self, *, continuous: bool, generating: bool) -> list[_Walker]:
         """Walkers whose environment answered: wait for the first answer unless generation is under way."""
@@ -329,6 +345,8 @@ class _Grower:
         ready = []
         for future in [f for f in self.running if f.done()]:
             calls, kind = self.running.pop(future)
+            mean = self.env_turn_seconds
+            self.env_turn_seconds = calls.seconds if mean is None else 0.9 * mean + 0.1 * calls.seconds
             if self._answered(calls.walker, kind, future):
                 ready.append(calls.walker)
         self._expire()
