@@ -52,7 +52,8 @@ class ConcurrencyBenchConfig:
     """Turns per rollout (``max_turns``; the range is wide enough that few games end sooner)."""
     env_workers: int = 64
     repeats: int = 1
-    """Timed runs per setting (medians are reported), after one untimed warm-up run per back end."""
+    """Timed runs per setting, schedules interleaved (medians are reported), after one untimed warm-up
+    run per back end."""
     examples: int = 12
     """Worked example games in the system prompt (its length)."""
     model: str | None = None
@@ -117,12 +118,14 @@ def main(config: ConcurrencyBenchConfig) -> dict:
             rows = {}
             for latency in config.latencies:
                 mean, distribution = LATENCIES[latency]
-                for schedule in config.schedules:
-                    runs = []
-                    for r in range(config.repeats):
+                runs = {schedule: [] for schedule in config.schedules}
+                for r in range(config.repeats):  # schedules interleaved: load drifts hit both alike
+                    for schedule in config.schedules:
                         make_env = with_latency(game, Latency(mean, distribution), seed=config.seed + r)
-                        runs.append(_run(backend, make_env, pool, config, schedule, seed=config.seed + r))
-                    rows[f"{latency}/{schedule}"] = summary = _median(runs)
+                        row = _run(backend, make_env, pool, config, schedule, seed=config.seed + r)
+                        runs[schedule].append(row)
+                for schedule in config.schedules:
+                    rows[f"{latency}/{schedule}"] = summary = _median(runs[schedule])
                     times = {k: v for k, v in summary.items() if k not in ("rollouts", "generated_tokens")}
                     print(f"{name:5s} {latency:16s} {schedule:10s} "
                           + " ".join(f"{k}={v:.3f}" for k, v in times.items()), flush=True)
