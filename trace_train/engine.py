@@ -6,12 +6,13 @@ trees:
 1. **Roots.** The predictor scores every candidate's opening history; the policy
    (``trace_theory.get_policy``) splits the budget (``AllocationPolicy.split``) and allocates group sizes
    (``AllocationPolicy.allocate_roots``). The bare rollouts of all selected prompts are generated
-   together, one batched ``generate`` call per turn.
+   together (:mod:`.scheduler`: each rollout's next turn is requested as soon as its environment has
+   answered, and environments of different rollouts run concurrently).
 2. **Prefixes.** For branching policies the predictor scores every non-terminal turn boundary of the bare
    rollouts (``RolloutForest.prefix_anchors``); ``AllocationPolicy.allocate_prefixes`` places the
    continuations within each prompt's budget m_i N; budget that no prefix can take becomes extra bare
    rollouts (``top_up_roots``). Continuations restore the environment snapshot of their prefix, extend its
-   exact token ids, and are generated batched, turn by turn, together with the top-ups.
+   exact token ids, and are generated together with the top-ups.
 
 DAPO-style dynamic sampling (a policy with ``dynamic_sampling``) runs rounds of stage 1 over fresh prompts
 from the pool, as ``trace_theory.DynamicSamplingState`` decides, until it holds its target of mixed groups
@@ -24,7 +25,8 @@ actually spent, in rollouts and in tokens, and of the prompt tokens the back end
 its prefix cache.
 
 Every random choice comes from one ``numpy.random.Generator`` seeded by the call's ``seed``, and every
-generation request gets its own sampling seed, so a call is reproducible on a given back end.
+turn of every rollout gets its own sampling seed, so a call is reproducible on a given back end, in
+whatever order generations and environment calls complete.
 """
 
 from __future__ import annotations
