@@ -55,7 +55,6 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Callable
 
 from .backends.base import Completion, GenerationRequest, request_stream
@@ -197,11 +196,9 @@ class _Calls:
             self.since = None
 
 
-def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool, observe):
+def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool):
     """Worker: (build and restore the environment,) step it on ``text`` unless the turn was cut (None),
-    snapshot it, and verify it when ``verify`` or the environment says the episode is done; otherwise
-    tokenize the observation with ``observe(message)`` here too, off the main thread (an error there is
-    the engine's, not the environment's: it is returned, and raised by the main thread)."""
+    snapshot it, and verify it when ``verify`` or the environment says the episode is done."""
     w = calls.walker
     if w.env is None:
         env = calls("make_env", make_env)
@@ -209,13 +206,8 @@ def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool,
         w.env = env
     result: StepResult | None = None if text is None else calls("step", w.env.step, text)
     state = calls("snapshot", w.env.snapshot)
-    if verify or (result is not None and result.done):
-        return result, state, calls("verify", w.env.verify), None
-    try:
-        observation_ids = tuple(observe({"role": result.role, "content": result.observation}))
-    except Exception as error:  # noqa: BLE001 - re-raised by the main thread
-        observation_ids = error
-    return result, state, None, observation_ids
+    done = verify or (result is not None and result.done)
+    return result, state, calls("verify", w.env.verify) if done else None
 
 
 def _env_verify(calls: _Calls):
@@ -336,9 +328,8 @@ class _Grower:
                 room = limits.max_context_tokens - len(w.context)
                 turn.end = EndReason.CONTEXT if room <= limits.max_turn_tokens else EndReason.TURN_TOKENS
             calls = _Calls(w, self.timeline)
-            observe = partial(self.chat.observation_ids, tuple(c.token_ids))
             future = pool.submit(_env_turn, calls, self.engine.make_env, self.run_.nodes[w.start].snapshot,
-                                 None if cut else text, cut or w.depth >= limits.max_turns, observe)
+                                 None if cut else text, cut or w.depth >= limits.max_turns)
             self.running[future] = (calls, _env_turn)
             launched.append(future)
         return launched
@@ -392,7 +383,7 @@ class _Grower:
         if kind is _env_verify:
             turn.reward = float(future.result())
             return False
-        result, turn.snapshot, reward, obs_ids = future.result()
+        result, turn.snapshot, reward = future.result()
         if result is not None:
             message = {"role": result.role, "content": result.observation}
             turn.observation, turn.messages = result.observation, turn.messages + (message,)
@@ -403,9 +394,8 @@ class _Grower:
         if turn.end is not None:
             turn.reward = float(reward)
             return False
-        if isinstance(obs_ids, Exception):
-            raise obs_ids
         action_ids = tuple(turn.completion.token_ids)
+        obs_ids = tuple(self.chat.observation_ids(action_ids, turn.messages[-1]))
         if len(w.context) + len(action_ids) + len(obs_ids) >= self.cfg.limits.max_context_tokens:
             turn.end = EndReason.CONTEXT
             calls = _Calls(w, self.timeline)
