@@ -122,6 +122,19 @@ class RolloutReport:
     """Rounds of root generation (1, or more under dynamic sampling)."""
     end_reasons: Mapping[str, int]
     seconds: float
+    """Wall time of the call."""
+    generation_seconds: float = 0.0
+    """Time the back end was generating (:class:`~.scheduler.Timeline`)."""
+    env_seconds: float = 0.0
+    """Time at least one environment call was running."""
+    overlap_seconds: float = 0.0
+    """Time both were running at once."""
+    env_call_seconds: float = 0.0
+    """Environment calls' durations summed (more than ``env_seconds`` when calls ran concurrently)."""
+    generator_idle_share: float = 0.0
+    """1 - generation_seconds / seconds: the share of the call's wall time the generator had no work."""
+    max_rollout_env_seconds: float = 0.0
+    """The longest time one rollout spent in its environment: the least any schedule can take."""
     continuations_by_round: tuple[int, ...] = ()
     """Continuations placed in each expansion round (``rollout.expansion_rounds``)."""
 

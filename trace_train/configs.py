@@ -107,6 +107,9 @@ class BackendConfig:
     """vLLM: no CUDA graphs (slower decoding, faster start)."""
     max_batch_size: int = 64
     """Samples decoded together by the transformers back end."""
+    threads: int | None = None
+    """Compute threads of torch and vLLM-CPU (``trace_train.threads``); None: ``OMP_NUM_THREADS`` if set,
+    else the CPUs the process may use."""
 
 
 @dataclass(frozen=True)

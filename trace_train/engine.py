@@ -9,7 +9,9 @@ simulator runs; this module is the world that answers its questions:
   with the caller's predictor;
 * **plant** roots and **grow** rollouts (bare, top-up, continuation) from nodes: generation batched
   across all of them turn by turn, environments restored from the start node's snapshot, and the exact
-  token ids of every prefix extended, never re-tokenised.
+  token ids of every prefix extended, never re-tokenised. Turns are scheduled by :mod:`.scheduler`:
+  each rollout's next turn is requested as soon as its environment has answered, and environments of
+  different rollouts run concurrently.
 
 The distributed trainer's allocation over every rank's pool is the driver's ``root_allocator`` hook.
 
@@ -20,7 +22,8 @@ actually spent, in rollouts and in tokens, and of the prompt tokens the back end
 its prefix cache.
 
 Every random choice comes from one ``numpy.random.Generator`` seeded by the call's ``seed``, and every
-generation request gets its own sampling seed, so a call is reproducible on a given back end.
+turn of every rollout gets its own sampling seed, so a call is reproducible on a given back end, in
+whatever order generations and environment calls complete.
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ from trace_theory import (
 )
 from trace_theory.step import Starts, StepRecord
 
-from .backends.base import GenerationBackend, GenerationRequest, Sampling
+from .backends.base import GenerationBackend, Sampling
 from .batch import History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
-from .envs.base import EndReason, Environment, EpisodeLimits, Message
+from .envs.base import Environment, EpisodeLimits, Message
+from .scheduler import SCHEDULES, Timeline, grow
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
            "RolloutConfig", "RolloutEngine"]
@@ -93,6 +97,17 @@ class RolloutConfig:
     """Seed of a call that passes none."""
     chat_template_kwargs: dict = field(default_factory=dict)
     """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
+    schedule: str = "concurrent"
+    """How turns are scheduled (:mod:`.scheduler`): "concurrent" (each rollout's next turn is requested
+    as soon as its environment answers; environments of different rollouts step concurrently) or
+    "lockstep" (one batch per turn; environments stepped one after another)."""
+    env_workers: int = 16
+    """Worker threads for environment calls of a ``concurrency_safe`` environment (others get one)."""
+    env_timeout_s: float | None = 300.0
+    """Limit on one environment call (``step``, ``verify``, ...); past it the rollout ends with reward 0
+    and end reason ``env_timeout``. None: no limit."""
+    raise_env_errors: bool = False
+    """Raise when an environment call fails or times out, instead of ending that rollout (debugging)."""
 
     def __post_init__(self):
         policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
@@ -110,6 +125,14 @@ class RolloutConfig:
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
+        workers = self.env_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
+        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
+            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
+                             f"got {self.env_timeout_s!r}")
         if policy.dynamic_sampling and not self.binary_rewards:
             raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: "
                              "it needs binary_rewards=True")
@@ -129,16 +152,6 @@ class RolloutConfig:
 # ---------------------------------------------------------------------------------------------------
 # The engine
 # ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Walker:
-    """A rollout in progress: the node it stands on, its environment, and its exact context."""
-
-    node: int
-    env: Environment
-    context: list[int]
-    turns: int
 
 
 class RolloutEngine:
@@ -259,6 +272,8 @@ class _Run:
         self.end_reasons: dict[str, int] = {}
         self.stats_before = engine.backend.stats.copy()
         self.start = time.perf_counter()
+        self.timeline = Timeline()
+        self.rollout_env_seconds: list[float] = []
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
 
     # ---- tree bookkeeping -------------------------------------------------------------------------
@@ -350,82 +365,16 @@ class _Run:
             roots.append(root)
         return roots
 
-    # ---- generation, turn by turn -----------------------------------------------------------------
+    # ---- generation and environments ------------------------------------------------------------
 
     def _grow(self, starts: list[tuple[int, str, int]]) -> None:
-        """Generate ``k`` rollouts from each ``(node, kind, k)``, all of them batched turn by turn.
-
-        The first turn sends one request with ``n = k`` per start node; later turns one request per
-        rollout. A rollout's environment is a fresh instance restored from its start node's snapshot.
-        """
-        requests, walkers = [], []
-        for node, kind, k in starts:
-            context = self._context(node)
-            requests.append(self._request(context, k))
-            for _ in range(k):
-                env = self.engine.make_env()
-                env.restore(self.nodes[node].snapshot)
-                walkers.append(_Walker(node, env, context, len(self._path(node)) - 1))
-            self.counts[kind] += k
-        completions = self.engine.backend.generate(requests, self.engine.sampling)
-        for (node, kind, k), group in zip(starts, completions):
-            if kind == "continuation":
-                self.prefix_tokens += k * len(self._context(node))
-                self.prefix_cached += sum(c.cached_prompt_tokens for c in group)
-        flat = [c for group in completions for c in group]
-        while True:
-            walkers = [w for w, c in zip(walkers, flat) if self._advance(w, c)]
-            if not walkers:
-                return
-            completions = self.engine.backend.generate([self._request(w.context, 1) for w in walkers],
-                                                       self.engine.sampling)
-            flat = [group[0] for group in completions]
-
-    def _request(self, context: list[int], n: int) -> GenerationRequest:
-        """A request with fresh seeds (one per sample) and room for one turn within the context limit."""
-        room = self.cfg.limits.max_context_tokens - len(context)
-        seed, self.next_seed = self.next_seed, self.next_seed + n
-        return GenerationRequest(tuple(context), n=n, seed=seed,
-                                 max_new_tokens=min(self.cfg.limits.max_turn_tokens, room))
-
-    def _advance(self, w: _Walker, completion) -> bool:
-        """Record one turn as a node (ending the rollout where a limit or the environment says so)."""
-        limits = self.cfg.limits
-        action_ids = tuple(completion.token_ids)
-        text = self.chat.action_text(action_ids)
-        node = self.builder.add_turn(w.node, cost=len(action_ids))
-        parent, w.node, w.turns = w.node, node, w.turns + 1
-        end, observation, obs_ids = None, "", ()
-        messages: tuple[Message, ...] = ({"role": "assistant", "content": text},)
-        if completion.finish_reason == "length":  # cut: the action never reaches the environment
-            room = limits.max_context_tokens - len(w.context)
-            end = EndReason.CONTEXT if room <= limits.max_turn_tokens else EndReason.TURN_TOKENS
-        else:
-            result = w.env.step(text)
-            observation = result.observation
-            message = {"role": result.role, "content": observation}
-            messages += (message,)
-            if result.done:
-                end = EndReason.DONE
-            elif w.turns >= limits.max_turns:
-                end = EndReason.MAX_TURNS
-            else:
-                obs_ids = tuple(self.chat.observation_ids(action_ids, message))
-                if len(w.context) + len(action_ids) + len(obs_ids) >= limits.max_context_tokens:
-                    end, obs_ids = EndReason.CONTEXT, ()
-        payload = NodePayload(action_ids, tuple(completion.logprobs), text, obs_ids, observation, messages,
-                              w.env.snapshot(), completion.finish_reason, end)
-        self._append(node, parent, payload)
-        if end is not None:
-            self.builder.finish(node, w.env.verify())
-            self.end_reasons[end.value] = self.end_reasons.get(end.value, 0) + 1
-            return False
-        w.context = w.context + list(action_ids) + list(obs_ids)
-        return True
+        """Generate ``k`` rollouts from each ``(node, kind, k)`` (:func:`.scheduler.grow`)."""
+        grow(self, starts)
 
     # ---- result -----------------------------------------------------------------------------------
 
     def _finish(self, planned: RolloutBudget, record: StepRecord) -> RolloutBatch:
+        seconds = time.perf_counter() - self.start
         forest = record.forest
         stats = self.engine.backend.stats.since(self.stats_before)
         counts = record.counts
@@ -436,6 +385,7 @@ class _Run:
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
             continuation_prefix_tokens=self.prefix_tokens, continuation_prefix_cached=self.prefix_cached,
             rounds=record.rounds, end_reasons=dict(sorted(self.end_reasons.items())),
-            seconds=time.perf_counter() - self.start, continuations_by_round=record.continuations_by_round,
+            seconds=seconds, **self.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
+            max_rollout_env_seconds=max(self.rollout_env_seconds, default=0.0),
         )
         return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report)

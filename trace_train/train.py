@@ -45,6 +45,7 @@ from .files import writable_dir
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
 from .engine import RolloutEngine
+from .threads import set_compute_threads
 from .envs.tooling import chat_format
 from .loss import policy_loss
 from .metrics_log import MetricsLogger
@@ -308,6 +309,7 @@ class Run:
 def build_run(cfg: TrainConfig) -> Run:
     """Set up (or resume) a run: task, policy, generation back end, rollout engines, predictor, sampler."""
     info = init_distributed(cfg.device)
+    set_compute_threads(cfg.backend.threads)
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
     run_dir = writable_dir(cfg.run_dir, "`run_dir`")
@@ -500,13 +502,17 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
         "continuation_prefix_hit_rate": report.continuation_prefix_hit_rate,
         "rollout_seconds": rollout_s,
         "train_seconds": train_s,
+        "generation_seconds": report.generation_seconds,
+        "env_seconds": report.env_seconds,
+        "generator_idle_share": report.generator_idle_share,
+        "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
         **{k: float(v) for k, v in update.items()},
         **{k: float(v) for k, v in predictor_metrics.items()},
     }
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens", "predictor_examples",
-              "train_forward_tokens", "train_unique_tokens",
+              "train_forward_tokens", "train_unique_tokens", "env_failures",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     return merge_metrics(scalars, report.rollouts, info, sums=counts)
 

@@ -155,7 +155,8 @@ class RecordingBackend:
 
 def test_generation_is_batched_across_prompts_turn_by_turn(hf_backend):
     recorder = RecordingBackend(hf_backend)
-    batch = make_engine(recorder).rollout(POOL, predictor=TurnPredictor(), seed=0)
+    # lockstep: the call structure below is its contract (the concurrent schedule batches what is ready)
+    batch = make_engine(recorder, schedule="lockstep").rollout(POOL, predictor=TurnPredictor(), seed=0)
     forest = batch.forest
     bare_depth = int(forest.depth[forest.origin == Origin.BARE].max())
     branch = branch_starts(forest)

@@ -16,15 +16,22 @@ the same semantics, so the rollout engine and the trainer never branch on which 
   cache instead of being computed; :class:`GenerationStats` sums these over the back end's lifetime.
 * **Weights.** :meth:`GenerationBackend.update_weights` loads a trainer's state dict (Hugging Face
   parameter names) in place; no cached state computed with the old weights survives it.
+
+A back end may also take requests one at a time (:class:`RequestStream`): ``submit`` queues a request
+under a caller's key and ``poll`` advances generation by one engine step and returns the requests that
+finished. The vLLM back end does so through vLLM's request-level engine API (continuous batching:
+requests submitted between steps join the running batch); :class:`BatchedStream` gives any back end the
+same interface by generating everything queued in one ``generate`` call per ``poll``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend"]
+__all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend",
+           "RequestStream", "BatchedStream", "request_stream"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,66 @@ class GenerationBackend(Protocol):
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load new weights in place (Hugging Face names); drop everything cached under the old ones."""
+
+
+@runtime_checkable
+class RequestStream(Protocol):
+    """Request-level generation: submit requests as they become ready, collect them as they finish."""
+
+    continuous: bool
+    """True when requests submitted between polls join the running batch (vLLM); False when each poll
+    generates what was queued as one batch (:class:`BatchedStream`)."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether submitted requests are still unfinished."""
+
+    def submit(self, key: Hashable, request: GenerationRequest, sampling: Sampling) -> None:
+        """Queue ``request``; ``poll`` returns its samples (as ``generate`` would) under ``key``."""
+
+    def poll(self) -> list[tuple[Hashable, list[Completion]]]:
+        """Advance generation (one engine step, or one batch) and return the requests now finished."""
+
+    def close(self) -> None:
+        """Drop every unfinished request (after an error, so that none is left in the engine)."""
+
+
+class BatchedStream:
+    """:class:`RequestStream` over any back end's ``generate``: each ``poll`` generates all queued requests
+    as one batch (in submission order), so requests submitted during a poll wait for the next one."""
+
+    continuous = False
+
+    def __init__(self, backend: GenerationBackend):
+        self.backend = backend
+        self._queue: list[tuple[Hashable, GenerationRequest, Sampling]] = []
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._queue)
+
+    def submit(self, key: Hashable, request: GenerationRequest, sampling: Sampling) -> None:
+        if self._queue and sampling != self._queue[0][2]:
+            raise ValueError("requests of one batch must share their `sampling`")
+        self._queue.append((key, request, sampling))
+
+    def poll(self) -> list[tuple[Hashable, list[Completion]]]:
+        queue, self._queue = self._queue, []
+        if not queue:
+            return []
+        completions = self.backend.generate([r for _, r, _ in queue], queue[0][2])
+        return [(key, c) for (key, _, _), c in zip(queue, completions)]
+
+    def close(self) -> None:
+        self._queue = []
+
+
+def request_stream(backend: GenerationBackend, *, batched: bool = False) -> RequestStream:
+    """The back end's own request stream (``backend.stream()``) if it has one, else a :class:`BatchedStream`;
+    ``batched=True`` always gives the latter (generation in lockstep batches)."""
+    if not batched and hasattr(backend, "stream"):
+        return backend.stream()
+    return BatchedStream(backend)
 
 
 def _positive_int(name: str, value) -> None:

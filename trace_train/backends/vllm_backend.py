@@ -26,12 +26,13 @@ gives that class an empty ``__dict__`` before the engine starts, so a process ma
 
 from __future__ import annotations
 
+import itertools
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "shield_from_kernel_scan"]
+__all__ = ["VLLMBackend", "VLLMStream", "shield_from_kernel_scan"]
 
 
 def shield_from_kernel_scan() -> None:
@@ -100,7 +101,6 @@ class VLLMBackend:
         self.stats = GenerationStats()
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         requests = check_requests(requests, sampling)
@@ -108,25 +108,22 @@ class VLLMBackend:
         for r in requests:
             for j in range(r.n):
                 prompts.append(TokensPrompt(prompt_token_ids=list(r.prompt_ids)))
-                params.append(SamplingParams(
-                    n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                    max_tokens=r.new_tokens(sampling), stop=list(sampling.stop) or None,
-                    stop_token_ids=list(sampling.stop_token_ids) or None, seed=r.sample_seed(j), logprobs=0,
-                ))
+                params.append(_sampling_params(r, sampling, j))
         outputs = iter(self.llm.generate(prompts, params, use_tqdm=False)) if prompts else iter(())
-        results = []
-        for r in requests:
-            samples = []
-            for _ in range(r.n):
-                out = next(outputs)
-                c = out.outputs[0]
-                logprobs = tuple(step[t].logprob for step, t in zip(c.logprobs, c.token_ids))
-                completion = Completion(tuple(c.token_ids), logprobs, c.finish_reason, c.stop_reason,
-                                        int(out.num_cached_tokens or 0))
-                self.stats.add(r.prompt_ids, completion)
-                samples.append(completion)
-            results.append(samples)
-        return results
+        return [[self._completion(r, next(outputs)) for _ in range(r.n)] for r in requests]
+
+    def stream(self) -> "VLLMStream":
+        """Request-level generation with continuous batching (:class:`~.base.RequestStream`)."""
+        return VLLMStream(self)
+
+    def _completion(self, request: GenerationRequest, out) -> Completion:
+        """A finished vLLM output as a :class:`~.base.Completion`, counted in ``stats``."""
+        c = out.outputs[0]
+        logprobs = tuple(step[t].logprob for step, t in zip(c.logprobs, c.token_ids))
+        completion = Completion(tuple(c.token_ids), logprobs, c.finish_reason, c.stop_reason,
+                                int(out.num_cached_tokens or 0))
+        self.stats.add(request.prompt_ids, completion)
+        return completion
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Reload ``state_dict`` in place, then reset the prefix cache (see the module docstring)."""
@@ -138,3 +135,71 @@ class VLLMBackend:
         """Drop every cached block; raises if vLLM refuses (it does while requests are running)."""
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
+
+
+def _sampling_params(request: GenerationRequest, sampling: Sampling, j: int):
+    """vLLM's parameters for sample ``j`` of ``request`` (one vLLM request per sample, seed ``s + j``)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=request.new_tokens(sampling),
+        stop=list(sampling.stop) or None, stop_token_ids=list(sampling.stop_token_ids) or None,
+        seed=request.sample_seed(j), logprobs=0,
+    )
+
+
+class VLLMStream:
+    """:class:`~.base.RequestStream` over vLLM's engine (``llm.llm_engine``): ``submit`` adds a request with
+    ``add_request``, ``poll`` runs one engine ``step`` (one token for every running sequence, plus the
+    prefill of newly admitted ones), so requests submitted between polls share the running batch.
+
+    ``VLLMBackend.generate`` must not run while a stream has unfinished requests (it would step the same
+    engine and collect their outputs).
+    """
+
+    continuous = True
+    _ids = itertools.count()
+
+    def __init__(self, backend: VLLMBackend):
+        self.backend = backend
+        self.engine = backend.llm.llm_engine
+        self._samples: dict[str, tuple[Hashable, int]] = {}
+        self._open: dict[Hashable, tuple[GenerationRequest, list]] = {}
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._open)
+
+    def submit(self, key: Hashable, request: GenerationRequest, sampling: Sampling) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        request = check_requests([request], sampling)[0]
+        if key in self._open:
+            raise ValueError(f"request key {key!r} is already in flight")
+        self._open[key] = (request, [None] * request.n)
+        for j in range(request.n):
+            params = _sampling_params(request, sampling, j)
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+            request_id = f"trace-{next(self._ids)}"
+            self._samples[request_id] = (key, j)
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+            self.engine.add_request(request_id, prompt, params)
+
+    def poll(self) -> list[tuple[Hashable, list[Completion]]]:
+        finished = []
+        for out in self.engine.step() if self._open else ():
+            if not out.finished:
+                continue
+            key, j = self._samples.pop(out.request_id)
+            request, samples = self._open[key]
+            samples[j] = self.backend._completion(request, out)
+            if all(c is not None for c in samples):
+                del self._open[key]
+                finished.append((key, samples))
+        return finished
+
+    def close(self) -> None:
+        if self._samples:
+            self.engine.abort_request(list(self._samples))
+        self._samples, self._open = {}, {}

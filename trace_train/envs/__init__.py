@@ -8,6 +8,6 @@
 The tool environments' modules import their tool back ends (``bm25s``, ``bfcl_eval``) when imported;
 this package imports only the protocol, the registry and the guess-the-number task.
 """
-from .base import EndReason, Environment, EpisodeLimits, Message, StepResult  # noqa: F401
+from .base import EndReason, Environment, EpisodeLimits, Message, StepResult, is_concurrency_safe  # noqa: F401
 from .guess_number import GuessNumberEnv, GuessState, make_rows  # noqa: F401
 from .registry import ENVIRONMENTS, EnvFactory, make_env_factory  # noqa: F401

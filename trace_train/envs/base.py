@@ -17,6 +17,13 @@ Rules every environment follows:
   be cheap: a small state value, a log of the calls to replay, or copy-on-write storage.
 * **Fresh instances.** The engine builds one instance per rollout with its ``make_env`` factory, and
   restores a continuation's instance from its prefix's snapshot instead of calling ``reset``.
+* **Concurrency is declared.** An environment class whose instances may be stepped from several threads
+  at once (each instance by one thread at a time, different instances concurrently) sets the class
+  attribute ``concurrency_safe = True``. The engine then runs ``step``, ``verify``, ``snapshot`` and
+  ``restore`` of different rollouts concurrently on a pool of worker threads; any other environment is
+  stepped serially, on one worker thread (see :func:`is_concurrency_safe`). Safe means: no mutable
+  state shared between instances (module globals, class attributes, one open connection) unless it is
+  locked.
 
 How a rollout ends (the engine records one :class:`EndReason` per leaf):
 
@@ -27,9 +34,12 @@ How a rollout ends (the engine records one :class:`EndReason` per leaf):
                     not passed to the environment
 ``CONTEXT``         the context reached ``max_context_tokens``: the next turn has no room, or the
                     turn was cut by the context before finishing (not passed to the environment)
+``ENV_ERROR``       a call of the environment (``step``, ``verify``, ``snapshot``, ``restore`` or
+                    ``make_env``) raised: a bug of the environment, not of the model; reward 0
+``ENV_TIMEOUT``     a call of the environment ran past the engine's per-call limit; reward 0
 ==================  ==============================================================================
 
-In every case the leaf's reward is ``verify()`` of the state reached, so a truncated episode scores
+Otherwise the leaf's reward is ``verify()`` of the state reached, so a truncated episode scores
 what it achieved (for most tasks 0).
 """
 
@@ -37,9 +47,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
-__all__ = ["Message", "StepResult", "Environment", "EpisodeLimits", "EndReason"]
+__all__ = ["Message", "StepResult", "Environment", "EpisodeLimits", "EndReason", "is_concurrency_safe"]
 
 Message = dict[str, str]
 """A chat message, ``{"role": ..., "content": ...}``, as chat templates expect."""
@@ -86,6 +96,8 @@ class EndReason(enum.Enum):
     MAX_TURNS = "max_turns"
     TURN_TOKENS = "turn_tokens"
     CONTEXT = "context"
+    ENV_ERROR = "env_error"
+    ENV_TIMEOUT = "env_timeout"
 
 
 @dataclass(frozen=True)
@@ -104,3 +116,20 @@ class EpisodeLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+
+
+def is_concurrency_safe(make_env: Callable[[], Any]) -> bool:
+    """Whether the environments ``make_env`` builds declare ``concurrency_safe = True``.
+
+    The attribute is looked up on the factory itself, then on what it wraps (``EnvFactory.make``,
+    ``functools.partial.func``), so that no environment has to be built to find out; a factory that
+    names no class answers False (stepped serially).
+    """
+    seen = 0
+    while make_env is not None and seen < 8:
+        declared = getattr(make_env, "concurrency_safe", None)
+        if isinstance(declared, bool):
+            return declared
+        make_env = getattr(make_env, "make", None) or getattr(make_env, "func", None)
+        seen += 1
+    return False

@@ -128,6 +128,9 @@ class BfclEnv:
         Tool-call steps a turn may take; one more ends the episode (BFCL's limit by default).
     """
 
+    concurrency_safe = True
+    """The API instances are per episode; the checker's are keyed by a fresh name per call."""
+
     def __init__(self, *, observation_role: str = "tool", max_steps_per_turn: int = MAX_STEPS_PER_TURN):
         steps = max_steps_per_turn
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

@@ -82,6 +82,9 @@ class GuessNumberEnv:
     ``system_prompt`` replaces the default rules (for example to add worked examples).
     """
 
+    concurrency_safe = True
+    """Every instance holds its own immutable state value and nothing else."""
+
     def __init__(self, *, system_prompt: str = SYSTEM_PROMPT):
         if not system_prompt:
             raise ValueError("`system_prompt` must not be empty")

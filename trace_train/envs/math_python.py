@@ -110,6 +110,9 @@ class MathPythonEnv:
         Replaces the default instructions; ``{max_tool_calls}`` in it is filled in.
     """
 
+    concurrency_safe = True
+    """Each sandboxed call is its own subprocess in its own work directory; math-verify's worker is locked."""
+
     def __init__(self, *, max_tool_calls: int = 8, limits: SandboxLimits = SandboxLimits(),
                  observation_role: str = "tool", answer_timeout: float = 5.0,
                  system_prompt: str | None = None):

@@ -477,5 +477,5 @@ def _task_methods(involved_classes: tuple[str, ...]) -> frozenset[str]:
 def _forget_checker_instances(model_name: str) -> None:
     """The checker keeps its instances in ``multi_turn_utils``' globals, keyed by model name: drop ours."""
     namespace = vars(multi_turn_utils)
-    for key in [key for key in namespace if key.startswith(model_name + "_")]:
+    for key in [key for key in list(namespace) if key.startswith(model_name + "_")]:  # other threads add keys
         del namespace[key]

@@ -1,0 +1,437 @@
+"""Growing rollouts: generation and environment calls scheduled so that neither waits for a whole turn.
+
+:func:`grow` generates ``k`` rollouts from each start node ``(node, kind, k)`` of a forest under
+construction (the engine's grow primitive). Each rollout is a *walker* that alternates two kinds of work:
+
+* **generation** of its next turn, through the back end's request stream (:mod:`.backends.base`): on
+  vLLM a request joins the running batch as soon as it is submitted (continuous batching); other back
+  ends generate whatever is queued as one batch per poll, after waiting up to ``BATCH_WINDOW_S`` for
+  the rest of a wave of environment answers. When environments have answered faster than one engine
+  step so far (a running mean), the loop waits up to one step for the turns it just handed out, so that
+  fast tools rejoin the batch together instead of one step apart;
+* **environment calls** for that turn (``make_env`` and ``restore`` before its first turn, then
+  ``step``, ``snapshot`` and, when the rollout ends, ``verify``), run on a pool of worker threads.
+
+::
+
+    main thread (one loop)                          env worker threads (RolloutConfig.env_workers)
+    ──────────────────────────────────────────      ────────────────────────────────────────────────
+    submit first turns (one request per start) ──┐
+    ┌─> poll the stream: finished turns ─────────┼─> [restore] step snapshot [verify]   walker 3
+    │   collect answered walkers  <──────────────┼── [restore] step snapshot [verify]   walker 7
+    │   submit their next turns at once ─────────┘    ...                               (concurrently)
+    └── until every walker has ended; then commit all turns to the forest in a fixed order
+
+With ``schedule="lockstep"`` (the engine's earlier behaviour, kept for comparison) every turn of all live
+walkers is one ``generate`` call, and the environments of that turn are stepped one after another in the
+main thread before the next call starts.
+
+**What is reproducible.** With a fixed seed a batch does not depend on the order in which generations or
+environment calls complete: the sample of walker ``i`` (walkers numbered in start order) at its ``t``-th
+turn of this call is drawn with seed ``s + t W + i`` (``W`` walkers, ``s`` the run's next seed), each
+rollout's turns are recorded in its own list, and the turns are committed to the forest only at the
+end, turn-major then walker order (the node ids the lockstep schedule gives). The two schedules
+therefore produce the same batch whenever the back end's sampled tokens do not depend on batch
+composition: exactly on vLLM up to floating-point batch effects, and on transformers up to those of
+left padding (rare flips of near-tied samples; log-probabilities agree to about 1e-6).
+
+**Failures end one rollout, never the batch.** An environment call that raises ends its rollout with
+end reason ``env_error``, one that runs past ``RolloutConfig.env_timeout_s`` with ``env_timeout``; both
+score 0 and are counted in the report's ``end_reasons``. A timed-out call cannot be interrupted (it is a
+thread): its worker stays busy until it returns and its environment is discarded, so environments must
+bound their own tool calls (the sandbox does). ``RolloutConfig.raise_env_errors`` turns both into
+exceptions, for debugging.
+
+**Sizing the pool.** An environment that declares ``concurrency_safe`` runs on ``env_workers`` threads,
+others on one. Calls that wait (a subprocess, a network round trip, a sleep) release the GIL, so up to
+one worker per rollout in flight is useful; calls that compute in Python hold it, and more workers than
+cores only add switching. A rule of thumb: ``env_workers`` ~ rollouts x (environment time per turn) /
+(environment + generation time per turn), at most the rollouts of a call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .backends.base import Completion, GenerationRequest, request_stream
+from .batch import NodePayload
+from .envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
+
+__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "grow"]
+
+SCHEDULES = ("concurrent", "lockstep")
+BATCH_WINDOW_S = 0.02
+"""With a back end that generates in batches, how long to wait after the first environment answer for
+the others of the same wave before generating (one larger batch instead of many small ones)."""
+
+
+class EnvFailure(RuntimeError):
+    """An environment call raised or ran out of time (raised only with ``raise_env_errors``)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Where the time goes
+# ---------------------------------------------------------------------------------------------------
+
+
+class Timeline:
+    """Intervals of generation (main thread) and of environment calls (worker threads) of one run."""
+
+    def __init__(self):
+        self.generation: list[tuple[float, float]] = []
+        self.env: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def add_env(self, start: float, end: float) -> None:
+        with self._lock:
+            self.env.append((start, end))
+
+    def report(self, wall: float) -> dict[str, float]:
+        """``generation_seconds``, ``env_seconds`` (time at least one environment call ran),
+        ``overlap_seconds`` (both at once), ``env_call_seconds`` (sum over calls) and
+        ``generator_idle_share`` = 1 - generation_seconds / wall."""
+        with self._lock:
+            env = list(self.env)
+        gen, busy = _union(self.generation), _union(env)
+        overlap = _measure(_intersect(gen, busy))
+        generation = _measure(gen)
+        return {
+            "generation_seconds": generation,
+            "env_seconds": _measure(busy),
+            "overlap_seconds": overlap,
+            "env_call_seconds": sum(b - a for a, b in env),
+            "generator_idle_share": max(0.0, 1.0 - generation / wall) if wall > 0 else 0.0,
+        }
+
+
+def _union(intervals):
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _intersect(xs, ys):
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        i, j = (i + 1, j) if xs[i][1] < ys[j][1] else (i, j + 1)
+    return out
+
+
+def _measure(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Walkers and their environment calls
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Turn:
+    """One recorded turn of a walker, committed to the forest at the end."""
+
+    completion: Completion
+    text: str
+    messages: tuple[Message, ...]
+    observation: str = ""
+    observation_ids: tuple[int, ...] = ()
+    snapshot: Any = None
+    end: EndReason | None = None
+    reward: float | None = None
+
+
+@dataclass
+class _Walker:
+    """A rollout in progress: its start node, its environment, its exact context and recorded turns."""
+
+    index: int
+    start: int
+    start_depth: int
+    context: list[int]
+    env: Environment | None = None
+    turns: list[_Turn] = field(default_factory=list)
+    env_seconds: float = 0.0
+    """Time its environment calls took (the rollout's own environment time)."""
+
+    @property
+    def depth(self) -> int:
+        return self.start_depth + len(self.turns)
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.turns) and self.turns[-1].end is not None
+
+
+class _Calls:
+    """The environment calls of one turn of one walker, timed call by call for the per-call limit."""
+
+    def __init__(self, walker: _Walker, timeline: Timeline):
+        self.walker, self.timeline = walker, timeline
+        self.since: float | None = None
+        """Start of the call running now (None between calls)."""
+        self.name = ""
+        self.seconds = 0.0
+        """Time the calls took so far."""
+
+    def __call__(self, name: str, fn: Callable, *args):
+        self.name, self.since = name, time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            end = time.perf_counter()
+            self.timeline.add_env(self.since, end)
+            self.seconds += end - self.since
+            self.walker.env_seconds += end - self.since
+            self.since = None
+
+
+def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool):
+    """Worker: (build and restore the environment,) step it on ``text`` unless the turn was cut (None),
+    snapshot it, and verify it when ``verify`` or the environment says the episode is done."""
+    w = calls.walker
+    if w.env is None:
+        env = calls("make_env", make_env)
+        calls("restore", env.restore, snapshot)
+        w.env = env
+    result: StepResult | None = None if text is None else calls("step", w.env.step, text)
+    state = calls("snapshot", w.env.snapshot)
+    done = verify or (result is not None and result.done)
+    return result, state, calls("verify", w.env.verify) if done else None
+
+
+def _env_verify(calls: _Calls):
+    return calls("verify", calls.walker.env.verify)
+
+
+class _Inline:
+    """An executor that runs each call at once in the calling thread (the lockstep schedule)."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
+            future.set_exception(error)
+        return future
+
+    def shutdown(self, **_):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------
+
+
+def grow(run, starts: list[tuple[int, str, int]]) -> None:
+    """Generate ``k`` rollouts from each ``(node, kind, k)`` of ``run`` (see the module docstring)."""
+    _Grower(run, starts).run()
+
+
+class _Grower:
+    def __init__(self, run, starts):
+        self.run_ = run
+        self.cfg, self.chat, self.engine = run.cfg, run.chat, run.engine
+        self.starts = starts
+        self.lockstep = self.cfg.schedule == "lockstep"
+        self.walkers: list[_Walker] = []
+        self.first: dict[int, list[_Walker]] = {}  # start index -> its walkers
+        for s, (node, kind, k) in enumerate(starts):
+            context = run._context(node)
+            depth = len(run._path(node)) - 1
+            group = [_Walker(len(self.walkers) + j, node, depth, context) for j in range(k)]
+            self.first[s] = group
+            self.walkers += group
+            run.counts[kind] += k
+        self.seed = run.next_seed
+        run.next_seed += len(self.walkers) * self.cfg.limits.max_turns
+        self.timeline: Timeline = run.timeline
+        self.env_turn_seconds: float | None = None
+        """Running mean of the environment's time per turn (all calls of one turn)."""
+
+    # ---- seeds and requests -----------------------------------------------------------------------
+
+    def _request(self, w: _Walker, n: int = 1) -> GenerationRequest:
+        """Walker ``w``'s next turn, seed ``s + t W + i`` (``n`` samples: ``n`` consecutive walkers)."""
+        room = self.cfg.limits.max_context_tokens - len(w.context)
+        seed = self.seed + len(w.turns) * len(self.walkers) + w.index
+        return GenerationRequest(tuple(w.context), n=n, seed=seed,
+                                 max_new_tokens=min(self.cfg.limits.max_turn_tokens, room))
+
+    # ---- main loop --------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        if not self.walkers:
+            return
+        stream = request_stream(self.engine.backend, batched=self.lockstep)
+        self.pool = pool = self._pool()
+        self.running: dict[Future, tuple[_Calls, Callable]] = {}
+        sampling = self.engine.sampling
+        try:
+            for s, group in self.first.items():
+                stream.submit(("start", s), self._request(group[0], len(group)), sampling)
+            while stream.pending or self.running:
+                if stream.pending:
+                    start = time.perf_counter()
+                    finished = stream.poll()
+                    end = time.perf_counter()
+                    self.timeline.generation.append((start, end))
+                    launched = [f for key, done in finished for f in self._generated(pool, key, done)]
+                    if stream.continuous and launched and self._env_faster_than(end - start):
+                        wait(launched, timeout=end - start)  # let fast answers join the very next step
+                ready = self._collect(continuous=stream.continuous, generating=stream.pending)
+                for w in sorted(ready, key=lambda w: w.index):
+                    stream.submit(w.index, self._request(w), sampling)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            stream.close()  # nothing left in the engine if the loop raised
+        self._commit()
+
+    def _pool(self):
+        if self.lockstep:
+            return _Inline()
+        workers = self.cfg.env_workers if is_concurrency_safe(self.engine.make_env) else 1
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-env")
+
+    def _env_faster_than(self, seconds: float) -> bool:
+        """Whether environment turns have taken less than ``seconds`` (running mean; True before any)."""
+        return self.env_turn_seconds is None or self.env_turn_seconds < seconds
+
+    def _generated(self, pool, key, completions: list[Completion]) -> list[Future]:
+        """Record the turns just generated and hand each to its environment; returns the calls' futures."""
+        if isinstance(key, tuple):  # a start's first turn: k samples for its k walkers
+            walkers = self.first[key[1]]
+            node, kind, k = self.starts[key[1]]
+            if kind == "continuation":
+                self.run_.prefix_tokens += k * len(walkers[0].context)
+                self.run_.prefix_cached += sum(c.cached_prompt_tokens for c in completions)
+        else:
+            walkers = [self.walkers[key]]
+        limits, launched = self.cfg.limits, []
+        for w, c in zip(walkers, completions):
+            text = self.chat.action_text(tuple(c.token_ids))
+            turn = _Turn(c, text, ({"role": "assistant", "content": text},))
+            w.turns.append(turn)
+            cut = c.finish_reason == "length"  # the action never reaches the environment
+            if cut:
+                room = limits.max_context_tokens - len(w.context)
+                turn.end = EndReason.CONTEXT if room <= limits.max_turn_tokens else EndReason.TURN_TOKENS
+            calls = _Calls(w, self.timeline)
+            future = pool.submit(_env_turn, calls, self.engine.make_env, self.run_.nodes[w.start].snapshot,
+                                 None if cut else text, cut or w.depth >= limits.max_turns)
+            self.running[future] = (calls, _env_turn)
+            launched.append(future)
+        return launched
+
+    def _collect(self, *, continuous: bool, generating: bool) -> list[_Walker]:
+        """Walkers whose environment answered: wait for the first answer unless generation is under way."""
+        if not self.running:
+            return []
+        if not generating:
+            wait(self.running, timeout=self._next_deadline(), return_when=FIRST_COMPLETED)
+            if not continuous:  # gather the rest of this wave into one batch
+                wait(self.running, timeout=BATCH_WINDOW_S)
+        ready = []
+        for future in [f for f in self.running if f.done()]:
+            calls, kind = self.running.pop(future)
+            mean = self.env_turn_seconds
+            self.env_turn_seconds = calls.seconds if mean is None else 0.9 * mean + 0.1 * calls.seconds
+            if self._answered(calls.walker, kind, future):
+                ready.append(calls.walker)
+        self._expire()
+        return ready
+
+    def _next_deadline(self) -> float | None:
+        limit = self.cfg.env_timeout_s
+        if limit is None:
+            return None
+        now = time.perf_counter()
+        running = [c.since for c, _ in self.running.values() if c.since is not None]
+        return max(0.0, min((s + limit - now for s in running), default=limit))
+
+    def _expire(self) -> None:
+        """End the rollouts whose current environment call has run past the limit."""
+        limit = self.cfg.env_timeout_s
+        if limit is None:
+            return
+        now = time.perf_counter()
+        for future, (calls, _) in list(self.running.items()):
+            since = calls.since
+            if since is not None and now - since > limit:
+                del self.running[future]
+                self._fail(calls.walker, EndReason.ENV_TIMEOUT,
+                           f"{calls.name}() ran past env_timeout_s={limit} s")
+
+    def _answered(self, w: _Walker, kind: Callable, future: Future) -> bool:
+        """Apply a finished environment call; True when the walker goes on to its next turn."""
+        error = future.exception()
+        if error is not None:
+            self._fail(w, EndReason.ENV_ERROR, f"{type(error).__name__}: {error}", error)
+            return False
+        turn = w.turns[-1]
+        if kind is _env_verify:
+            turn.reward = float(future.result())
+            return False
+        result, turn.snapshot, reward = future.result()
+        if result is not None:
+            message = {"role": result.role, "content": result.observation}
+            turn.observation, turn.messages = result.observation, turn.messages + (message,)
+            if result.done:
+                turn.end = EndReason.DONE
+            elif w.depth >= self.cfg.limits.max_turns:
+                turn.end = EndReason.MAX_TURNS
+        if turn.end is not None:
+            turn.reward = float(reward)
+            return False
+        action_ids = tuple(turn.completion.token_ids)
+        obs_ids = tuple(self.chat.observation_ids(action_ids, turn.messages[-1]))
+        if len(w.context) + len(action_ids) + len(obs_ids) >= self.cfg.limits.max_context_tokens:
+            turn.end = EndReason.CONTEXT
+            calls = _Calls(w, self.timeline)
+            self.running[self.pool.submit(_env_verify, calls)] = (calls, _env_verify)
+            return False
+        turn.observation_ids = obs_ids
+        w.context = w.context + list(action_ids) + list(obs_ids)
+        return True
+
+    def _fail(self, w: _Walker, reason: EndReason, message: str, error: BaseException | None = None) -> None:
+        if self.cfg.raise_env_errors:
+            raise EnvFailure(f"environment of rollout {w.index} (from node {w.start}): {message}") from error
+        turn = w.turns[-1]
+        turn.end, turn.reward, turn.snapshot, turn.observation_ids = reason, 0.0, None, ()
+        turn.messages = turn.messages[:1]
+        turn.observation = f"[{reason.value}: {message}]"
+        w.env = None
+
+    # ---- result -----------------------------------------------------------------------------------
+
+    def _commit(self) -> None:
+        """Add every recorded turn to the forest: turn-major, then walker order (the lockstep node ids)."""
+        run = self.run_
+        nodes = {w.index: w.start for w in self.walkers}
+        for t in range(max(len(w.turns) for w in self.walkers)):
+            for w in self.walkers:
+                if t >= len(w.turns):
+                    continue
+                turn, c = w.turns[t], w.turns[t].completion
+                parent = nodes[w.index]
+                node = run.builder.add_turn(parent, cost=len(c.token_ids))
+                run._append(node, parent, NodePayload(
+                    tuple(c.token_ids), tuple(c.logprobs), turn.text, turn.observation_ids, turn.observation,
+                    turn.messages, turn.snapshot, c.finish_reason, turn.end))
+                nodes[w.index] = node
+                if turn.end is not None:
+                    run.builder.finish(node, turn.reward)
+                    run.end_reasons[turn.end.value] = run.end_reasons.get(turn.end.value, 0) + 1
+        run.rollout_env_seconds += [w.env_seconds for w in self.walkers]
