@@ -6,7 +6,7 @@ one's own named by ``task.name=module:Class``, and a third-party package's entry
 
 import json
 import os
-import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -49,10 +49,10 @@ class MyEnv:
 
 def _trace_train(*args, cwd, pythonpath=()):
     """The installed command (its console script), with this checkout first on the path."""
-    command = shutil.which("trace-train")
-    assert command, "trace-train is not installed (pip install -e .)"
+    command = Path(sys.executable).with_name("trace-train")  # the venv's script, whether or not it is on PATH
+    assert command.is_file(), f"trace-train is not installed next to {sys.executable} (pip install -e .)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), str(REPO)]), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run([str(command), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 def _check_trained(run_dir: Path):
