@@ -25,7 +25,7 @@ from trace_theory import RolloutBudget
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
-from .common import PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
+from .common import YIELD_METRICS, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
 
 NAME = "ablation"
 CLAIM = (
@@ -33,13 +33,7 @@ CLAIM = (
     "most together; at equal pool, more roots beat more continuations per root ((1024, 2) beats (512, 6))."
 )
 ABLATION_ARMS = ("uniform_tree", "active_root_uniform_prefix", "prefix_only", "trace")
-METRICS = (
-    "effective_ratio",
-    "mixed_prompts",
-    "mixed_anchor_ratio",
-    "contrast_pairs_per_rollout",
-    "mixed_prompts_per_1k_turns",
-)
+METRICS = (*YIELD_METRICS, "effective_ratio", "mixed_prompts", "mixed_anchor_ratio")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from trace_theory import RolloutBudget, get_policy
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
-from .common import BatchShape, PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, calibrated, check_arms, online_batches
+from .common import YIELD_METRICS, BatchShape, PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, calibrated, check_arms, online_batches
 
 NAME = "effective_ratio"
 CLAIM = (
@@ -48,10 +48,9 @@ ARMS = (
 )
 
 HEADLINE_METRICS = (
+    *YIELD_METRICS,
     "effective_ratio",
     "mixed_prompts",
-    "mixed_prompts_per_1k_turns",
-    "contrast_pairs_per_rollout",
     "turns",
     "predictor_brier",
 )

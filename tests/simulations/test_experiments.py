@@ -91,7 +91,10 @@ def test_batch_metrics_are_the_trace_theory_metrics():
     metrics = batch_metrics(batch)
     forest = batch.sampled.forest
     assert metrics["effective_ratio"] == theory_effective_ratio(forest)
-    assert metrics["contrast_pairs_per_rollout"] == contrast_pairs(forest) / 192
+    assert metrics["contrast_pairs_per_1k_rollouts"] == 1000 * contrast_pairs(forest) / 192
+    assert metrics["mixed_prompts_per_1k_turns"] == pytest.approx(
+        1000 * theory_effective_ratio(forest) * forest.n_prompts / forest.cost.sum()
+    )
     assert metrics["rollouts"] == 192 and metrics["turns"] == forest.cost.sum()
     roots, prefixes = batch.depth == 0, batch.depth > 0
     assert roots.sum() == 48 and prefixes.sum() == forest.prefix_anchors().size
