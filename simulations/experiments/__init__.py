@@ -11,4 +11,6 @@ from . import ablation  # noqa: F401  (4)
 from . import learning_curves  # noqa: F401  (5)
 from . import predictor_quality  # noqa: F401  (6)
 from . import target_bias  # noqa: F401  (7)
+from . import sensitivity  # noqa: F401  (8)
+from . import regime_map  # noqa: F401  (9)
 from .base import EXPERIMENTS, Experiment, get_experiment  # noqa: F401
