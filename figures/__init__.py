@@ -19,8 +19,11 @@ FIGURES = (
     "ablation",
     "budget_shape",
     "learning_curves",
+    "learning_rates",
     "predictor_quality",
     "target_bias",
+    "sensitivity",
+    "regime_map",
 )
 """Every figure, in the order of the report."""
 

@@ -182,6 +182,13 @@ def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
     ratio = {arm: h["effective_ratio"] for arm, h in headline.items()}
     se = {arm: h["effective_ratio_stderr"] for arm, h in headline.items()}
     parts, held = [], True
+    yields = {arm: h["mixed_prompts_per_1k_rollouts"] for arm, h in headline.items()}
+    if {"trace", "grpo"} <= yields.keys():
+        listed = ", ".join(f"{a} {yields[a]:.0f}" for a in ("trace", "grpo", "root_only", "pcl") if a in yields)
+        parts.append(
+            f"mixed prompts per 1,000 rollouts (not inflatable by filtering): {listed}; "
+            f"highest: {max(yields, key=yields.get)} {max(yields.values()):.0f}"
+        )
     if "grpo" in ratio:
         calibrated_ok = abs(ratio["grpo"] - config.target_ratio) <= 3 * se["grpo"] + 1e-9
         parts.append(

@@ -262,33 +262,55 @@ def run(config: Config, units: Units) -> Outcome:
     headline, details = _headline(default, config)
 
     e = config.default_estimator
-    tune_keys = [
-        (a, e, n, lr, s)
-        for n in config.normalisations
-        for a in config.swept_arms
-        for lr in config.lrs
-        for s in config.tuning_seed_range
-    ]
+    tune_keys = list(
+        dict.fromkeys(
+            (a, e, _run_as(a, n), lr, s)
+            for n in config.normalisations
+            for a in config.swept_arms
+            for lr in config.lrs
+            for s in config.tuning_seed_range
+        )
+    )
     tuned = units.map(unit, tune_keys, desc=NAME + "-tuning")
-    scores = final_scores(tuned, details["equal_turns"])
+    scores = final_scores(_as_every_normalisation(tuned, config), details["equal_turns"])
     rates = {n: tuning.best_rates(scores[scores["normalisation"] == n], config.tuning_seed_range)
              for n in config.normalisations}
     done = set(shared)
     report_keys = list(
         dict.fromkeys(
-            (a, e, n, lr, s)
+            (a, e, _run_as(a, n), lr, s)
             for n in config.normalisations
             for a in config.swept_arms
             for lr in sorted({config.lr, *(rates[n][v][Arm.parse(a).label] for v in VIEWS)})
             for s in range(config.seeds)
-            if (a, e, n, lr, s) not in done
+            if (a, e, _run_as(a, n), lr, s) not in done
         )
     )
     reported = units.map(unit, report_keys, desc=NAME + "-report")
-    table = pd.concat([table, tuned, reported], ignore_index=True)
+    table = _as_every_normalisation(pd.concat([table, tuned, reported], ignore_index=True), config)
     details["tuned"] = _tuned(table, config, rates, details["equal_turns"])
     result, held = _verdict(headline, details)
     return Outcome(table, headline, result, held, details)
+
+
+def _run_as(arm: str, normalisation: str) -> str:
+    """The normalisation a run is made with: on a flat forest every episode has H turns, so dividing by
+    turns / H is dividing by leaves, and a flat arm's ``tokens`` run is its ``leaves`` run."""
+    if normalisation == "tokens" and not get_policy(Arm.parse(arm).policy).branches:
+        return "leaves"
+    return normalisation
+
+
+def _as_every_normalisation(table: pd.DataFrame, config: Config) -> pd.DataFrame:
+    """``table`` plus, for flat arms, a copy of their ``leaves`` rows labelled ``tokens`` (see ``_run_as``)."""
+    if "tokens" not in config.normalisations:
+        return table
+    flat = [Arm.parse(a).label for a in config.swept_arms if _run_as(a, "tokens") == "leaves"]
+    rows = table[table["arm"].isin(flat) & (table["normalisation"] == "leaves")]
+    have = table[table["normalisation"] == "tokens"]
+    copy = rows.assign(normalisation="tokens")
+    copy = copy[~copy.set_index(["arm", "lr", "seed"]).index.isin(have.set_index(["arm", "lr", "seed"]).index)]
+    return pd.concat([table, copy], ignore_index=True)
 
 
 def final_scores(table: pd.DataFrame, equal_turns: float, keys=("normalisation",)) -> pd.DataFrame:

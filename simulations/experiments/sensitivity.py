@@ -233,7 +233,15 @@ def _verdict(headline: dict, details: dict, config: Config) -> tuple[str, bool]:
         f"(GRPO {g['mixed_prompts_per_1k_rollouts']:.0f}) and reaches an effective ratio of {lo:.1%}-{hi:.1%} "
         f"(GRPO {g['effective_ratio']:.1%}). The paper's 60.6% is crossed at {where}"
     )
-    text += "; TRACE ahead of GRPO everywhere." if held else f"; TRACE not ahead at: {'; '.join(losses)}."
+    text += "; TRACE ahead of GRPO everywhere" if held else f"; TRACE not ahead of GRPO at: {'; '.join(losses)}"
+    default = f"noise={config.default_noise:g},pool={config.default_pool_factor:g},s={details['default']['informativeness']:g}"
+    others = [a for a in ("root_only", "pcl") if default in headline.get(a, {})]
+    if others:
+        text += ". At the default world, mixed prompts per 1,000 rollouts: TRACE " + (
+            f"{trace[default]['mixed_prompts_per_1k_rollouts']:.0f}, "
+            + ", ".join(f"{a.replace('_', '-')} {headline[a][default]['mixed_prompts_per_1k_rollouts']:.0f}" for a in others)
+        )
+    text += "."
     return text, bool(held)
 
 
