@@ -3,7 +3,7 @@ paired seeds, with confidence intervals: is TRACE's lead significant?
 
     python -m trace_train.bench_policies                         # the full benchmark (see the README for time)
     python -m trace_train.bench_policies --policies trace grpo --lrs 1e-3 2e-3 --tuning-seeds 100 \\
-        --seeds 0 1 --steps 8 --out runs/bench_small             # a reduced run
+        --seeds 0 1 --steps 4 --eval-every 2 --token-budget 300 --out runs/bench_small  # a reduced run
     python -m trace_train.bench_policies --task uniform          # games of about equal difficulty
 
 Every run is the ``cpu_demo`` preset (tiny Qwen3, transformers back end) with the same generated-token
@@ -59,24 +59,25 @@ def run_dir(out: Path, task: str, policy: str, lr: float, seed: int) -> Path:
 
 
 def run_one(
-    out: Path, policy: str, seed: int, steps: int, token_budget: int, task: str = "mixed", lr: float = 1e-3
+    out: Path, policy: str, seed: int, steps: int, token_budget: int, task: str = "mixed", lr: float = 1e-3,
+    eval_every: int = 5,
 ) -> dict:
     """Train one (policy, learning rate, seed) unless its ``result.json`` says it finished; return the result."""
     folder = run_dir(out, task, policy, lr, seed)
     done = folder / "result.json"
     if done.exists():
         result = json.loads(done.read_text())
-        if result.get("steps") == steps:
+        if result.get("steps") == steps and result.get("eval_every", 5) == eval_every:
             return result
     cfg = load_config(TrainConfig, "cpu_demo", [
         f"run_dir={folder}", f"seed={seed}", f"steps={steps}", f"rollout.policy={policy}",
         f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={min(steps, 10)}",
-        f"task.rows={TASKS[task]}", f"optim.lr={lr}",
+        f"task.rows={TASKS[task]}", f"optim.lr={lr}", f"eval.every={eval_every}",
     ])
     start = time.perf_counter()
     train(cfg)
     result = run_result(read_metrics(folder / "metrics.jsonl"))
-    result.update(policy=policy, lr=lr, seed=seed, steps=steps, task=task,
+    result.update(policy=policy, lr=lr, seed=seed, steps=steps, task=task, eval_every=eval_every,
                   minutes=round((time.perf_counter() - start) / 60, 2), load_average=round(os.getloadavg()[0], 1))
     partial = done.with_suffix(".partial")
     partial.write_text(json.dumps(result, indent=2) + "\n")
@@ -169,10 +170,11 @@ def table(policies: dict[str, dict]) -> str:
 def benchmark(args) -> dict:
     """Sweep on the tuning seeds, then report at the best and at the shared rate; the summary as a dict."""
     start = time.perf_counter()
-    one = dict(steps=args.steps, token_budget=args.token_budget, task=args.task)
+    one = dict(steps=args.steps, token_budget=args.token_budget, task=args.task, eval_every=args.eval_every)
     tuning = [run_one(args.out, p, s, lr=lr, **one) for p in args.policies for lr in args.lrs for s in args.tuning_seeds]
     rates = best_rates(tuning) if len(args.lrs) > 1 else {p: args.lrs[0] for p in args.policies}
-    summary = {"task": args.task, "steps": args.steps, "token_budget": args.token_budget, "lrs": list(args.lrs),
+    summary = {"task": args.task, "steps": args.steps, "token_budget": args.token_budget,
+               "eval_every": args.eval_every, "lrs": list(args.lrs),
                "tuning_seeds": list(args.tuning_seeds), "seeds": list(args.seeds), "best_lr": rates}
     for name, lr_of in (("best", rates), ("shared", {p: args.shared_lr for p in args.policies})):
         if name == "shared" and args.shared_lr is None:
@@ -194,6 +196,7 @@ def cli(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(8)), help="report seeds (paired)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step")
+    parser.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations")
     parser.add_argument("--task", choices=sorted(TASKS), default="mixed", help="difficulty mix of the games")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_policies"))
     args = parser.parse_args(argv)
