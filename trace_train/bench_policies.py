@@ -171,8 +171,11 @@ def benchmark(args) -> dict:
     """Sweep on the tuning seeds, then report at the best and at the shared rate; the summary as a dict."""
     start = time.perf_counter()
     one = dict(steps=args.steps, token_budget=args.token_budget, task=args.task, eval_every=args.eval_every)
-    tuning = [run_one(args.out, p, s, lr=lr, **one) for p in args.policies for lr in args.lrs for s in args.tuning_seeds]
-    rates = best_rates(tuning) if len(args.lrs) > 1 else {p: args.lrs[0] for p in args.policies}
+    if len(args.lrs) > 1:  # one rate needs no sweep
+        tuning = [run_one(args.out, p, s, lr=lr, **one) for p in args.policies for lr in args.lrs for s in args.tuning_seeds]
+        rates = best_rates(tuning)
+    else:
+        rates = {p: args.lrs[0] for p in args.policies}
     summary = {"task": args.task, "steps": args.steps, "token_budget": args.token_budget,
                "eval_every": args.eval_every, "lrs": list(args.lrs),
                "tuning_seeds": list(args.tuning_seeds), "seeds": list(args.seeds), "best_lr": rates}
