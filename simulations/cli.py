@@ -4,6 +4,7 @@
     trace-sim run effective_ratio            # full size, into results/effective_ratio/
     trace-sim run all --quick --out /tmp/r   # every experiment at a few seconds each
     trace-sim run NAME --seed 3              # another seed (a separate --out keeps runs apart)
+    trace-sim run all --workers 1            # one process (default: one per CPU; same results)
 
 A finished experiment is skipped on a rerun; an interrupted one continues from its finished units.
 """
@@ -11,6 +12,7 @@ A finished experiment is skipped on a rerun; an interrupted one continues from i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="a few seconds per experiment (smoke-test sizes)")
     run.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     run.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
+    run.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1,
+        help="processes for an experiment's units (default: every CPU; results do not depend on it)",
+    )
     return parser
 
 
@@ -51,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seed < 0:
             raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+        if args.workers < 1:
+            raise ValueError(f"--workers must be a positive integer, got {args.workers}")
         for name in _names(args.names):
             start = time.perf_counter()
-            folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed)
+            folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed, workers=args.workers)
             status = f"done in {time.perf_counter() - start:.1f} s" if ran else "already finished, skipped"
             print(f"{name}: {status} -> {folder}")
     except (ValueError, OSError) as error:

@@ -57,7 +57,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_experiment(
-    name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True
+    name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True, workers: int = 1
 ) -> tuple[Path, bool]:
     """Run experiment ``name`` into ``out / name`` unless it is finished there.
 
@@ -85,7 +85,7 @@ def run_experiment(
     _write_json(config_path, resolved)
 
     start = time.perf_counter()
-    outcome = experiment.run(config, Units(folder / "units", progress=progress))
+    outcome = experiment.run(config, Units(folder / "units", progress=progress, workers=workers))
     runtime = time.perf_counter() - start
 
     partial = folder / "results.partial"

@@ -236,3 +236,19 @@ def test_a_continuation_that_pays_its_whole_prefix_again_costs_a_fresh_rollout()
 def test_sensitivity_locates_the_paper_between_noise_levels():
     assert sensitivity._crossing([0.5, 1.0, 2.0], [0.9, 0.7, 0.5], 0.606) == pytest.approx(1.47)
     assert sensitivity._crossing([0.5, 1.0], [0.9, 0.8], 0.606) is None
+
+
+def test_units_in_forked_workers_give_the_same_table_and_are_not_rerun(tmp_path):
+    offset = 0.5  # a closure: forked workers need not pickle it
+
+    def unit(key):
+        return pd.DataFrame({"key": [key], "value": [unit_rng(0, "w", key).random() + offset]})
+
+    one = Units(tmp_path / "one", progress=False).map(unit, range(6), desc="u")
+    two = Units(tmp_path / "two", progress=False, workers=2).map(unit, range(6), desc="u")
+    pd.testing.assert_frame_equal(one, two)
+    assert len(list((tmp_path / "two").glob("u-*.csv"))) == 6 and not list((tmp_path / "two").glob("*.partial"))
+    offset = 9.0  # a rerun reads the saved units back instead of calling the function again
+    pd.testing.assert_frame_equal(Units(tmp_path / "two", progress=False, workers=2).map(unit, range(6), desc="u"), two)
+    with pytest.raises(ValueError, match="`workers` must be a positive integer, got 0"):
+        Units(workers=0)
