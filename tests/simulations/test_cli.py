@@ -43,6 +43,8 @@ def test_list_names_every_experiment_with_its_claim(capsys):
         "learning_curves",
         "predictor_quality",
         "target_bias",
+        "sensitivity",
+        "regime_map",
     ]
 
 
