@@ -43,6 +43,7 @@ def draw(results: Results):
         ax.axvline(config["lr"], color="grey", linewidth=0.8, linestyle=":")
         log_axis(ax, "x", base=2, ticks=tuned["lrs"])
         ax.set_xlabel("learning rate")
+        ax.tick_params(axis="x", labelsize=6, rotation=45)
         panel_label(ax, f"{'abc'[norms.index(n)]}  / {NAMES.get(n, n)}")
         if n != norms[0]:
             ax.sharey(axes[norms[0]])
@@ -73,7 +74,8 @@ def draw(results: Results):
     ax.set_yticks(y0, [arm_style(a).label for a in others], fontsize=7)
     ax.yaxis.tick_right()
     ax.grid(axis="y", visible=False)
-    ax.set_xlabel("TRACE minus policy (J)")
+    ax.set_xlabel("TRACE minus policy, J")
+    ax.xaxis.set_label_coords(0.5, -0.13)
     panel_label(ax, f"{'abcd'[len(norms)] if len(norms) < 4 else 'e'}  gaps")
     handles, labels = axes[norms[0]].get_legend_handles_labels()
     h2, l2 = ax.get_legend_handles_labels()
