@@ -14,7 +14,10 @@ from .style import PAPER, ci95, new_figure, panel_label, percent, shades
 
 EXPERIMENT = "ablation"
 METRICS = ("mixed_prompts_per_1k_rollouts", "effective_ratio")
-LABELS = {"effective_ratio": "effective ratio", "mixed_prompts_per_1k_rollouts": "mixed prompts / 1,000 rollouts"}
+LABELS = {
+    "effective_ratio": "effective ratio",
+    "mixed_prompts_per_1k_rollouts": "mixed prompts / 1,000 rollouts",
+}
 MODES = {
     "prompt_set": "fixed prompt batch (paper)",
     "scaled": "pool grows with M",
@@ -44,9 +47,22 @@ def draw(results: Results):
                     (summary["pool_mode"] == mode) & (summary["roots"] == m) & (summary["metric"] == metric)
                 ].sort_values("continuations")
                 half = ci95(rows["stderr"], rows["n"])
-                ax.plot(rows["continuations"], rows["value"], marker="o", markersize=4, color=colours[m], label=f"M = {m}")
-                ax.fill_between(rows["continuations"], rows["value"] - half, rows["value"] + half,
-                                color=colours[m], alpha=0.25, linewidth=0)
+                ax.plot(
+                    rows["continuations"],
+                    rows["value"],
+                    marker="o",
+                    markersize=4,
+                    color=colours[m],
+                    label=f"M = {m}",
+                )
+                ax.fill_between(
+                    rows["continuations"],
+                    rows["value"] - half,
+                    rows["value"] + half,
+                    color=colours[m],
+                    alpha=0.25,
+                    linewidth=0,
+                )
             ax.set_ylabel(LABELS[metric], fontsize=7.5)
             if metric == "effective_ratio":
                 for (m, n), value in paper.SHAPE_RATIO.items():
@@ -55,7 +71,11 @@ def draw(results: Results):
                 ax.set_ylim(0, 1)
                 percent(ax)
             pool_text = "/".join(str(v) for v in pools.get(mode, {}).values())
-            panel_label(ax, f"{'abcdefgh'[2 * row + col]}  {MODES[mode]}" + (f", pool {pool_text}" if pool_text and col else ""))
+            panel_label(
+                ax,
+                f"{'abcdefgh'[2 * row + col]}  {MODES[mode]}"
+                + (f", pool {pool_text}" if pool_text and col else ""),
+            )
             if row == len(modes) - 1:
                 ax.set_xlabel("N: continuations per root rollout")
                 ax.set_xticks(sorted(summary["continuations"].unique()))
@@ -80,7 +100,11 @@ def draw(results: Results):
         f"denominator). Mean over {config['seeds']} seeds of batches {config['warmup'] + 1}-{config['batches']}; "
         "bands: 95% confidence intervals. Left: mixed prompts per 1,000 rollouts; right: effective ratio, open "
         "diamonds the paper's (512, 2) 42.4%, (512, 6) 47.8%, (1024, 2) 52.3% (multi-hop QA, Qwen3-8B). "
-        + (f"Measured at the paper's shapes with a fixed prompt batch: {ours}." if ours else "The paper's shapes are not in this grid.")
+        + (
+            f"Measured at the paper's shapes with a fixed prompt batch: {ours}."
+            if ours
+            else "The paper's shapes are not in this grid."
+        )
     )
     return figure, caption
 

@@ -23,8 +23,12 @@ def draw(results: Results):
     table = results.table(EXPERIMENT, metrics=("success",), columns=("step", "lr", "normalisation", "stage"))
     tuned = results.summary(EXPERIMENT)["details"].get("tuned")
     if not tuned:
-        raise ResultsError(results.path(EXPERIMENT, "summary.json"), "no `tuned` details (run without a sweep)")
-    config = results.config(EXPERIMENT, "steps", "swept_arms", "normalisations", "lr", "seeds", "tuning_seeds")
+        raise ResultsError(
+            results.path(EXPERIMENT, "summary.json"), "no `tuned` details (run without a sweep)"
+        )
+    config = results.config(
+        EXPERIMENT, "steps", "swept_arms", "normalisations", "lr", "seeds", "tuning_seeds"
+    )
     steps = config["steps"]
     final = table[(table["stage"] == "tuning") & (table["step"] == steps) & (table["metric"] == "success")]
     norms = list(config["normalisations"])
@@ -38,8 +42,15 @@ def draw(results: Results):
         for arm in arms:
             rows = summary[summary["arm"] == arm].sort_values("lr")
             style = arm_style(arm)
-            ax.plot(rows["lr"], rows["value"], marker="o", markersize=3, color=style.colour,
-                    linestyle=style.linestyle, label=style.label)
+            ax.plot(
+                rows["lr"],
+                rows["value"],
+                marker="o",
+                markersize=3,
+                color=style.colour,
+                linestyle=style.linestyle,
+                label=style.label,
+            )
         ax.axvline(config["lr"], color="grey", linewidth=0.8, linestyle=":")
         log_axis(ax, "x", base=2, ticks=tuned["lrs"])
         ax.set_xlabel("learning rate")
@@ -63,9 +74,14 @@ def draw(results: Results):
                     continue
                 colour = arm_style(arm).colour
                 ax.errorbar(
-                    gap["mean"], y0[i] + offsets[k] + (0.0 if filled else -0.06),
-                    xerr=ci95(gap["stderr"], config["seeds"]), marker=markers[k % len(markers)],
-                    color=colour, markerfacecolor=colour if filled else "white", linestyle="none", markersize=4,
+                    gap["mean"],
+                    y0[i] + offsets[k] + (0.0 if filled else -0.06),
+                    xerr=ci95(gap["stderr"], config["seeds"]),
+                    marker=markers[k % len(markers)],
+                    color=colour,
+                    markerfacecolor=colour if filled else "white",
+                    linestyle="none",
+                    markersize=4,
                 )
         ax.plot([], [], markers[k % len(markers)], color="grey", label=f"step / {NAMES.get(n, n)}")
     ax.plot([], [], "o", color="grey", label="own best rates (filled)")

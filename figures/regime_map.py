@@ -17,7 +17,11 @@ from .style import arm_style, ci95, new_figure, panel_label
 
 EXPERIMENT = "regime_map"
 COMPARED = ("root_only", "pcl", "grpo")
-TITLES = {"informativeness": "action scale", "horizon": "turns per episode", "spread": "GRPO's effective ratio"}
+TITLES = {
+    "informativeness": "action scale",
+    "horizon": "turns per episode",
+    "spread": "GRPO's effective ratio",
+}
 
 
 def _gap(entry: dict, view: str, arm: str):
@@ -43,12 +47,21 @@ def draw(results: Results):
         x = np.arange(len(values))
         for k, arm in enumerate(COMPARED):
             style = arm_style(arm)
-            for view, filled, shift in (("equal_rollouts", True, -spread / 2), ("equal_tokens_kappa=0", False, spread / 2)):
+            for view, filled, shift in (
+                ("equal_rollouts", True, -spread / 2),
+                ("equal_tokens_kappa=0", False, spread / 2),
+            ):
                 pts = [_gap(head[_world(axis, v, d)], view, arm) for v in values]
                 mean, se = map(np.array, zip(*pts))
                 ax.errorbar(
-                    x + (k - 1) * 2 * spread + shift, mean, yerr=ci95(se, n), marker=style.marker, color=style.colour,
-                    markerfacecolor=style.colour if filled else "white", linestyle="none", markersize=4,
+                    x + (k - 1) * 2 * spread + shift,
+                    mean,
+                    yerr=ci95(se, n),
+                    marker=style.marker,
+                    color=style.colour,
+                    markerfacecolor=style.colour if filled else "white",
+                    linestyle="none",
+                    markersize=4,
                     label=f"TRACE minus {style.label}" if filled else None,
                 )
         ax.axhline(0, color="black", linewidth=0.8)
@@ -61,18 +74,32 @@ def draw(results: Results):
         style = arm_style(arm)
         pts = [_gap(head["default"], f"equal_tokens_kappa={kappa:g}", arm) for kappa in kappas]
         mean, se = map(np.array, zip(*pts))
-        ax.errorbar(np.array(kappas) + (k - 1) * 0.03, mean, yerr=ci95(se, n), marker=style.marker,
-                    color=style.colour, markerfacecolor="white", linestyle="-", markersize=4)
+        ax.errorbar(
+            np.array(kappas) + (k - 1) * 0.03,
+            mean,
+            yerr=ci95(se, n),
+            marker=style.marker,
+            color=style.colour,
+            markerfacecolor="white",
+            linestyle="-",
+            markersize=4,
+        )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("kappa (prefix re-paid)", fontsize=7.5)
-    for a, title in zip(axes, ("a  informativeness", "b  horizon", "c  difficulty spread", "d  continuation cost")):
+    for a, title in zip(
+        axes, ("a  informativeness", "b  horizon", "c  difficulty spread", "d  continuation cost")
+    ):
         panel_label(a, title)
     axes[0].plot([], [], "o", color="grey", label="equal rollouts (filled)")
-    axes[0].plot([], [], "o", color="grey", markerfacecolor="white", label="equal tokens, prefix cache (open)")
+    axes[0].plot(
+        [], [], "o", color="grey", markerfacecolor="white", label="equal tokens, prefix cache (open)"
+    )
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=5, fontsize=7)
 
-    pays = [w for w, p in details["pays"].items() if p.get("equal_rollouts") and p.get("equal_tokens_kappa=0")]
+    pays = [
+        w for w, p in details["pays"].items() if p.get("equal_rollouts") and p.get("equal_tokens_kappa=0")
+    ]
     caption = (
         f"Where tree expansion pays, in the tree MDP: TRACE's final exact success J minus that of root-only "
         f"allocation, PCL and GRPO after {config['steps']} steps, each policy at its own best learning rate "

@@ -17,27 +17,42 @@ from .style import arm_style, ci95, new_figure, panel_label, percent, shades
 
 EXPERIMENT = "sensitivity"
 METRICS = ("effective_ratio", "mixed_prompts_per_1k_rollouts")
-LABELS = {"effective_ratio": "effective ratio", "mixed_prompts_per_1k_rollouts": "mixed prompts / 1,000 rollouts"}
+LABELS = {
+    "effective_ratio": "effective ratio",
+    "mixed_prompts_per_1k_rollouts": "mixed prompts / 1,000 rollouts",
+}
 
 
 def _band(ax, x, rows, **line) -> None:
     half = ci95(rows["stderr"].to_numpy(), rows["n"].to_numpy())
     ax.plot(x, rows["value"], marker="o", markersize=3, **line)
-    ax.fill_between(x, rows["value"] - half, rows["value"] + half, alpha=0.15, linewidth=0, color=line["color"])
+    ax.fill_between(
+        x, rows["value"] - half, rows["value"] + half, alpha=0.15, linewidth=0, color=line["color"]
+    )
 
 
 def draw(results: Results):
     """The figure, drawn from ``results`` alone, and its caption."""
-    table = results.after_warmup(EXPERIMENT, metrics=METRICS, columns=("noise", "pool_factor", "informativeness"))
-    config = results.config(EXPERIMENT, "default_noise", "default_pool_factor", "pool_factors", "seeds", "model")
+    table = results.after_warmup(
+        EXPERIMENT, metrics=METRICS, columns=("noise", "pool_factor", "informativeness")
+    )
+    config = results.config(
+        EXPERIMENT, "default_noise", "default_pool_factor", "pool_factors", "seeds", "model"
+    )
     details = results.summary(EXPERIMENT)["details"]
     s0 = config["model"]["informativeness"]
-    summary = seed_summary(table[table["metric"].isin(METRICS)], ["arm", "noise", "pool_factor", "informativeness", "metric"])
+    summary = seed_summary(
+        table[table["metric"].isin(METRICS)], ["arm", "noise", "pool_factor", "informativeness", "metric"]
+    )
     figure, axes = new_figure(panels=2, rows=2, height=5.6)
     grpo = summary[(summary["arm"] == "grpo") & np.isclose(summary["informativeness"], s0)]
     pools = config["pool_factors"]
     for ax, metric in zip(axes[:2], METRICS):
-        trace = summary[(summary["arm"] == "trace") & np.isclose(summary["informativeness"], s0) & (summary["metric"] == metric)]
+        trace = summary[
+            (summary["arm"] == "trace")
+            & np.isclose(summary["informativeness"], s0)
+            & (summary["metric"] == metric)
+        ]
         for colour, factor in zip(shades(len(pools)), pools):
             rows = trace[np.isclose(trace["pool_factor"], factor)].sort_values("noise")
             _band(ax, rows["noise"].to_numpy(), rows, color=colour, label=f"TRACE, pool {factor:g}x")
@@ -47,21 +62,35 @@ def draw(results: Results):
         ax.set_xlabel("feature noise of the learned predictor (SD on logit V)")
         ax.set_ylabel(LABELS[metric])
     ax = axes[0]
-    ax.axhline(paper.TRACE_RATIO, color="black", linewidth=0.9, linestyle=":", label="paper: TRACE 60.6%, GRPO 26.8%")
+    ax.axhline(
+        paper.TRACE_RATIO, color="black", linewidth=0.9, linestyle=":", label="paper: TRACE 60.6%, GRPO 26.8%"
+    )
     ax.axhline(paper.GRPO_RATIO, color="black", linewidth=0.9, linestyle=":")
-    for factor, noise in details.get("noise_at_paper_ratio_by_pool_factor", {}).items():
+    for noise in details.get("noise_at_paper_ratio_by_pool_factor", {}).values():
         if noise is not None:
-            ax.plot([noise], [paper.TRACE_RATIO], marker="D", color="black", markerfacecolor="white", markersize=5)
+            ax.plot(
+                [noise], [paper.TRACE_RATIO], marker="D", color="black", markerfacecolor="white", markersize=5
+            )
     percent(ax)
     panel_label(axes[0], "a  effective ratio vs noise")
     panel_label(axes[1], "b  contrast yield vs noise")
 
-    turns = summary[np.isclose(summary["noise"], config["default_noise"]) & np.isclose(summary["pool_factor"], config["default_pool_factor"])]
+    turns = summary[
+        np.isclose(summary["noise"], config["default_noise"])
+        & np.isclose(summary["pool_factor"], config["default_pool_factor"])
+    ]
     for ax, metric in zip(axes[2:], METRICS):
         for arm in dict.fromkeys(summary["arm"]):
             rows = turns[(turns["arm"] == arm) & (turns["metric"] == metric)].sort_values("informativeness")
             style = arm_style(arm)
-            _band(ax, rows["informativeness"].to_numpy(), rows, color=style.colour, linestyle=style.linestyle, label=style.label)
+            _band(
+                ax,
+                rows["informativeness"].to_numpy(),
+                rows,
+                color=style.colour,
+                linestyle=style.linestyle,
+                label=style.label,
+            )
         ax.set_xlabel("turn informativeness s")
         ax.set_ylabel(LABELS[metric])
     axes[2].axhline(paper.TRACE_RATIO, color="black", linewidth=0.9, linestyle=":")
@@ -70,11 +99,19 @@ def draw(results: Results):
     panel_label(axes[3], "d  contrast yield vs informativeness")
     handles, labels = axes[0].get_legend_handles_labels()
     h3, l3 = axes[2].get_legend_handles_labels()
-    keep = [(h, l) for h, l in zip(h3, l3) if l not in labels]
-    figure.legend(handles + [h for h, _ in keep], labels + [l for _, l in keep], loc="outside lower center", ncols=4, fontsize=7)
+    keep = [(handle, text) for handle, text in zip(h3, l3) if text not in labels]
+    figure.legend(
+        handles + [h for h, _ in keep],
+        labels + [text for _, text in keep],
+        loc="outside lower center",
+        ncols=4,
+        fontsize=7,
+    )
 
     where = ", ".join(
-        f"pool {p}x at noise {n:g}" for p, n in details.get("noise_at_paper_ratio_by_pool_factor", {}).items() if n is not None
+        f"pool {p}x at noise {n:g}"
+        for p, n in details.get("noise_at_paper_ratio_by_pool_factor", {}).items()
+        if n is not None
     )
     lo, hi = details["trace_range"]["effective_ratio"]
     mlo, mhi = details["trace_range"]["mixed_prompts_per_1k_rollouts"]

@@ -21,8 +21,7 @@ root-only and PCL there by more than two standard errors.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -84,7 +83,9 @@ class Config:
         if not (self.lrs and all(x > 0 for x in self.lrs)):
             raise ValueError(f"`lrs` must be positive, got {self.lrs!r}")
         if self.normalisation not in NORMALISATIONS:
-            raise ValueError(f"`normalisation` must be one of {', '.join(NORMALISATIONS)}, got {self.normalisation!r}")
+            raise ValueError(
+                f"`normalisation` must be one of {', '.join(NORMALISATIONS)}, got {self.normalisation!r}"
+            )
         if not (all(0 <= k <= 1 for k in self.kappas) and 0.0 in self.kappas):
             raise ValueError(f"`kappas` must lie in [0, 1] and include 0, got {self.kappas!r}")
         a, h, s = self.default
@@ -92,13 +93,21 @@ class Config:
             raise ValueError(f"`default` {self.default!r} must lie on the axes' grids")
         if -(-self.roots * (1 + self.continuations) // self.group_size) > self.n_tasks:
             raise ValueError(f"raise `n_tasks` (got {self.n_tasks}) for the flat arms' groups")
-        self.worlds  # builds every world: an unreachable spread or a bad horizon raises here
+        _ = self.worlds  # builds every world: an unreachable spread or a bad horizon raises here
 
     @classmethod
     def quick(cls) -> Config:
         return cls(
-            seeds=2, tuning_seeds=1, steps=5, roots=16, n_tasks=16, lrs=(20.0, 40.0),
-            action_scales=(1.5, 3.0), horizons=(3, 4), spreads=(PAPER_GRPO_RATIO, 0.5), record_every=2,
+            seeds=2,
+            tuning_seeds=1,
+            steps=5,
+            roots=16,
+            n_tasks=16,
+            lrs=(20.0, 40.0),
+            action_scales=(1.5, 3.0),
+            horizons=(3, 4),
+            spreads=(PAPER_GRPO_RATIO, 0.5),
+            record_every=2,
         )
 
     @property
@@ -108,7 +117,9 @@ class Config:
 
         def mdp(a, h, s) -> TreeMDP:
             return TreeMDP(
-                n_tasks=self.n_tasks, horizon=h, action_scale=a,
+                n_tasks=self.n_tasks,
+                horizon=h,
+                action_scale=a,
                 pass_rates=PassRates().calibrated(s, self.group_size),
             )
 
@@ -141,8 +152,16 @@ def run(config: Config, units: Units) -> Outcome:
         return tidy(
             NAME,
             [
-                {"world": world, "arm": arm.label, "lr": lr, "seed": s, "budget": budget.total,
-                 "step": r["step"], "metric": k, "value": r[k]}
+                {
+                    "world": world,
+                    "arm": arm.label,
+                    "lr": lr,
+                    "seed": s,
+                    "budget": budget.total,
+                    "step": r["step"],
+                    "metric": k,
+                    "value": r[k],
+                }
                 for r in rows
                 for k in ("success", "rollouts", "turns", "prefix_turns")
             ],
@@ -170,10 +189,16 @@ def run(config: Config, units: Units) -> Outcome:
         }
     details = {
         "pays": {w: _pays(h) for w, h in headline.items()},
-        "on_grid_edge": {w: sorted({a for v in rates[w] for a in tuning.on_grid_edge(rates[w][v], config.lrs)})
-                         for w in worlds},
-        "axes": {"informativeness": list(config.action_scales), "horizon": list(config.horizons),
-                 "spread": list(config.spreads), "kappa": list(config.kappas)},
+        "on_grid_edge": {
+            w: sorted({a for v in rates[w] for a in tuning.on_grid_edge(rates[w][v], config.lrs)})
+            for w in worlds
+        },
+        "axes": {
+            "informativeness": list(config.action_scales),
+            "horizon": list(config.horizons),
+            "spread": list(config.spreads),
+            "kappa": list(config.kappas),
+        },
         "default": list(config.default),
     }
     result, held = _verdict(headline, details)
@@ -201,7 +226,15 @@ def _scores(table: pd.DataFrame, kappas) -> pd.DataFrame:
             value = float(np.interp(target, spent, g["success"].to_numpy()))
             rows.append({"arm": arm, "lr": lr, "seed": seed, "view": _view(kappa), "value": value})
     for (arm, lr, seed), g in final.groupby(level=["arm", "lr", "seed"], sort=False):
-        rows.append({"arm": arm, "lr": lr, "seed": seed, "view": "equal_rollouts", "value": float(g["success"].iloc[0])})
+        rows.append(
+            {
+                "arm": arm,
+                "lr": lr,
+                "seed": seed,
+                "view": "equal_rollouts",
+                "value": float(g["success"].iloc[0]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -226,9 +259,14 @@ def _verdict(headline: dict, details: dict) -> tuple[str, bool]:
         )
         parts.append(f"{w}: TRACE minus {gaps}")
     text = (
-        "Best against best, TRACE minus each arm at equal rollouts: " + "; ".join(parts) + ". "
-        + (f"TRACE beats root-only and PCL at equal rollouts and equal tokens (prefix cache) in: {', '.join(both)}."
-           if both else "TRACE beats both root-only and PCL at equal rollouts and equal tokens in no world tried.")
+        "Best against best, TRACE minus each arm at equal rollouts: "
+        + "; ".join(parts)
+        + ". "
+        + (
+            f"TRACE beats root-only and PCL at equal rollouts and equal tokens (prefix cache) in: {', '.join(both)}."
+            if both
+            else "TRACE beats both root-only and PCL at equal rollouts and equal tokens in no world tried."
+        )
     )
     return text, bool(both)
 

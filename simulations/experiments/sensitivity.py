@@ -102,7 +102,10 @@ def _settings(config: Config) -> list[tuple[str, float, float, float]]:
     """(study, noise, pool factor, informativeness) of every cell; GRPO reads neither noise nor pool."""
     s0 = config.model.informativeness
     grid = [("noise_pool", n, p, s0) for n in config.noises for p in config.pool_factors]
-    turns = [("informativeness", config.default_noise, config.default_pool_factor, s) for s in config.informativeness]
+    turns = [
+        ("informativeness", config.default_noise, config.default_pool_factor, s)
+        for s in config.informativeness
+    ]
     return grid + turns
 
 
@@ -144,7 +147,10 @@ def run(config: Config, units: Units) -> Outcome:
     keys = []
     for _, noise, factor, s_turn in _settings(config):
         for arm in config.arms:
-            if Arm.parse(arm).policy == "grpo" and (noise, factor) != (config.default_noise, config.default_pool_factor):
+            if Arm.parse(arm).policy == "grpo" and (noise, factor) != (
+                config.default_noise,
+                config.default_pool_factor,
+            ):
                 continue  # GRPO uses no predictor and the first prompts of any pool: one run per world
             keys += [(arm, noise, factor, s_turn, s) for s in range(config.seeds)]
     keys = list(dict.fromkeys(keys))
@@ -172,8 +178,10 @@ def _cell(summary: pd.DataFrame, arm: str, noise: float, factor: float, s_turn: 
 def _headline(summary: pd.DataFrame, config: Config) -> tuple[dict, dict]:
     """headline[arm][setting] = metrics; settings written ``noise=N,pool=P,s=S``."""
     s0 = config.model.informativeness
-    grpo = {s: _cell(summary, "grpo", config.default_noise, config.default_pool_factor, s)
-            for s in config.informativeness}
+    grpo = {
+        s: _cell(summary, "grpo", config.default_noise, config.default_pool_factor, s)
+        for s in config.informativeness
+    }
     headline: dict[str, dict] = {}
     for arm in config.arms:
         label = Arm.parse(arm).label
@@ -183,9 +191,16 @@ def _headline(summary: pd.DataFrame, config: Config) -> tuple[dict, dict]:
                 headline.setdefault(label, {})[f"noise={noise:g},pool={factor:g},s={s_turn:g}"] = cell
     crossing = {}
     for factor in config.pool_factors:
-        ratios = [headline["trace"][f"noise={n:g},pool={factor:g},s={s0:g}"]["effective_ratio"] for n in config.noises]
+        ratios = [
+            headline["trace"][f"noise={n:g},pool={factor:g},s={s0:g}"]["effective_ratio"]
+            for n in config.noises
+        ]
         crossing[f"{factor:g}"] = _crossing(config.noises, ratios, PAPER_TRACE_RATIO)
-    trace_grid = [headline["trace"][f"noise={n:g},pool={p:g},s={s0:g}"] for n in config.noises for p in config.pool_factors]
+    trace_grid = [
+        headline["trace"][f"noise={n:g},pool={p:g},s={s0:g}"]
+        for n in config.noises
+        for p in config.pool_factors
+    ]
     details = {
         "paper_trace_ratio": PAPER_TRACE_RATIO,
         "paper_grpo_ratio": PAPER_GRPO_RATIO,
@@ -195,7 +210,11 @@ def _headline(summary: pd.DataFrame, config: Config) -> tuple[dict, dict]:
             for m in ("effective_ratio", "mixed_prompts_per_1k_rollouts")
         },
         "grpo_default": grpo[s0],
-        "default": {"noise": config.default_noise, "pool_factor": config.default_pool_factor, "informativeness": s0},
+        "default": {
+            "noise": config.default_noise,
+            "pool_factor": config.default_pool_factor,
+            "informativeness": s0,
+        },
     }
     return headline, details
 
@@ -233,13 +252,18 @@ def _verdict(headline: dict, details: dict, config: Config) -> tuple[str, bool]:
         f"(GRPO {g['mixed_prompts_per_1k_rollouts']:.0f}) and reaches an effective ratio of {lo:.1%}-{hi:.1%} "
         f"(GRPO {g['effective_ratio']:.1%}). The paper's 60.6% is crossed at {where}"
     )
-    text += "; TRACE ahead of GRPO everywhere" if held else f"; TRACE not ahead of GRPO at: {'; '.join(losses)}"
+    text += (
+        "; TRACE ahead of GRPO everywhere" if held else f"; TRACE not ahead of GRPO at: {'; '.join(losses)}"
+    )
     default = f"noise={config.default_noise:g},pool={config.default_pool_factor:g},s={details['default']['informativeness']:g}"
     others = [a for a in ("root_only", "pcl") if default in headline.get(a, {})]
     if others:
         text += ". At the default world, mixed prompts per 1,000 rollouts: TRACE " + (
             f"{trace[default]['mixed_prompts_per_1k_rollouts']:.0f}, "
-            + ", ".join(f"{a.replace('_', '-')} {headline[a][default]['mixed_prompts_per_1k_rollouts']:.0f}" for a in others)
+            + ", ".join(
+                f"{a.replace('_', '-')} {headline[a][default]['mixed_prompts_per_1k_rollouts']:.0f}"
+                for a in others
+            )
         )
     text += "."
     return text, bool(held)

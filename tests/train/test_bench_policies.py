@@ -10,9 +10,20 @@ from trace_train import bench_policies as bench
 
 
 def _result(policy, lr, seed, gain):
-    return {"policy": policy, "lr": lr, "seed": seed, "gain": gain, "success_start": 0.1, "success_end": 0.1 + gain,
-            "effective_ratio": 0.5, "mixed_prompts_per_1k_rollouts": 40.0, "mixed_prompts_per_1k_tokens": 2.0,
-            "contrast_pairs_per_1k_rollouts": 300.0, "generated_tokens": 1000.0, "minutes": 1.0}
+    return {
+        "policy": policy,
+        "lr": lr,
+        "seed": seed,
+        "gain": gain,
+        "success_start": 0.1,
+        "success_end": 0.1 + gain,
+        "effective_ratio": 0.5,
+        "mixed_prompts_per_1k_rollouts": 40.0,
+        "mixed_prompts_per_1k_tokens": 2.0,
+        "contrast_pairs_per_1k_rollouts": 300.0,
+        "generated_tokens": 1000.0,
+        "minutes": 1.0,
+    }
 
 
 def test_best_rates_pick_the_largest_mean_gain_and_break_ties_towards_the_smaller_rate():
@@ -41,14 +52,19 @@ def test_paired_differences_match_a_paired_t_test_and_conclude_in_one_line():
 
 
 def test_unpaired_seeds_are_left_out_of_the_differences():
-    results = [_result("trace", 1e-3, s, 0.1 * s) for s in (0, 1, 2)] + [_result("grpo", 1e-3, s, 0.1) for s in (1, 2, 3)]
+    results = [_result("trace", 1e-3, s, 0.1 * s) for s in (0, 1, 2)] + [
+        _result("grpo", 1e-3, s, 0.1) for s in (1, 2, 3)
+    ]
     assert bench.paired(results)["grpo"]["seeds"] == 2
 
 
 def test_run_result_reads_the_first_and_last_two_evaluations():
-    rows = [{"step": 0, "eval_success": 0.1}, {"step": 1, "effective_ratio": 0.5, "generated_tokens": 600,
-            "mixed_prompts_per_1k_rollouts": 30.0}, {"step": 2, "eval_success": 0.2},
-            {"step": 3, "eval_success": 0.4, "generated_tokens": 500}]
+    rows = [
+        {"step": 0, "eval_success": 0.1},
+        {"step": 1, "effective_ratio": 0.5, "generated_tokens": 600, "mixed_prompts_per_1k_rollouts": 30.0},
+        {"step": 2, "eval_success": 0.2},
+        {"step": 3, "eval_success": 0.4, "generated_tokens": 500},
+    ]
     out = bench.run_result(rows)
     assert out["gain"] == pytest.approx(0.2) and out["generated_tokens"] == 1100.0
     assert out["mixed_prompts_per_1k_rollouts"] == 30.0 and np.isnan(out["mixed_prompts_per_1k_tokens"])
