@@ -88,6 +88,12 @@ def _yield_rows(head: dict, arms=("grpo", "pcl", "root_only", "trace")) -> list[
 
 def _effective_ratio(summary: dict) -> list[Row]:
     head = summary["headline"]
+    c = summary["details"].get("conditions", {})
+    where = (
+        f" (feature noise {c['feature_noise']:g}, pool {c['pool_factor']:g}x, informativeness {c['informativeness']:g})"
+        if {"feature_noise", "pool_factor", "informativeness"} <= c.keys()
+        else ""
+    )
     rows = _yield_rows(head) + [
         (
             "effective ratio, GRPO (calibrated)",
@@ -95,7 +101,7 @@ def _effective_ratio(summary: dict) -> list[Row]:
             _pm(head.get("grpo"), "effective_ratio"),
         ),
         (
-            "effective ratio, TRACE (learned predictor)",
+            f"effective ratio, TRACE (learned predictor){where}",
             f"{paper.TRACE_RATIO:.1%}",
             _pm(head.get("trace"), "effective_ratio"),
         ),

@@ -162,6 +162,11 @@ def run(config: Config, units: Units) -> Outcome:
         headline[arm].update({f"{k}_at_equal_turns": v for k, v in entry.items()})
     result, held = _verdict(headline, config)
     details = {
+        "conditions": {
+            "feature_noise": model.feature_noise,
+            "pool_factor": config.pool_factor,
+            "informativeness": model.informativeness,
+        },
         "calibrated_concentrations": [round(float(c), 6) for c in model.pass_rates.concentrations],
         "roots_at_equal_turns": {Arm.parse(a).label: roots[a] for a in config.arms},
     }

@@ -89,7 +89,7 @@ class Config(BatchShape):
     """Discount of the learned predictor's past statistics per step (the policy it predicts changes)."""
     swept_arms: tuple[str, ...] = SWEPT_ARMS
     """Arms whose learning rate is tuned (with the default estimator); TRACE and GRPO must be among them."""
-    lrs: tuple[float, ...] = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+    lrs: tuple[float, ...] = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
     """Learning-rate grid of the sweep (``lr`` must be on it)."""
     normalisations: tuple[str, ...] = NORMALISATIONS
     """Loss normalisations compared (``simulations.mdp.NORMALISATIONS``); ``leaves`` is the default."""

@@ -58,7 +58,7 @@ class Config:
     group_size: int = 8
     n_tasks: int = 64
     arms: tuple[str, ...] = ("grpo", "pcl", "root_only", "trace")
-    lrs: tuple[float, ...] = (10.0, 20.0, 40.0, 80.0, 160.0)
+    lrs: tuple[float, ...] = (10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
     normalisation: str = "leaves"
     action_scales: tuple[float, ...] = (0.5, 1.5, 3.0)
     """Turn informativeness: standard deviation of one action's effect on the logit of success."""
