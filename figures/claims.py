@@ -312,7 +312,12 @@ def _regime_map(summary: dict) -> list[Row]:
             )
             cells.append(f"{view.replace('_', ' ')}: {listed}")
         pays = details.get("pays", {}).get(world, {})
-        verdict = "pays" if pays.get("equal_rollouts") and pays.get("equal_tokens_kappa=0") else "does not pay"
+        views = [v.replace("_", " ") for v, ok in pays.items() if ok]
+        verdict = (
+            "pays"
+            if pays.get("equal_rollouts") and pays.get("equal_tokens_kappa=0")
+            else (f"pays only at {', '.join(views)}" if views else "does not pay")
+        )
         rows.append((f"TRACE minus, best against best, {world} ({verdict})", NONE, "; ".join(cells) or None))
     return _rows(rows)
 

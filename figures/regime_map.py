@@ -100,6 +100,7 @@ def draw(results: Results):
     pays = [
         w for w, p in details["pays"].items() if p.get("equal_rollouts") and p.get("equal_tokens_kappa=0")
     ]
+    single = [f"{w} ({v.replace('_', ' ')})" for w, p in details["pays"].items() for v, ok in p.items() if ok]
     caption = (
         f"Where tree expansion pays, in the tree MDP: TRACE's final exact success J minus that of root-only "
         f"allocation, PCL and GRPO after {config['steps']} steps, each policy at its own best learning rate "
@@ -109,7 +110,8 @@ def draw(results: Results):
         "the logit of success; horizon; difficulty spread: GRPO's calibrated effective ratio, lower is wider); filled: equal rollouts, open: equal tokens with a prefix "
         "cache (a continuation pays only its new turns). (d) The default world at equal tokens as a continuation "
         "pays kappa of its prefix again. TRACE beats both root-only and PCL at equal rollouts and equal tokens in: "
-        f"{', '.join(pays) if pays else 'no world tried'}."
+        f"{', '.join(pays) if pays else 'no world tried'}"
+        + (f"; in one view alone: {', '.join(single)}." if single else ".")
     )
     return figure, caption
 

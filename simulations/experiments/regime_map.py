@@ -268,6 +268,9 @@ def _verdict(headline: dict, details: dict) -> tuple[str, bool]:
             else "TRACE beats both root-only and PCL at equal rollouts and equal tokens in no world tried."
         )
     )
+    single = [f"{w} ({v.replace('_', ' ')})" for w, p in pays.items() for v, ok in p.items() if ok]
+    if single:
+        text += f" In one view alone it beats both in: {', '.join(single)}."
     return text, bool(both)
 
 
