@@ -19,9 +19,12 @@ FIGURES = (
     "ablation",
     "budget_shape",
     "learning_curves",
+    "learning_rates",
     "predictor_quality",
     "target_bias",
     "expansion_rounds",
+    "sensitivity",
+    "regime_map",
 )
 """Every figure, in the order of the report."""
 

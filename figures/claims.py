@@ -76,16 +76,32 @@ def _propositions(summary: dict) -> list[Row]:
     return _rows(rows)
 
 
+def _yield_rows(head: dict, arms=("grpo", "pcl", "root_only", "trace")) -> list[Row]:
+    """Mixed prompts per 1,000 rollouts and per 1,000 turns, per arm: reported before any ratio."""
+    rows = []
+    for metric, unit in (("mixed_prompts_per_1k_rollouts", "rollouts"), ("mixed_prompts_per_1k_turns", "turns")):
+        listed = [f"{a} {_pm(head[a], metric, '.1f')}" for a in arms if _num(head.get(a), metric) is not None]
+        if listed:
+            rows.append((f"mixed prompts per 1,000 {unit} (filtering cannot inflate it)", NONE, "; ".join(listed)))
+    return rows
+
+
 def _effective_ratio(summary: dict) -> list[Row]:
     head = summary["headline"]
-    rows = [
+    c = summary["details"].get("conditions", {})
+    where = (
+        f" (feature noise {c['feature_noise']:g}, pool {c['pool_factor']:g}x, informativeness {c['informativeness']:g})"
+        if {"feature_noise", "pool_factor", "informativeness"} <= c.keys()
+        else ""
+    )
+    rows = _yield_rows(head) + [
         (
             "effective ratio, GRPO (calibrated)",
             f"{paper.GRPO_RATIO:.1%}",
             _pm(head.get("grpo"), "effective_ratio"),
         ),
         (
-            "effective ratio, TRACE (learned predictor)",
+            f"effective ratio, TRACE (learned predictor){where}",
             f"{paper.TRACE_RATIO:.1%}",
             _pm(head.get("trace"), "effective_ratio"),
         ),
@@ -123,14 +139,22 @@ def _ablation(summary: dict) -> list[Row]:
         )
         for (m, n), value in paper.SHAPE_RATIO.items()
     ]
-    rows += [
-        (
-            f"mixed prompts per batch, TRACE at (M, N) = ({m}, {n})",
-            NONE,
-            _pm(shapes.get(f"M={m},N={n}"), "mixed_prompts", ".0f"),
+    by_pool = summary["details"].get("budget_shapes_by_pool", {})
+    for mode, shapes in by_pool.items():
+        cells = [
+            f"({m}, {n}) {_pm(shapes.get(f'M={m},N={n}'), 'mixed_prompts_per_1k_rollouts', '.0f')} per 1,000 "
+            f"rollouts, ratio {_pm(shapes.get(f'M={m},N={n}'), 'effective_ratio')}"
+            for m, n in paper.SHAPE_RATIO
+            if f"M={m},N={n}" in shapes
+        ]
+        paper_mode = mode == summary["details"].get("budget_shapes_pool_mode")
+        rows.append(
+            (
+                f"TRACE by budget shape, pool: {mode.replace('_', ' ')}{' (the paper’s set-up)' if paper_mode else ''}",
+                "42.4%, 47.8%, 52.3%" if paper_mode else NONE,
+                "; ".join(cells) or None,
+            )
         )
-        for m, n in paper.SHAPE_RATIO
-    ]
     return _rows(rows)
 
 
@@ -161,8 +185,38 @@ def _learning_curves(summary: dict) -> list[Row]:
         default=None,
     )
     if best:
-        rows.append(("best final J", NONE, f"{best} {head[best]['final_success']:.3f}"))
-    return _rows(rows)
+        rows.append(("best final J, shared learning rate", NONE, f"{best} {head[best]['final_success']:.3f}"))
+    return _rows(rows) + _tuned_rows(details.get("tuned", {}))
+
+
+def _gap_text(entry: dict, arm: str) -> str | None:
+    gap, score = entry.get("gap", {}).get(arm), entry.get("score", {})
+    if gap is None or arm not in score or "trace" not in score:
+        return None
+    return (
+        f"{gap['mean']:+.3f} ± {gap['stderr']:.3f} (lr {score['trace']['lr']:g} vs {score[arm]['lr']:g})"
+    )
+
+
+def _tuned_rows(tuned: dict) -> list[Row]:
+    """TRACE minus GRPO, PCL and root-only per normalisation and view: own best rates next to the shared one."""
+    rows = []
+    for norm, entry in tuned.items():
+        if not (isinstance(entry, dict) and "equal_rollouts" in entry):
+            continue
+        for view in ("equal_rollouts", "equal_turns"):
+            for arm in ("grpo", "pcl", "root_only"):
+                best, shared = _gap_text(entry[view]["best"], arm), _gap_text(entry[view]["shared"], arm)
+                if best is None:
+                    continue
+                rows.append(
+                    (
+                        f"TRACE minus {arm.replace('_', '-')}, step / {norm.replace('_', ' ')}, {view.replace('_', ' ')}",
+                        "+1.1 points (accuracy)" if (arm, view, norm) == ("grpo", "equal_rollouts", "leaves") else NONE,
+                        f"own best rates {best}; shared rate {shared}",
+                    )
+                )
+    return rows
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str | None:
@@ -231,6 +285,61 @@ def _expansion_rounds(summary: dict) -> list[Row]:
     return _rows(rows)
 
 
+def _sensitivity(summary: dict) -> list[Row]:
+    head, details = summary["headline"], summary["details"]
+    d = details.get("default", {})
+    default = f"noise={d.get('noise', 1):g},pool={d.get('pool_factor', 2):g},s={d.get('informativeness', 0.3):g}"
+    rows = _yield_rows({a: head[a].get(default, {}) for a in head})
+    ratio, mixed = details.get("trace_range", {}).get("effective_ratio"), details.get("trace_range", {}).get(
+        "mixed_prompts_per_1k_rollouts"
+    )
+    if mixed:
+        rows.append(("TRACE mixed prompts per 1,000 rollouts over noise 0.5-4 and pools 1x-4x", NONE, f"{mixed[0]:.0f}-{mixed[1]:.0f}"))
+    if ratio:
+        rows.append(
+            (
+                "TRACE effective ratio over noise 0.5-4 and pools 1x-4x",
+                f"{paper.TRACE_RATIO:.1%} (one setting)",
+                f"{ratio[0]:.1%}-{ratio[1]:.1%}",
+            )
+        )
+    rows.append(("effective ratio, GRPO", f"{paper.GRPO_RATIO:.1%}", _pm(details.get("grpo_default"), "effective_ratio")))
+    for factor, noise in details.get("noise_at_paper_ratio_by_pool_factor", {}).items():
+        rows.append(
+            (
+                f"feature noise at which TRACE's ratio is the paper's 60.6%, pool {factor}x",
+                NONE,
+                "not crossed" if noise is None else f"{noise:.2f}",
+            )
+        )
+    return _rows(rows)
+
+
+def _regime_map(summary: dict) -> list[Row]:
+    head, details = summary["headline"], summary["details"]
+    rows = []
+    for world, views in head.items():
+        cells = []
+        for view in ("equal_rollouts", "equal_tokens_kappa=0", "equal_tokens_kappa=1"):
+            if view not in views:
+                continue
+            listed = ", ".join(
+                f"{arm.replace('_', '-')} {g['mean']:+.3f} ± {g['stderr']:.3f}"
+                for arm, g in views[view]["gap"].items()
+                if arm in ("root_only", "pcl")
+            )
+            cells.append(f"{view.replace('_', ' ')}: {listed}")
+        pays = details.get("pays", {}).get(world, {})
+        views = [v.replace("_", " ") for v, ok in pays.items() if ok]
+        verdict = (
+            "pays"
+            if pays.get("equal_rollouts") and pays.get("equal_tokens_kappa=0")
+            else (f"pays only at {', '.join(views)}" if views else "does not pay")
+        )
+        rows.append((f"TRACE minus, best against best, {world} ({verdict})", NONE, "; ".join(cells) or None))
+    return _rows(rows)
+
+
 @dataclass(frozen=True)
 class Section:
     """One claim of the method: the experiment that tests it, its figures and how to read its numbers."""
@@ -261,7 +370,12 @@ SECTIONS = (
         _effective_ratio,
     ),
     Section("ablation", "Ablation and budget shape", ("ablation", "budget_shape"), _ablation),
-    Section("learning_curves", "Learning curves in a tree MDP", ("learning_curves",), _learning_curves),
+    Section(
+        "learning_curves",
+        "Learning curves in a tree MDP, best against best",
+        ("learning_curves", "learning_rates"),
+        _learning_curves,
+    ),
     Section(
         "predictor_quality",
         "Predictor quality against allocation quality",
@@ -275,4 +389,11 @@ SECTIONS = (
         ("expansion_rounds",),
         _expansion_rounds,
     ),
+    Section(
+        "sensitivity",
+        "Sensitivity to predictor noise, pool and informativeness",
+        ("sensitivity",),
+        _sensitivity,
+    ),
+    Section("regime_map", "Where tree expansion pays, beyond the paper", ("regime_map",), _regime_map),
 )

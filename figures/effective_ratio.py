@@ -1,8 +1,8 @@
 """Effective ratio of every policy at equal rollouts, next to the paper's GRPO 26.8% and TRACE 60.6%.
 
-(a) Share of prompts whose leaves mix a success and a failure, per arm, at M (1 + N) rollouts per batch;
-the paper's two numbers as open diamonds. (b) Mixed prompts per batch at equal rollouts and at equal turns
-(each arm's M rescaled so that its turns per batch match GRPO's).
+(a) What the budget bought, which filtering prompts out cannot inflate: mixed prompts per 1,000 rollouts
+and per 1,000 turns. (b) Share of prompts whose leaves mix a success and a failure, per arm, at M (1 + N)
+rollouts per batch; the paper's two numbers as open diamonds.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from .data import Results, seed_summary
 from .style import PAPER, arm_style, ci95, new_figure, panel_label, percent
 
 EXPERIMENT = "effective_ratio"
+YIELDS = ("mixed_prompts_per_1k_rollouts", "mixed_prompts_per_1k_turns")
 
 
 def draw(results: Results):
     """The figure, drawn from ``results`` alone, and its caption."""
-    table = results.after_warmup(EXPERIMENT, metrics=("effective_ratio", "mixed_prompts"), columns=("view",))
-    summary = seed_summary(
-        table[table["metric"].isin(["effective_ratio", "mixed_prompts"])], ["view", "arm", "metric"]
-    )
+    shown = ("effective_ratio", *YIELDS)
+    table = results.after_warmup(EXPERIMENT, metrics=shown, columns=("view",))
+    summary = seed_summary(table[table["metric"].isin(shown)], ["view", "arm", "metric"])
     arms = list(dict.fromkeys(table["arm"]))
     y = np.arange(len(arms))[::-1]
 
@@ -31,7 +31,7 @@ def draw(results: Results):
         )
         return rows["value"].to_numpy(), ci95(rows["stderr"].to_numpy(), rows["n"].to_numpy())
 
-    figure, (ax_ratio, ax_mixed) = new_figure(panels=2, height=3.4, sharey=True)
+    figure, (ax_mixed, ax_ratio) = new_figure(panels=2, height=3.4, sharey=True)
     ratio, ratio_ci = column("equal_rollouts", "effective_ratio")
     for i, arm in enumerate(arms):
         ax_ratio.barh(y[i], ratio[i], xerr=ratio_ci[i], height=0.7, **arm_style(arm).bar())
@@ -45,12 +45,10 @@ def draw(results: Results):
     ax_ratio.set_xlabel("effective ratio (% of prompts mixed)")
     percent(ax_ratio, "x")
     ax_ratio.grid(axis="y", visible=False)
-    panel_label(ax_ratio, "a  equal rollouts")
+    panel_label(ax_ratio, "b  effective ratio")
 
-    for view, offset, fill in (("equal_rollouts", 0.17, True), ("equal_turns", -0.17, False)):
-        if not (summary["view"] == view).any():
-            continue
-        value, half = column(view, "mixed_prompts")
+    for metric, offset, fill in ((YIELDS[0], 0.17, True), (YIELDS[1], -0.17, False)):
+        value, half = column("equal_rollouts", metric)
         for i, arm in enumerate(arms):
             style = arm_style(arm)
             ax_mixed.errorbar(
@@ -64,13 +62,14 @@ def draw(results: Results):
                 linestyle="none",
                 markersize=5,
             )
-    ax_mixed.plot([], [], "o", color="grey", markeredgecolor="black", label="(b) equal rollouts")
-    ax_mixed.plot([], [], "s", color="grey", markerfacecolor="white", label="(b) equal turns (GRPO's)")
+    ax_mixed.plot([], [], "o", color="grey", markeredgecolor="black", label="(a) per 1,000 rollouts")
+    ax_mixed.plot([], [], "s", color="grey", markerfacecolor="white", label="(a) per 1,000 turns")
     figure.legend(loc="outside lower center", ncols=3)
-    ax_mixed.set_xlabel("mixed prompts per batch")
+    ax_mixed.set_xlabel("mixed prompts per 1,000 rollouts / turns")
+    ax_mixed.set_yticks(y, [arm_style(a).label for a in arms])
     ax_mixed.set_xlim(left=0)
     ax_mixed.grid(axis="y", visible=False)
-    panel_label(ax_mixed, "b  equal rollouts vs equal turns")
+    panel_label(ax_mixed, "a  contrast yield")
 
     config = results.config(EXPERIMENT, "roots", "continuations", "seeds", "warmup", "batches")
     by_arm = dict(zip(arms, ratio))
@@ -78,12 +77,12 @@ def draw(results: Results):
     caption = (
         f"Effective ratio at equal budget (M = {config['roots']} root rollouts, N = {config['continuations']} "
         f"continuations per root, M (1 + N) rollouts per batch; pass rates calibrated so that GRPO mixes "
-        f"{paper.GRPO_RATIO:.1%} of its prompts). (a) Share of prompts whose leaves mix success and failure; "
+        f"{paper.GRPO_RATIO:.1%} of its prompts). (a) Mixed prompts per 1,000 rollouts (filled) and per 1,000 "
+        "turns (open): what the budget bought, which dropping prompts cannot raise. (b) Share of prompts whose leaves mix success and failure; "
         f"bars: mean over {config['seeds']} seeds of batches {config['warmup'] + 1}-{config['batches']}, "
         f"whiskers: 95% confidence intervals; open diamonds: the paper's GRPO {paper.GRPO_RATIO:.1%} and "
-        f"TRACE {paper.TRACE_RATIO:.1%} (math, Qwen3-8B). Measured: {measured}. (b) Mixed prompts per batch "
-        "at equal rollouts (filled) and at equal turns (open: each arm's M rescaled so that its turns per "
-        "batch match GRPO's; continuations from a prefix cost fewer turns than a full rollout)."
+        f"TRACE {paper.TRACE_RATIO:.1%} (math, Qwen3-8B). Measured: {measured}. The ratio divides by the "
+        "prompts that received rollouts, so a policy that filters more prompts out raises it without mixing more."
     )
     return figure, caption
 

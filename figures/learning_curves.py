@@ -87,9 +87,20 @@ def _final_gains(ax, wide, arms, equal_turns: float) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=1)
 
 
+def shared_rate_runs(results: Results):
+    """The default comparison: report seeds at the shared learning rate, step normalised by all leaves
+    (older results without a sweep are read whole)."""
+    table = results.table(EXPERIMENT, metrics=METRICS, columns=("step", "estimator"))
+    if "normalisation" in table:
+        lr = results.config(EXPERIMENT, "lr")["lr"]
+        keep = (table["normalisation"] == "leaves") & np.isclose(table["lr"], lr) & (table["stage"] == "report")
+        table = table[keep]
+    return table
+
+
 def draw(results: Results):
     """The figure, drawn from ``results`` alone, and its caption."""
-    table = results.table(EXPERIMENT, metrics=METRICS, columns=("step", "estimator"))
+    table = shared_rate_runs(results)
     if REFERENCE not in set(table["arm"]):
         raise ResultsError(
             results.path(EXPERIMENT, "results.csv"), f"no `{REFERENCE}` arm to compare against"

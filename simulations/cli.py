@@ -6,6 +6,7 @@
     trace-sim run NAME --seed 3              # another seed (a separate --out keeps runs apart)
     trace-sim run effective_ratio --set 'arms=("grpo", "dapo{dapo_target=16}")' --out /tmp/dapo
                                              # change config fields; policy settings ride on the arm
+    trace-sim run all --workers 1            # one process (default: one per CPU; same results)
 
 A finished experiment is skipped on a rerun; an interrupted one continues from its finished units.
 """
@@ -13,6 +14,7 @@ A finished experiment is skipped on a rerun; an interrupted one continues from i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="change a config field (Python literal), e.g. seeds=3 or "
                      "'arms=(\"grpo\", \"dapo{dapo_target=16}\")'; repeatable")
+    run.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1,
+        help="processes for an experiment's units (default: every CPU; results do not depend on it)",
+    )
     return parser
 
 
@@ -56,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seed < 0:
             raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+        if args.workers < 1:
+            raise ValueError(f"--workers must be a positive integer, got {args.workers}")
         overrides = dict(parse_override(text) for text in args.set)
         for name in _names(args.names):
             start = time.perf_counter()
             folder, ran = run_experiment(name, out=args.out, quick=args.quick, seed=args.seed,
-                                         overrides=overrides)
+                                         overrides=overrides, workers=args.workers)
             status = f"done in {time.perf_counter() - start:.1f} s" if ran else "already finished, skipped"
             print(f"{name}: {status} -> {folder}")
     except (ValueError, OSError) as error:

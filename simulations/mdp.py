@@ -18,8 +18,17 @@ allocator builds:
 
     theta[task, s] += lr / L * sum over turns y from s of n_y A(y) (onehot(a_y) - pi(. | s)),
 
-with L the number of rollouts (leaves) trained on and n_y the rollouts through turn y: a tree trains
-like the set of its root-to-leaf paths, each turn weighted by the rollouts that share it. With the
+with n_y the rollouts through turn y: a tree trains like the set of its root-to-leaf paths, each turn
+weighted by the rollouts that share it. The divisor L is the loss normalisation (``NORMALISATIONS``):
+
+* ``leaves`` (default): all rollouts trained on. All-success and all-failure groups have zero advantage
+  but count in L, so a batch with more mixed groups takes a larger step (a step-size confound);
+* ``mixed_leaves``: only the rollouts of prompts whose leaves are mixed (what DAPO-style filtering
+  trains on; every batch takes a step of the same scale whatever its share of mixed prompts);
+* ``tokens``: the turns generated and trained (each turn once, as the trainer trains each token once),
+  divided by the horizon H, so that a flat batch takes the same step as under ``leaves`` and one
+  learning-rate grid serves all three; a tree, whose continuations share their prefix turns, takes a
+  larger one. With the
 ``grpo`` estimator (A(y) = mean over y's leaves of the flat GRPO advantage) this is exactly flat GRPO
 on those paths; a flat forest has n_y = 1 everywhere.
 
@@ -41,6 +50,8 @@ from .model import PassRates
 from .rollout import Rollouts, SimForest
 
 _SIGNAL_CLIP = 1e-6
+NORMALISATIONS = ("leaves", "mixed_leaves", "tokens")
+"""Divisors of the policy-gradient step (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -189,16 +200,30 @@ class MDPWorld:
         return Rollouts(length=length, reward=reward, turns=turns)
 
 
-def policy_gradient_step(world: MDPWorld, trained: SimForest, *, estimator: str, lr: float) -> np.ndarray:
+def normaliser(forest, normalisation: str, horizon: int) -> float:
+    """The divisor L of the step for one of ``NORMALISATIONS`` (0 when there is nothing to train on)."""
+    if normalisation == "leaves":
+        return float(forest.n_leaves)
+    if normalisation == "mixed_leaves":
+        return float(forest.leaf_count[forest.roots][forest.mixed[forest.roots]].sum())
+    if normalisation == "tokens":
+        return float(forest.cost.sum()) / horizon
+    raise ValueError(f"unknown `normalisation` {normalisation!r}; known: {', '.join(NORMALISATIONS)}")
+
+
+def policy_gradient_step(
+    world: MDPWorld, trained: SimForest, *, estimator: str, lr: float, normalisation: str = "leaves"
+) -> np.ndarray:
     """New logits after one policy-gradient step on ``trained`` with a registered advantage estimator.
 
     theta[task, s] += lr / L * sum_y n_y A(y) (onehot(a_y) - pi(. | s)) over the turns y taken from
-    state s, n_y = rollouts through y, L = rollouts trained on (see the module docstring). A forest
-    without rollouts leaves theta as is.
+    state s, n_y = rollouts through y, L from ``normalisation`` (see the module docstring). A forest
+    with nothing to train on (L = 0) leaves theta as is.
     """
     forest = trained.forest
     theta = world.theta.copy()
-    if forest.n_leaves == 0:
+    divisor = normaliser(forest, normalisation, world.tasks.mdp.horizon)
+    if forest.n_leaves == 0 or divisor == 0:
         return theta
     adv = compute_advantages(forest, estimator)
     y = np.flatnonzero(forest.parent != -1)
@@ -208,5 +233,5 @@ def policy_gradient_step(world: MDPWorld, trained: SimForest, *, estimator: str,
     grad = -weighted[:, None] * world.pi[task, state]
     grad[np.arange(y.size), action] += weighted
     flat = theta.reshape(-1, theta.shape[-1])
-    np.add.at(flat, task * theta.shape[1] + state, lr / forest.n_leaves * grad)
+    np.add.at(flat, task * theta.shape[1] + state, lr / divisor * grad)
     return theta

@@ -105,7 +105,7 @@ def is_finished(folder: Path) -> bool:
 
 def run_experiment(
     name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True,
-    overrides: dict | None = None,
+    overrides: dict | None = None, workers: int = 1,
 ) -> tuple[Path, bool]:
     """Run experiment ``name`` into ``out / name`` unless it is finished there (config fields changed by
     ``overrides``, see :func:`resolve_config`).
@@ -136,7 +136,7 @@ def run_experiment(
     _write_json(config_path, resolved)
 
     start = time.perf_counter()
-    outcome = experiment.run(config, Units(folder / "units", progress=progress))
+    outcome = experiment.run(config, Units(folder / "units", progress=progress, workers=workers))
     runtime = time.perf_counter() - start
 
     partial = folder / "results.partial"

@@ -19,7 +19,9 @@ from .metrics import (  # noqa: F401
     brier_score,
     budget_by_depth,
     contrast_pairs,
+    contrast_yield,
     effective_ratio,
     expected_calibration_error,
     mixed_anchor_ratio,
+    mixed_prompts,
 )

@@ -6,6 +6,9 @@
 ``mixed_anchor_ratio``     share of anchors (roots and branched prefixes) whose leaves are mixed
 ``contrast_pairs``         (success, failure) leaf pairs within a prompt, total or per lowest
                            common ancestor
+``mixed_prompts``          number of prompts whose leaves are mixed
+``contrast_yield``         mixed prompts and contrast pairs per 1,000 rollouts and per 1,000 tokens
+                           spent: what a budget bought, which filtering prompts out cannot inflate
 ``budget_by_depth``        rollouts (or cost) by the depth of the anchor they were sampled from
 ``brier_score``            mean squared error of predicted success probabilities
 ``expected_calibration_error``  binned |mean prediction - mean outcome|, weighted by bin size
@@ -21,6 +24,8 @@ from .forest import RolloutForest
 
 __all__ = [
     "effective_ratio",
+    "mixed_prompts",
+    "contrast_yield",
     "mixed_anchor_ratio",
     "contrast_pairs",
     "budget_by_depth",
@@ -47,6 +52,49 @@ def effective_ratio(forest: RolloutForest) -> float:
     if forest.n_prompts == 0:
         return float("nan")
     return float(forest.mixed[forest.roots].mean())
+
+
+def mixed_prompts(forest: RolloutForest) -> int:
+    """Number of prompts whose leaves mix a success and a failure: ``effective_ratio`` times prompts.
+
+    >>> mixed_prompts(RolloutForest.from_nested([[1, 1], [0, 1], [[0, 1], 0], [0, 0]]))
+    2
+    """
+    forest = _check_forest(forest)
+    return int(forest.mixed[forest.roots].sum())
+
+
+def contrast_yield(forest: RolloutForest, *, rollouts=None, tokens=None) -> dict[str, float]:
+    """Mixed prompts and contrast pairs per 1,000 rollouts and per 1,000 tokens spent.
+
+    The effective ratio divides by the prompts that received rollouts, so a policy raises it by
+    dropping prompts alone; these rates divide by what the batch cost instead:
+
+        mixed_prompts_per_1k_rollouts = 1000 * mixed prompts / rollouts,
+        mixed_prompts_per_1k_tokens   = 1000 * mixed prompts / tokens,
+
+    and the same for ``contrast_pairs``. ``rollouts`` defaults to the forest's leaves, ``tokens`` to the
+    sum of its node costs (generated tokens in the trainer, turns in the simulator); pass what was spent
+    when the forest holds only part of it (DAPO trains on its mixed groups). A zero denominator gives NaN.
+
+    >>> f = RolloutForest.from_nested([[1, [0, 1]], [0, 0]])  # 5 rollouts, 6 turns, 1 mixed prompt, 2 pairs
+    >>> contrast_yield(f)["mixed_prompts_per_1k_rollouts"], contrast_yield(f)["contrast_pairs_per_1k_tokens"]
+    (200.0, 333.3333333333333)
+    """
+    forest = _check_forest(forest)
+    spent = {
+        "rollouts": forest.n_leaves if rollouts is None else rollouts,
+        "tokens": float(forest.cost.sum()) if tokens is None else tokens,
+    }
+    for name, value in spent.items():
+        if not (np.isscalar(value) and np.isfinite(value) and value >= 0):
+            raise ValueError(f"`{name}` must be a finite non-negative number, got {value!r}")
+    counts = {"mixed_prompts": mixed_prompts(forest), "contrast_pairs": contrast_pairs(forest)}
+    return {
+        f"{count}_per_1k_{unit}": 1000.0 * n / spent[unit] if spent[unit] > 0 else float("nan")
+        for count, n in counts.items()
+        for unit in ("rollouts", "tokens")
+    }
 
 
 def mixed_anchor_ratio(forest: RolloutForest) -> float:

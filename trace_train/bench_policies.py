@@ -1,32 +1,50 @@
-"""TRACE against GRPO and the other policies at equal generated tokens, on guess-the-number, several seeds.
+"""TRACE against GRPO and other policies at equal generated tokens, each at its own best learning rate, on
+paired seeds, with confidence intervals: is TRACE's lead significant?
 
-    python -m trace_train.bench_policies                       # 4 policies x 3 seeds, about 15 min on 2 cores
-    python -m trace_train.bench_policies --task mixed          # prompts of very different difficulty
-    python -m trace_train.bench_policies --policies trace grpo --seeds 0 1 --steps 20 --out runs/bench
+    python -m trace_train.bench_policies                         # the full benchmark (see the README for time)
+    python -m trace_train.bench_policies --policies trace grpo --lrs 1e-3 2e-3 --tuning-seeds 100 \\
+        --seeds 0 1 --steps 4 --eval-every 2 --token-budget 300 --out runs/bench_small  # a reduced run
+    python -m trace_train.bench_policies --task uniform          # games of about equal difficulty
 
-Every run is the ``cpu_demo`` preset (tiny Qwen3, transformers back end) with the same token budget per
-step (``rollout.token_budget``: the engine sizes M so that each step generates about that many tokens,
-whatever the policy), the same seeds and the same held-out prompts. A run directory per (policy, seed)
-holds the trainer's ``metrics.jsonl``; finished runs are not rerun (the trainer resumes unfinished ones),
-and the summary is computed from those files alone. Reported per policy: held-out success at the start
-and at the end (mean of the last two evaluations), its gain over the start with a standard error over
-seeds, the mean effective ratio of the training batches and the tokens generated.
+Every run is the ``cpu_demo`` preset (tiny Qwen3, transformers back end) with the same generated-token
+budget per step (``rollout.token_budget``: the engine sizes M so that each step generates about that
+many tokens, whatever the policy) and the same held-out prompts. Two stages:
+
+1. **Sweep.** Each policy runs at every learning rate of ``--lrs`` on the ``--tuning-seeds``; its best
+   rate is the one with the largest mean gain in held-out success (end minus start). These seeds are
+   never reported.
+2. **Report.** Each policy runs at its best rate, and at the shared rate ``--shared-lr`` (the preset's),
+   on the ``--seeds``: the same seeds, hence the same games, initial model and held-out prompts for every
+   policy, so differences are paired by seed.
+
+Reported per policy: held-out success at the start and at the end (mean of the last two evaluations),
+the gain, the batches' contrast yield (mixed prompts per 1,000 rollouts and per 1,000 generated tokens,
+which filtering cannot inflate) and effective ratio, tokens and minutes; then TRACE minus each other
+policy, paired by seed, with a 95% confidence interval (Student t) and a paired t-test, and one line
+saying whether TRACE's lead is significant.
+
+Resumable: each run writes ``result.json`` in its directory when it finishes; a rerun skips finished
+runs (the trainer resumes unfinished ones from their last checkpoint) and recomputes the summary from
+the result files alone. Too slow for CI: run it by hand.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from .config import load_config
 from .metrics_log import read_metrics
 from .train import TrainConfig, main as train
 
 DEFAULT_POLICIES = ("trace", "grpo", "dapo", "random_prefix")
-
+YIELDS = ("mixed_prompts_per_1k_rollouts", "mixed_prompts_per_1k_tokens", "contrast_pairs_per_1k_rollouts")
 
 TASKS = {
     "uniform": "{low: 1, high: 6, max_guesses: 3}",
@@ -36,68 +54,167 @@ TASKS = {
 of the prompts almost always solved, a third almost never, as in real RL data sets)."""
 
 
-def run_one(out: Path, policy: str, seed: int, steps: int, token_budget: int, task: str = "uniform") -> Path:
-    run_dir = out / task / f"{policy}-seed{seed}"
-    done = run_dir / "metrics.jsonl"
-    if done.exists() and any(r["step"] == steps for r in read_metrics(done)):
-        return run_dir
+def run_dir(out: Path, task: str, policy: str, lr: float, seed: int) -> Path:
+    return out / task / f"{policy}-lr{lr:g}-seed{seed}"
+
+
+def run_one(
+    out: Path, policy: str, seed: int, steps: int, token_budget: int, task: str = "mixed", lr: float = 1e-3,
+    eval_every: int = 5,
+) -> dict:
+    """Train one (policy, learning rate, seed) unless its ``result.json`` says it finished; return the result."""
+    folder = run_dir(out, task, policy, lr, seed)
+    done = folder / "result.json"
+    if done.exists():
+        result = json.loads(done.read_text())
+        if result.get("steps") == steps and result.get("eval_every", 5) == eval_every:
+            return result
     cfg = load_config(TrainConfig, "cpu_demo", [
-        f"run_dir={run_dir}", f"seed={seed}", f"steps={steps}", f"rollout.policy={policy}",
-        f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={steps}",
-        f"task.rows={TASKS[task]}",
+        f"run_dir={folder}", f"seed={seed}", f"steps={steps}", f"rollout.policy={policy}",
+        f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={min(steps, 10)}",
+        f"task.rows={TASKS[task]}", f"optim.lr={lr}", f"eval.every={eval_every}",
     ])
+    start = time.perf_counter()
     train(cfg)
-    return run_dir
+    result = run_result(read_metrics(folder / "metrics.jsonl"))
+    result.update(policy=policy, lr=lr, seed=seed, steps=steps, task=task, eval_every=eval_every,
+                  minutes=round((time.perf_counter() - start) / 60, 2), load_average=round(os.getloadavg()[0], 1))
+    partial = done.with_suffix(".partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(done)
+    return result
 
 
-def summarise(run_dirs: dict[str, list[Path]]) -> dict:
-    summary = {}
-    for policy, dirs in run_dirs.items():
-        start, end, ratio, tokens = [], [], [], []
-        for d in dirs:
-            rows = read_metrics(d / "metrics.jsonl")
-            evals = [r["eval_success"] for r in rows if "eval_success" in r]
-            start.append(evals[0])
-            end.append(float(np.mean(evals[-2:])))
-            ratio.append(float(np.nanmean([r["effective_ratio"] for r in rows if "effective_ratio" in r])))
-            tokens.append(float(sum(r.get("generated_tokens", 0.0) for r in rows)))
-        gain = np.array(end) - np.array(start)
-        summary[policy] = {
-            "seeds": len(dirs),
-            "success_start": float(np.mean(start)),
-            "success_end": float(np.mean(end)),
-            "gain": float(gain.mean()),
-            "gain_stderr": float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else float("nan"),
-            "effective_ratio": float(np.mean(ratio)),
-            "generated_tokens": float(np.mean(tokens)),
-        }
-    return summary
+def run_result(rows: list[dict]) -> dict:
+    """Held-out success at the start and the end (mean of the last two evaluations), batch metrics, tokens."""
+    evals = [r["eval_success"] for r in rows if "eval_success" in r]
+    if len(evals) < 2:
+        raise ValueError(f"a run needs at least two evaluations (eval.every <= steps), found {len(evals)}")
+    start, end = float(evals[0]), float(np.mean(evals[-2:]))
+    out = {"success_start": start, "success_end": end, "gain": end - start}
+    for key in ("effective_ratio", *YIELDS):
+        values = [r[key] for r in rows if key in r]
+        out[key] = float(np.nanmean(values)) if values else float("nan")
+    out["generated_tokens"] = float(sum(r.get("generated_tokens", 0.0) for r in rows))
+    return out
 
 
-def table(summary: dict) -> str:
-    lines = ["| policy | held-out success: start -> end | gain (± SE over seeds) | effective ratio | tokens generated |",
-             "| --- | --- | --- | --- | --- |"]
-    for policy, s in summary.items():
-        lines.append(f"| {policy} | {s['success_start']:.3f} -> {s['success_end']:.3f} | {s['gain']:+.3f} ± "
-                     f"{s['gain_stderr']:.3f} | {s['effective_ratio']:.1%} | {s['generated_tokens']:,.0f} |")
+def best_rates(results: list[dict]) -> dict[str, float]:
+    """{policy: the learning rate with the largest mean gain} over the given (tuning) results; ties: smaller."""
+    gains: dict[tuple[str, float], list[float]] = {}
+    for r in results:
+        gains.setdefault((r["policy"], r["lr"]), []).append(r["gain"])
+    best: dict[str, tuple[float, float]] = {}
+    for (policy, lr), values in sorted(gains.items(), key=lambda kv: kv[0][1]):
+        mean = float(np.mean(values))
+        if policy not in best or mean > best[policy][1]:
+            best[policy] = (lr, mean)
+    return {policy: lr for policy, (lr, _) in best.items()}
+
+
+def paired(results: list[dict], reference: str = "trace", metric: str = "gain") -> dict[str, dict]:
+    """``reference`` minus each other policy, paired by seed: mean, 95% CI (Student t), t-test p-value."""
+    by = {(r["policy"], r["seed"]): r[metric] for r in results}
+    out = {}
+    for policy in dict.fromkeys(r["policy"] for r in results):
+        seeds = sorted(s for p, s in by if p == policy and (reference, s) in by)
+        if policy == reference or len(seeds) < 2:
+            continue
+        diff = np.array([by[(reference, s)] - by[(policy, s)] for s in seeds])
+        se = diff.std(ddof=1) / np.sqrt(diff.size)
+        half = float(stats.t.ppf(0.975, diff.size - 1) * se)
+        p = float(stats.ttest_rel([by[(reference, s)] for s in seeds], [by[(policy, s)] for s in seeds]).pvalue)
+        out[policy] = {"mean": float(diff.mean()), "stderr": float(se), "ci95": [float(diff.mean()) - half,
+                       float(diff.mean()) + half], "p_value": p, "seeds": len(seeds)}
+    return out
+
+
+def per_policy(results: list[dict]) -> dict[str, dict]:
+    """Means over seeds of every reported number, per policy (``gain_stderr``: its standard error)."""
+    out = {}
+    for policy in dict.fromkeys(r["policy"] for r in results):
+        rows = [r for r in results if r["policy"] == policy]
+        keys = ("success_start", "success_end", "gain", *YIELDS, "effective_ratio", "generated_tokens", "minutes")
+        entry = {k: float(np.nanmean([r.get(k, np.nan) for r in rows])) for k in keys}
+        gains = [r["gain"] for r in rows]
+        entry["gain_stderr"] = float(np.std(gains, ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else float("nan")
+        entry.update(lr=rows[0]["lr"], seeds=len(rows))
+        out[policy] = entry
+    return out
+
+
+def conclusion(gaps: dict[str, dict], against: str = "grpo") -> str:
+    """One line: is TRACE's lead over ``against`` significant (95% CI of the paired difference above 0)?"""
+    gap = gaps.get(against)
+    if gap is None:
+        return f"no paired TRACE vs {against} runs"
+    lo, hi = gap["ci95"]
+    verdict = "significant" if lo > 0 else ("a significant deficit" if hi < 0 else "not significant")
+    return (f"TRACE minus {against} in held-out success gain: {gap['mean']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, "
+            f"p = {gap['p_value']:.2f}, {gap['seeds']} paired seeds): {verdict}.")
+
+
+def table(policies: dict[str, dict]) -> str:
+    lines = ["| policy | lr | held-out success: start -> end | gain (± SE) | mixed prompts / 1k rollouts | "
+             "/ 1k tokens | effective ratio | tokens | minutes per run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for policy, s in policies.items():
+        lines.append(
+            f"| {policy} | {s['lr']:g} | {s['success_start']:.3f} -> {s['success_end']:.3f} | {s['gain']:+.3f} ± "
+            f"{s['gain_stderr']:.3f} | {s['mixed_prompts_per_1k_rollouts']:.1f} | "
+            f"{s['mixed_prompts_per_1k_tokens']:.2f} | {s['effective_ratio']:.1%} | {s['generated_tokens']:,.0f} | "
+            f"{s['minutes']:.1f} |")
     return "\n".join(lines)
+
+
+def benchmark(args) -> dict:
+    """Sweep on the tuning seeds, then report at the best and at the shared rate; the summary as a dict."""
+    start = time.perf_counter()
+    one = dict(steps=args.steps, token_budget=args.token_budget, task=args.task, eval_every=args.eval_every)
+    if len(args.lrs) > 1:  # one rate needs no sweep
+        tuning = [run_one(args.out, p, s, lr=lr, **one) for p in args.policies for lr in args.lrs for s in args.tuning_seeds]
+        rates = best_rates(tuning)
+    else:
+        rates = {p: args.lrs[0] for p in args.policies}
+    summary = {"task": args.task, "steps": args.steps, "token_budget": args.token_budget,
+               "eval_every": args.eval_every, "lrs": list(args.lrs),
+               "tuning_seeds": list(args.tuning_seeds), "seeds": list(args.seeds), "best_lr": rates}
+    for name, lr_of in (("best", rates), ("shared", {p: args.shared_lr for p in args.policies})):
+        if name == "shared" and args.shared_lr is None:
+            continue
+        results = [run_one(args.out, p, s, lr=lr_of[p], **one) for p in args.policies for s in args.seeds]
+        gaps = paired(results)
+        summary[name] = {"policies": per_policy(results), "trace_minus": gaps, "conclusion": conclusion(gaps)}
+    summary["minutes_this_invocation"] = round((time.perf_counter() - start) / 60, 1)
+    summary["load_average"] = round(os.getloadavg()[0], 1)
+    return summary
 
 
 def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3], help="learning-rate grid")
+    parser.add_argument("--shared-lr", type=float, default=1e-3, help="the shared rate (the preset's)")
+    parser.add_argument("--tuning-seeds", nargs="+", type=int, default=[100, 101])
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(range(8)), help="report seeds (paired)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step")
-    parser.add_argument("--task", choices=sorted(TASKS), default="uniform", help="difficulty mix of the games")
+    parser.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations")
+    parser.add_argument("--task", choices=sorted(TASKS), default="mixed", help="difficulty mix of the games")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_policies"))
     args = parser.parse_args(argv)
-    run_dirs = {p: [run_one(args.out, p, s, args.steps, args.token_budget, args.task) for s in args.seeds]
-                for p in args.policies}
-    summary = summarise(run_dirs)
-    (args.out / args.task / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(table(summary))
-    print(f"runs and summary.json in {args.out / args.task}")
+    if "trace" not in args.policies:
+        parser.error("--policies must include trace (every difference is TRACE minus a policy)")
+    if set(args.tuning_seeds) & set(args.seeds):
+        parser.error("--tuning-seeds and --seeds must differ (rates are chosen on seeds that are not reported)")
+    summary = benchmark(args)
+    path = args.out / args.task / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    for name in ("best", "shared"):
+        if name in summary:
+            print(f"\n{name} learning rates:\n{table(summary[name]['policies'])}\n{summary[name]['conclusion']}")
+    print(f"runs and summary.json in {args.out / args.task} ({summary['minutes_this_invocation']} min)")
     return 0
 
 

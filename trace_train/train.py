@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import yaml
 
-from trace_theory import compute_advantages, node_targets, root_outcomes
+from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
 
 from .batch import History, RolloutBatch
 from .checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
@@ -489,7 +489,8 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rollout_s: float, train_s: float,
                   info: DistInfo) -> dict:
     f, report = batch.forest, batch.report
-    scalars = {
+    scalars = {  # contrast yield first: unlike the effective ratio, filtering prompts out cannot raise it
+        **contrast_yield(f, rollouts=report.rollouts, tokens=report.generated_tokens),
         "reward_mean": float(f.reward[f.leaves].mean()) if f.n_leaves else float("nan"),
         "effective_ratio": batch.metrics()["effective_ratio"],
         "mixed_anchor_ratio": batch.metrics()["mixed_anchor_ratio"],

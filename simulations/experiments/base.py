@@ -10,6 +10,8 @@ which units run or on how often a run was resumed.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
@@ -83,29 +85,54 @@ def unit_rng(seed: int, *keys: int | str) -> np.random.Generator:
 class Units:
     """Run units of work once: each finished unit's table is saved under ``folder`` and reloaded on a rerun.
 
-    With ``folder=None`` nothing is saved (for tests and interactive use).
+    With ``folder=None`` nothing is saved (for tests and interactive use). With ``workers`` > 1 (and a
+    folder) the missing units run in that many forked processes; every unit draws its randomness from its
+    own keys (:func:`unit_rng`), so the tables are the same whatever the number of workers.
     """
 
-    def __init__(self, folder: Path | None = None, *, progress: bool = True):
+    def __init__(self, folder: Path | None = None, *, progress: bool = True, workers: int = 1):
+        if not (isinstance(workers, int) and workers >= 1):
+            raise ValueError(f"`workers` must be a positive integer, got {workers!r}")
         self.folder = folder
         self.progress = progress
+        self.workers = workers
 
     def map(self, fn: Callable[[Any], pd.DataFrame], keys: Iterable, *, desc: str) -> pd.DataFrame:
         """Concatenated ``fn(key)`` over ``keys``, in order; saved units are read back instead of rerun."""
         keys = list(keys)
-        frames = []
-        for i, key in enumerate(tqdm(keys, desc=desc, disable=None if self.progress else True, leave=False)):
-            if self.folder is None:
-                frames.append(fn(key))
-                continue
-            path = self.folder / f"{desc}-{i:04d}-{_slug(key)}.csv"
-            if not path.exists():
-                self.folder.mkdir(parents=True, exist_ok=True)
-                partial = path.with_suffix(".partial")
-                fn(key).to_csv(partial, index=False)
-                partial.replace(path)  # atomic: a unit is either finished on disk or absent
-            frames.append(_read_unit(path))
-        return pd.concat(frames, ignore_index=True)
+        if self.folder is None:
+            bar = tqdm(keys, desc=desc, disable=None if self.progress else True, leave=False)
+            return pd.concat([fn(key) for key in bar], ignore_index=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        paths = [self.folder / f"{desc}-{i:04d}-{_slug(key)}.csv" for i, key in enumerate(keys)]
+        todo = [(fn, key, path) for key, path in zip(keys, paths) if not path.exists()]
+        bar = tqdm(total=len(todo), desc=desc, disable=None if self.progress else True, leave=False)
+        if self.workers > 1 and len(todo) > 1:
+            _TODO[:] = todo  # before the fork: the workers inherit it (closures need no pickling)
+            with multiprocessing.get_context("fork").Pool(min(self.workers, len(todo))) as pool:
+                for _ in pool.imap_unordered(_run_unit, range(len(todo))):
+                    bar.update()
+            _TODO.clear()
+        else:
+            for task in todo:
+                _save_unit(*task)
+                bar.update()
+        bar.close()
+        return pd.concat([_read_unit(path) for path in paths], ignore_index=True)
+
+
+_TODO: list = []
+"""The pending units of the running ``Units.map``, as (fn, key, path), for forked workers."""
+
+
+def _run_unit(index: int) -> None:
+    _save_unit(*_TODO[index])
+
+
+def _save_unit(fn: Callable[[Any], pd.DataFrame], key, path: Path) -> None:
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    fn(key).to_csv(partial, index=False)
+    partial.replace(path)  # atomic: a unit is either finished on disk or absent
 
 
 def _read_unit(path: Path) -> pd.DataFrame:

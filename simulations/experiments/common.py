@@ -11,7 +11,7 @@ from trace_theory import (
     RolloutBudget,
     brier_score,
     budget_by_depth,
-    contrast_pairs,
+    contrast_yield,
     effective_ratio,
     expected_calibration_error,
     mixed_anchor_ratio,
@@ -59,6 +59,22 @@ def check_arms(arms: tuple[str, ...]) -> None:
         raise ValueError(f"`arms` has duplicates: {list(arms)}")
 
 
+YIELD_METRICS = (
+    "mixed_prompts_per_1k_rollouts",
+    "mixed_prompts_per_1k_turns",
+    "contrast_pairs_per_1k_rollouts",
+    "contrast_pairs_per_1k_turns",
+)
+"""What a batch bought per unit spent (``trace_theory.contrast_yield``; a turn is the simulator's token):
+filtering prompts out cannot inflate these, unlike the effective ratio. Reported first everywhere."""
+
+
+def yield_metrics(forest, *, rollouts: float, turns: float) -> dict[str, float]:
+    """``trace_theory.contrast_yield`` with the simulator's names (a token is a turn)."""
+    out = contrast_yield(forest, rollouts=rollouts, tokens=turns)
+    return {k.replace("_tokens", "_turns"): v for k, v in out.items()}
+
+
 def batch_metrics(batch: Batch) -> dict[str, float]:
     """What a batch is worth, with ``trace_theory.metrics``; equal-rollout and equal-turn views."""
     forest = batch.sampled.forest
@@ -66,14 +82,13 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     mixed = ratio * forest.n_prompts
     by_depth = budget_by_depth(forest)
     metrics = {
+        **yield_metrics(forest, rollouts=batch.rollouts, turns=batch.turns),
         "effective_ratio": ratio,
         "mixed_prompts": mixed,
         "mixed_anchor_ratio": mixed_anchor_ratio(forest),
-        "contrast_pairs_per_rollout": contrast_pairs(forest) / batch.rollouts,
         "prompts": forest.n_prompts,
         "rollouts": batch.rollouts,
         "turns": batch.turns,
-        "mixed_prompts_per_1k_turns": 1000.0 * mixed / batch.turns,
         "continuation_share": float(by_depth[1:].sum() / by_depth.sum()),
         "rounds": batch.rounds,
     }

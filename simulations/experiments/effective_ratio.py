@@ -25,7 +25,7 @@ from trace_theory import RolloutBudget, get_policy
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
-from .common import BatchShape, PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, calibrated, check_arms, online_batches
+from .common import YIELD_METRICS, BatchShape, PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, calibrated, check_arms, online_batches
 
 NAME = "effective_ratio"
 CLAIM = (
@@ -48,10 +48,9 @@ ARMS = (
 )
 
 HEADLINE_METRICS = (
+    *YIELD_METRICS,
     "effective_ratio",
     "mixed_prompts",
-    "mixed_prompts_per_1k_turns",
-    "contrast_pairs_per_rollout",
     "turns",
     "predictor_brier",
 )
@@ -163,6 +162,11 @@ def run(config: Config, units: Units) -> Outcome:
         headline[arm].update({f"{k}_at_equal_turns": v for k, v in entry.items()})
     result, held = _verdict(headline, config)
     details = {
+        "conditions": {
+            "feature_noise": model.feature_noise,
+            "pool_factor": config.pool_factor,
+            "informativeness": model.informativeness,
+        },
         "calibrated_concentrations": [round(float(c), 6) for c in model.pass_rates.concentrations],
         "roots_at_equal_turns": {Arm.parse(a).label: roots[a] for a in config.arms},
     }
@@ -183,6 +187,13 @@ def _verdict(headline: dict, config: Config) -> tuple[str, bool]:
     ratio = {arm: h["effective_ratio"] for arm, h in headline.items()}
     se = {arm: h["effective_ratio_stderr"] for arm, h in headline.items()}
     parts, held = [], True
+    yields = {arm: h["mixed_prompts_per_1k_rollouts"] for arm, h in headline.items()}
+    if {"trace", "grpo"} <= yields.keys():
+        listed = ", ".join(f"{a} {yields[a]:.0f}" for a in ("trace", "grpo", "root_only", "pcl") if a in yields)
+        parts.append(
+            f"mixed prompts per 1,000 rollouts (not inflatable by filtering): {listed}; "
+            f"highest: {max(yields, key=yields.get)} {max(yields.values()):.0f}"
+        )
     if "grpo" in ratio:
         calibrated_ok = abs(ratio["grpo"] - config.target_ratio) <= 3 * se["grpo"] + 1e-9
         parts.append(

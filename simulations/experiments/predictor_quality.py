@@ -23,7 +23,7 @@ from trace_theory import RolloutBudget
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
-from .common import BatchShape, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
+from .common import YIELD_METRICS, BatchShape, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
 
 NAME = "predictor_quality"
 CLAIM = (
@@ -32,9 +32,9 @@ CLAIM = (
     "information."
 )
 METRICS = (
+    *YIELD_METRICS,
     "effective_ratio",
     "mixed_prompts",
-    "contrast_pairs_per_rollout",
     "predictor_brier",
     "predictor_brier_roots",
     "predictor_brier_prefixes",

@@ -44,6 +44,8 @@ def test_list_names_every_experiment_with_its_claim(capsys):
         "predictor_quality",
         "target_bias",
         "expansion_rounds",
+        "sensitivity",
+        "regime_map",
     ]
 
 

@@ -17,6 +17,7 @@ from simulations.experiments import (
     target_bias,
 )
 from simulations.experiments.base import Units, mean_and_stderr, summarise, unit_rng
+from simulations.experiments import regime_map, sensitivity, tuning
 from simulations.experiments.common import batch_metrics, calibrated, online_batches
 from simulations.model import BernoulliTreeModel
 from simulations.predictors import OraclePredictor
@@ -57,6 +58,15 @@ def test_every_experiment_has_a_claim_and_valid_sizes(name):
         (predictor_quality, {"temperatures": (2.0,)}, "include 1.0"),
         (target_bias, {"arms": ("grpo",)}, "`arms` must branch from prefixes; 'grpo' does not"),
         (target_bias, {"continuations": 0}, "`continuations` must be at least 1"),
+        (learning_curves, {"lrs": (10.0, 40.0)}, "`lrs` must be positive and include `lr` = 20.0"),
+        (learning_curves, {"swept_arms": ("pcl", "trace")}, "`swept_arms` must include 'trace' and 'grpo'"),
+        (learning_curves, {"normalisations": ("mixed_leaves",)}, "`normalisations` must include 'leaves'"),
+        (sensitivity, {"noises": (2.0, 1.0)}, "`noises` must be at least two increasing values"),
+        (sensitivity, {"default_pool_factor": 5.0}, "must lie on their grids"),
+        (regime_map, {"arms": ("grpo", "trace")}, "`arms` must include trace, root_only, pcl, grpo"),
+        (regime_map, {"kappas": (0.5, 1.0)}, "`kappas` must lie in \\[0, 1\\] and include 0"),
+        (regime_map, {"spreads": (0.268, 0.999)}, "outside the mixed shares"),
+        (ablation, {"pool_modes": ("fixed", "huge")}, "`pool_modes` must name some of"),
     ],
 )
 def test_configs_reject_bad_settings(module, changes, message):
@@ -91,7 +101,10 @@ def test_batch_metrics_are_the_trace_theory_metrics():
     metrics = batch_metrics(batch)
     forest = batch.sampled.forest
     assert metrics["effective_ratio"] == theory_effective_ratio(forest)
-    assert metrics["contrast_pairs_per_rollout"] == contrast_pairs(forest) / 192
+    assert metrics["contrast_pairs_per_1k_rollouts"] == 1000 * contrast_pairs(forest) / 192
+    assert metrics["mixed_prompts_per_1k_turns"] == pytest.approx(
+        1000 * theory_effective_ratio(forest) * forest.n_prompts / forest.cost.sum()
+    )
     assert metrics["rollouts"] == 192 and metrics["turns"] == forest.cost.sum()
     roots, prefixes = batch.depth == 0, batch.depth > 0
     assert roots.sum() == 48 and prefixes.sum() == forest.prefix_anchors().size
@@ -186,3 +199,56 @@ def test_target_bias_separates_outcome_dependent_from_independent_branching():
         "factual unbiased in every V bin": True,
         "own_branches unbiased in every V bin": True,
     }, outcome.result
+
+
+def test_best_rates_come_from_the_tuning_seeds_alone():
+    rows = []
+    for seed, (low, high) in {0: (0.9, 0.1), 1: (0.8, 0.2), 5: (0.1, 0.5), 6: (0.2, 0.6)}.items():
+        rows += [{"arm": "trace", "lr": 10.0, "seed": seed, "view": "v", "value": low}]
+        rows += [{"arm": "trace", "lr": 40.0, "seed": seed, "view": "v", "value": high}]
+    scores = pd.DataFrame(rows)
+    assert tuning.best_rates(scores, seeds=[5, 6]) == {"v": {"trace": 40.0}}  # report seeds 0, 1 prefer 10
+    assert tuning.on_grid_edge({"trace": 40.0, "grpo": 20.0}, [10.0, 20.0, 40.0]) == ["trace"]
+
+
+def test_comparison_pairs_each_arm_at_its_own_rate_by_seed():
+    rows = [
+        {"arm": arm, "lr": lr, "seed": s, "view": "v", "value": value + 0.01 * s}
+        for s in range(4)
+        for arm, lr, value in (("trace", 20.0, 0.6), ("trace", 40.0, 0.9), ("grpo", 40.0, 0.5), ("grpo", 20.0, 0.1))
+    ]
+    out = tuning.comparison(pd.DataFrame(rows), {"trace": 20.0, "grpo": 40.0}, "v", range(4), "trace")
+    assert out["gap"]["grpo"]["mean"] == pytest.approx(0.1) and out["gap"]["grpo"]["stderr"] == 0
+    assert out["score"]["trace"]["lr"] == 20.0 and tuning.beats(out["gap"]["grpo"])
+    assert tuning.beats({"mean": 0.1, "stderr": 0.04}) and not tuning.beats({"mean": 0.1, "stderr": 0.06})
+
+
+def test_a_continuation_that_pays_its_whole_prefix_again_costs_a_fresh_rollout():
+    # In a fixed-horizon MDP a continuation from depth d costs (H - d) + kappa d turns: with kappa = 1 every
+    # rollout costs H, so equal tokens is equal rollouts, exactly.
+    config = regime_map.Config.quick()
+    outcome = regime_map.run(config, Units(progress=False))
+    for world in outcome.headline.values():
+        assert world["equal_tokens_kappa=1"]["score"] == world["equal_rollouts"]["score"]
+    assert set(outcome.details["pays"]) == set(config.worlds)
+
+
+def test_sensitivity_locates_the_paper_between_noise_levels():
+    assert sensitivity._crossing([0.5, 1.0, 2.0], [0.9, 0.7, 0.5], 0.606) == pytest.approx(1.47)
+    assert sensitivity._crossing([0.5, 1.0], [0.9, 0.8], 0.606) is None
+
+
+def test_units_in_forked_workers_give_the_same_table_and_are_not_rerun(tmp_path):
+    offset = 0.5  # a closure: forked workers need not pickle it
+
+    def unit(key):
+        return pd.DataFrame({"key": [key], "value": [unit_rng(0, "w", key).random() + offset]})
+
+    one = Units(tmp_path / "one", progress=False).map(unit, range(6), desc="u")
+    two = Units(tmp_path / "two", progress=False, workers=2).map(unit, range(6), desc="u")
+    pd.testing.assert_frame_equal(one, two)
+    assert len(list((tmp_path / "two").glob("u-*.csv"))) == 6 and not list((tmp_path / "two").glob("*.partial"))
+    offset = 9.0  # a rerun reads the saved units back instead of calling the function again
+    pd.testing.assert_frame_equal(Units(tmp_path / "two", progress=False, workers=2).map(unit, range(6), desc="u"), two)
+    with pytest.raises(ValueError, match="`workers` must be a positive integer, got 0"):
+        Units(workers=0)

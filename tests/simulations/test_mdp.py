@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from simulations.mdp import MDPWorld, TreeMDP, policy_gradient_step
+from simulations.mdp import NORMALISATIONS, MDPWorld, TreeMDP, policy_gradient_step
 from simulations.predictors import OraclePredictor
 from simulations.rollout import SimForest
 from simulations.runner import sample_batch
@@ -83,6 +83,37 @@ def test_policy_gradient_step_equals_the_path_by_path_loop(small, policy):
     fast = policy_gradient_step(world, batch.trained, estimator="grpo", lr=0.5)
     assert np.allclose(fast, _loop_gradient(world, batch.trained, 0.5))
     assert np.abs(compute_advantages(batch.trained.forest, "grpo")).sum() > 0 and not np.allclose(fast, theta)
+
+
+@pytest.mark.parametrize("normalisation", NORMALISATIONS)
+def test_normalisations_divide_the_same_step_by_their_count(small, normalisation):
+    mdp, tasks, theta = small
+    world = MDPWorld(tasks, theta)
+    batch = sample_batch(
+        world, get_policy("trace", group_size=4), RolloutBudget(16, 2), OraclePredictor(), pool=12,
+        rng=np.random.default_rng(3),
+    )
+    forest = batch.trained.forest
+    mixed_leaves = sum(
+        forest.leaf_count[r] for r in forest.roots if len(set(forest.reward[forest.leaves_under(r)])) == 2
+    )
+    turns = sum(1 for i in range(len(forest)) if forest.parent[i] != -1)  # one turn per non-root node
+    divisor = {"leaves": forest.n_leaves, "mixed_leaves": mixed_leaves, "tokens": turns / mdp.horizon}
+    by_leaves = policy_gradient_step(world, batch.trained, estimator="trace", lr=1.0) - theta
+    step = policy_gradient_step(world, batch.trained, estimator="trace", lr=1.0, normalisation=normalisation)
+    assert 0 < mixed_leaves < forest.n_leaves and turns < forest.n_leaves * mdp.horizon  # a real tree
+    assert np.allclose(step - theta, by_leaves * forest.n_leaves / divisor[normalisation])
+
+
+def test_an_unknown_normalisation_is_named(small):
+    _, tasks, theta = small
+    world = MDPWorld(tasks, theta)
+    batch = sample_batch(
+        world, get_policy("grpo", group_size=4), RolloutBudget(8, 0), OraclePredictor(), pool=12,
+        rng=np.random.default_rng(3),
+    )
+    with pytest.raises(ValueError, match="unknown `normalisation` 'rows'; known: leaves, mixed_leaves, tokens"):
+        policy_gradient_step(world, batch.trained, estimator="grpo", lr=1.0, normalisation="rows")
 
 
 def test_training_on_trace_trees_raises_the_true_success_probability():

@@ -12,9 +12,11 @@ from trace_theory import (
     brier_score,
     budget_by_depth,
     contrast_pairs,
+    contrast_yield,
     effective_ratio,
     expected_calibration_error,
     mixed_anchor_ratio,
+    mixed_prompts,
 )
 
 from .strategies import forests, probability_arrays
@@ -98,3 +100,45 @@ def test_metric_errors():
         expected_calibration_error([0.5], [1], n_bins=0)
     with pytest.raises(ValueError, match=r"`forest` must be a RolloutForest, got dict"):
         effective_ratio({})
+
+
+@given(forests())
+def test_contrast_yield_matches_counts_over_spending(f):
+    mixed = sum(is_mixed(f, r) for r in f.roots)
+    assert mixed_prompts(f) == mixed
+    pairs = sum(
+        1
+        for a, b in itertools.combinations(f.leaves.tolist(), 2)
+        if f.prompt[a] == f.prompt[b] and f.reward[a] != f.reward[b]
+    )
+    out = contrast_yield(f)
+    tokens = sum(f.cost[i] for i in range(len(f)))
+    assert out["mixed_prompts_per_1k_rollouts"] == pytest.approx(1000 * mixed / f.n_leaves)
+    assert out["contrast_pairs_per_1k_rollouts"] == pytest.approx(1000 * pairs / f.n_leaves)
+    if tokens > 0:
+        assert out["mixed_prompts_per_1k_tokens"] == pytest.approx(1000 * mixed / tokens)
+        assert out["contrast_pairs_per_1k_tokens"] == pytest.approx(1000 * pairs / tokens)
+
+
+def test_contrast_yield_is_not_inflated_by_filtering_while_the_ratio_is():
+    # Two policies spend 8 rollouts each and find the same mixed prompt; one also spends 4 rollouts on a
+    # prompt that stays all-failure, the other drops it and spends those 4 on the mixed prompt.
+    keep = RolloutForest.from_nested([[1, 0, 1, 0], [0, 0, 0, 0]])
+    drop = RolloutForest.from_nested([[1, 0, 1, 0, 1, 0, 1, 0]])
+    assert effective_ratio(drop) == 2 * effective_ratio(keep)
+    assert contrast_yield(drop)["mixed_prompts_per_1k_rollouts"] == contrast_yield(keep)[
+        "mixed_prompts_per_1k_rollouts"
+    ] == 125.0
+
+
+def test_contrast_yield_uses_what_was_spent_and_rejects_bad_spending():
+    f = RolloutForest.from_nested([[1, 0]])
+    assert contrast_yield(f, rollouts=10, tokens=40) == {
+        "mixed_prompts_per_1k_rollouts": 100.0,
+        "mixed_prompts_per_1k_tokens": 25.0,
+        "contrast_pairs_per_1k_rollouts": 100.0,
+        "contrast_pairs_per_1k_tokens": 25.0,
+    }
+    assert np.isnan(contrast_yield(f, rollouts=0)["mixed_prompts_per_1k_rollouts"])
+    with pytest.raises(ValueError, match="`tokens` must be a finite non-negative number, got -1"):
+        contrast_yield(f, tokens=-1)

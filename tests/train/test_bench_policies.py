@@ -1,0 +1,87 @@
+"""The policy benchmark's statistics and its resumability, on result files written here (no training)."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from trace_train import bench_policies as bench
+
+
+def _result(policy, lr, seed, gain):
+    return {
+        "policy": policy,
+        "lr": lr,
+        "seed": seed,
+        "gain": gain,
+        "success_start": 0.1,
+        "success_end": 0.1 + gain,
+        "effective_ratio": 0.5,
+        "mixed_prompts_per_1k_rollouts": 40.0,
+        "mixed_prompts_per_1k_tokens": 2.0,
+        "contrast_pairs_per_1k_rollouts": 300.0,
+        "generated_tokens": 1000.0,
+        "minutes": 1.0,
+    }
+
+
+def test_best_rates_pick_the_largest_mean_gain_and_break_ties_towards_the_smaller_rate():
+    results = [_result("trace", 1e-3, s, g) for s, g in ((100, 0.1), (101, 0.3))]
+    results += [_result("trace", 2e-3, s, g) for s, g in ((100, 0.25), (101, 0.25))]
+    results += [_result("grpo", lr, 100, 0.2) for lr in (2e-3, 1e-3)]
+    assert bench.best_rates(results) == {"trace": 2e-3, "grpo": 1e-3}
+
+
+def test_paired_differences_match_a_paired_t_test_and_conclude_in_one_line():
+    rng = np.random.default_rng(0)
+    base = rng.normal(0.1, 0.05, size=8)
+    lead = rng.normal(0.04, 0.01, size=8)
+    results = [_result("grpo", 1e-3, s, float(b)) for s, b in enumerate(base)]
+    results += [_result("trace", 2e-3, s, float(b + d)) for s, (b, d) in enumerate(zip(base, lead))]
+    gap = bench.paired(results)["grpo"]
+    diff = lead
+    assert gap["mean"] == pytest.approx(diff.mean())
+    half = stats.t.ppf(0.975, 7) * diff.std(ddof=1) / np.sqrt(8)
+    assert gap["ci95"] == pytest.approx([diff.mean() - half, diff.mean() + half])
+    assert gap["p_value"] == pytest.approx(stats.ttest_rel(base + lead, base).pvalue)
+    line = bench.conclusion({"grpo": gap})
+    assert line.endswith(": significant.") and "8 paired seeds" in line
+    noisy = dict(gap, ci95=[-0.01, 0.05])
+    assert bench.conclusion({"grpo": noisy}).endswith(": not significant.")
+
+
+def test_unpaired_seeds_are_left_out_of_the_differences():
+    results = [_result("trace", 1e-3, s, 0.1 * s) for s in (0, 1, 2)] + [
+        _result("grpo", 1e-3, s, 0.1) for s in (1, 2, 3)
+    ]
+    assert bench.paired(results)["grpo"]["seeds"] == 2
+
+
+def test_run_result_reads_the_first_and_last_two_evaluations():
+    rows = [
+        {"step": 0, "eval_success": 0.1},
+        {"step": 1, "effective_ratio": 0.5, "generated_tokens": 600, "mixed_prompts_per_1k_rollouts": 30.0},
+        {"step": 2, "eval_success": 0.2},
+        {"step": 3, "eval_success": 0.4, "generated_tokens": 500},
+    ]
+    out = bench.run_result(rows)
+    assert out["gain"] == pytest.approx(0.2) and out["generated_tokens"] == 1100.0
+    assert out["mixed_prompts_per_1k_rollouts"] == 30.0 and np.isnan(out["mixed_prompts_per_1k_tokens"])
+    with pytest.raises(ValueError, match="at least two evaluations"):
+        bench.run_result(rows[:2])
+
+
+def test_a_finished_run_is_read_back_not_rerun(tmp_path):
+    folder = bench.run_dir(tmp_path, "mixed", "trace", 1e-3, 0)
+    folder.mkdir(parents=True)
+    saved = dict(_result("trace", 1e-3, 0, 0.2), steps=5)
+    (folder / "result.json").write_text(json.dumps(saved))
+    # the preset is never loaded nor trained: a finished result with the same number of steps is returned as is
+    assert bench.run_one(tmp_path, "trace", 0, steps=5, token_budget=600, task="mixed", lr=1e-3) == saved
+
+
+def test_tuning_and_report_seeds_must_differ(capsys):
+    with pytest.raises(SystemExit):
+        bench.cli(["--policies", "trace", "grpo", "--tuning-seeds", "0", "--seeds", "0", "1"])
+    assert "--tuning-seeds and --seeds must differ" in capsys.readouterr().err
