@@ -301,7 +301,10 @@ def test_first_training_step_is_the_same_with_leaf_and_tree_packing(tmp_path):
 
     runs = {p: main(small_config(tmp_path / p, "steps=1", f"algorithm.packing={p}")) for p in ("leaf", "tree")}
     leaf, tree = runs["leaf"], runs["tree"]
-    assert tree["loss"] == pytest.approx(leaf["loss"], rel=1e-5)
+    # At the first step the ratio is 1 and group-relative advantages cancel, so the loss can be 0 up to
+    # float32 rounding (about 1e-9 here) while the gradient is not: compare the loss absolutely.
+    assert tree["loss"] == pytest.approx(leaf["loss"], rel=1e-5, abs=1e-7)
+    assert leaf["grad_norm"] > 1e-3  # a batch that teaches something, so the next line tests the update
     assert tree["grad_norm"] == pytest.approx(leaf["grad_norm"], rel=1e-5)
     assert tree["train_unique_tokens"] == leaf["train_unique_tokens"] == tree["train_forward_tokens"]
     assert leaf["train_forward_tokens"] > tree["train_forward_tokens"]
