@@ -473,9 +473,10 @@ def _first_true(pred, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def _closed_form_threshold(v: np.ndarray, B: int, L: int, U: int) -> float:
     """lambda*: the B-th largest unit value of the relaxation, found without listing the units.
 
-    Units of prompt i: m^_i units worth rho_i = F(m^_i) / m^_i (the chord's first fall, as in
-    ``_envelope_block``; U when no fall is visible in the first 8 counts: v (1 - v) < ~2e-9 or v in
-    {0, 1}), then the gains F(m + 1) - F(m), m = m^_i .. U - 1. The count of units >= t is a sum of
+    Units of prompt i: m^_i units worth rho_i = F(m^_i) / m^_i, then the gains F(m + 1) - F(m),
+    m = m^_i .. U - 1. The chord F(m) / m equals v (1 - v) at m = 2 and 3 and falls after (F(4) / 4 =
+    v (1 - v) - v^2 (1 - v)^2 / 2), so m^_i = min(U, max(L, 3)): the column ``_envelope_block`` finds
+    wherever the fall is visible (v (1 - v) > ~2e-9). The count of units >= t is a sum of
     per-row bisections; lambda* is the largest double t with at least B units >= t, found by bisecting
     on the bits of t (doubles >= 0 order like their bit patterns), so it equals a unit value exactly.
     Each row's bisection starts from the bracket left by the previous steps.
@@ -483,10 +484,7 @@ def _closed_form_threshold(v: np.ndarray, B: int, L: int, U: int) -> float:
     from .contrast import mixed_probability
 
     n = len(v)
-    head = L + np.arange(min(U - L + 1, 8))
-    chord = mixed_probability(v[:, None], head[None, :]) / head
-    falls = chord[:, 1:] < chord[:, :-1] * (1.0 - 1e-9)
-    m_hat = np.where(falls.any(axis=1), L + np.argmax(falls, axis=1), U) if head.size > 1 else np.full(n, L)
+    m_hat = np.full(n, min(U, max(L, 3)))
     rho = mixed_probability(v, m_hat) / m_hat
     t_max = max(float(rho.max()), float(_mixed_gain(v, m_hat).max()))
     # Per row, the first count whose gain is < t, bracketed between its values at the bracket ends.
