@@ -493,26 +493,62 @@ def _closed_form_threshold(v: np.ndarray, B: int, L: int, U: int) -> float:
     wherever the fall is visible (v (1 - v) > ~2e-9). The count of units >= t is a sum of
     per-row bisections; lambda* is the largest double t with at least B units >= t, found by bisecting
     on the bits of t (doubles >= 0 order like their bit patterns), so it equals a unit value exactly.
-    Each row's bisection starts from the bracket left by the previous steps.
+    Each row's bisection starts from the bracket left by the previous steps, and the search starts from
+    a factor-of-4 bracket around a rough threshold (``_rough_threshold``) once exact counts confirm it.
     """
     from .contrast import mixed_probability
 
     n = len(v)
     m_hat = np.full(n, min(U, max(L, 3)))
     rho = mixed_probability(v, m_hat) / m_hat
+
+    def count(t, first_hi, first_lo):
+        """Per row, the first count in [first_hi, first_lo] whose gain is < t; and the units >= t."""
+        first = first_hi.copy()
+        open_ = np.flatnonzero(first_lo > first_hi)  # rows whose count is not settled yet
+        lo, vo = first_hi[open_], v[open_]
+        first[open_] = 1 + _last_true(lambda m: (m < lo) | (_mixed_gain(vo, m) >= t), lo - 1, first_lo[open_] - 1)
+        return first, int(np.where(rho >= t, m_hat, 0).sum() + (first - m_hat).sum())
+
     t_max = max(float(rho.max()), float(_mixed_gain(v, m_hat).max()))
-    # Per row, the first count whose gain is < t, bracketed between its values at the bracket ends.
-    lo_bits, hi_bits = 0, int(np.float64(t_max).view(np.int64)) + 1
+    bits = lambda t: int(np.float64(t).view(np.int64))  # noqa: E731
+    lo_bits, hi_bits = 0, bits(t_max) + 1
     first_lo, first_hi = np.full(n, U), m_hat.copy()  # at t = 0 all gains count; at t > t_max none
+    guess = _rough_threshold(v, rho, m_hat, B, U)
+    if 0.0 < guess < t_max:
+        first, units = count(guess / 4.0, first_hi, first_lo)
+        if units >= B:
+            lo_bits, first_lo = bits(guess / 4.0), first
+            first, units = count(min(4.0 * guess, t_max), first_hi, first_lo)
+            if units < B:
+                hi_bits, first_hi = bits(min(4.0 * guess, t_max)), first
     while hi_bits - lo_bits > 1:
         mid_bits = (lo_bits + hi_bits) // 2
-        t = float(np.int64(mid_bits).view(np.float64))
-        first = 1 + _last_true(lambda m: (m < first_hi) | (_mixed_gain(v, m) >= t), first_hi - 1, first_lo - 1)
-        if int(np.where(rho >= t, m_hat, 0).sum() + (first - m_hat).sum()) >= B:
+        first, units = count(float(np.int64(mid_bits).view(np.float64)), first_hi, first_lo)
+        if units >= B:
             lo_bits, first_lo = mid_bits, first
         else:
             hi_bits, first_hi = mid_bits, first
     return float(np.int64(lo_bits).view(np.float64))
+
+
+def _rough_threshold(v, rho, m_hat, B: int, U: int) -> float:
+    """A threshold near lambda*, from the dominant term of each gain, g(m) ~ v (1 - v) s^(m - 1) with
+    s = max(v, 1 - v): 60 bisection steps on log t with the count in closed form (0 when none is
+    positive)."""
+    inner = (v > 0.0) & (v < 1.0)
+    if not inner.any():
+        return 0.0
+    vi, m0 = v[inner], m_hat[inner]
+    with np.errstate(divide="ignore"):  # v (1 - v) may underflow for subnormal v
+        log_pair, log_s, log_rho = np.log(vi * (1.0 - vi)), np.log(np.maximum(vi, 1.0 - vi)), np.log(rho[inner])
+    lo, hi = -745.0, float(log_rho.max())
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        last = np.floor(1.0 + (mid - log_pair) / log_s)  # the dominant term is >= e^mid up to this count
+        units = np.where(log_rho >= mid, m0, 0).sum() + np.clip(last + 1.0 - m0, 0.0, U - m0).sum()
+        lo, hi = (mid, hi) if units >= B else (lo, mid)
+    return float(np.exp(lo))
 
 
 def _solve_closed_form(v: np.ndarray, B: int, L: int, U: int) -> np.ndarray:
