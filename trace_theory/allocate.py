@@ -542,10 +542,12 @@ def _rough_threshold(v, rho, m_hat, B: int, U: int) -> float:
     vi, m0 = v[inner], m_hat[inner]
     with np.errstate(divide="ignore"):  # v (1 - v) may underflow for subnormal v
         log_pair, log_s, log_rho = np.log(vi * (1.0 - vi)), np.log(np.maximum(vi, 1.0 - vi)), np.log(rho[inner])
+    log_s = np.minimum(log_s, -np.finfo(float).tiny)  # s rounds to 1 for v < 1e-16: flat gains
     lo, hi = -745.0, float(log_rho.max())
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        last = np.floor(1.0 + (mid - log_pair) / log_s)  # the dominant term is >= e^mid up to this count
+        with np.errstate(over="ignore"):
+            last = np.floor(1.0 + (mid - log_pair) / log_s)  # the dominant term is >= e^mid up to this count
         units = np.where(log_rho >= mid, m0, 0).sum() + np.clip(last + 1.0 - m0, 0.0, U - m0).sum()
         lo, hi = (mid, hi) if units >= B else (lo, mid)
     return float(np.exp(lo))
