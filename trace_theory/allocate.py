@@ -26,7 +26,21 @@ marginal gains is not exact. We solve it in three steps:
    loss <= eps certifies that solution as optimal.
 
 The DP only ever sees prompts whose utility sits close to lambda*, so the whole solve costs little more
-than one ``np.partition`` of the unit values. Equal-value optima are broken towards lower prompt indices
+than one ``np.partition`` of the unit values.
+
+Budgets far above the prompt count
+----------------------------------
+The table holds F_i(L + j) for every prompt up to the largest group, and prompts with v near 0 or 1
+have slowly decaying gains, so its width approaches the budget (1,000 prompts, budget 10^5: 3.4 s; at
+10^6 it needs tens of GB). For the plain objective F has a closed form and nothing needs tabulating:
+lambda* is found by bisection on the bits of the threshold, counting each prompt's units above it by a
+bisection on its (decreasing) gains; every set the repair reads off a row is an interval around the
+peak of the concave phi_i, found by bisection too; the DP evaluates only the counts it weighs. Cost:
+O(n log U) per threshold, independent of the budget. ``allocate_roots`` uses one table when it is
+narrow (2 ceil(B / n) + 8 <= 64 columns, the common case) and the closed form when it is wider or
+turns out too short. Both give the same allocation wherever distinct answers differ in value by more
+than rounding (tested on thousands of random pools against the table); the Beta posterior keeps the
+doubling table (its moments are running products without an accurate closed form). Equal-value optima are broken towards lower prompt indices
 (``ties favour earlier prompts``); permuting the prompts can change which optimum is returned, never its
 value. Values are compared with an absolute tolerance of 1e-12, so "exact" means exact up to
 floating-point rounding of the utilities.
@@ -209,21 +223,40 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     check_root_budget(n, budget, min_group, max_group)
     if budget == 0:
         return np.zeros(n, dtype=np.int64)
-    U = min(max_group, budget)
-    if kappa is None:
-        table = lambda K: _mixed_table(v, min_group, K)  # noqa: E731
-    else:
-        table = lambda K: _beta_mixed_table(v, kappa, min_group, K)  # noqa: E731
-    return _solve_threshold_problem(table, n, budget, min_group, U)
+    return _solve_roots(v, kappa, budget, min_group, min(max_group, budget))
 
 
-def _solve_threshold_problem(table, n: int, B: int, L: int, U: int) -> np.ndarray:
+_NARROW = 64  # widest first table worth building; beyond it (or when it is too short) use the bisections
+
+
+def _solve_roots(v, kappa, B: int, L: int, U: int, *, method: str = "auto") -> np.ndarray:
+    """Dispatch: a table of F for short groups, bisections on the closed form for long ones.
+
+    ``method="table"`` forces the doubling table (the only method for a Beta posterior) and
+    ``"closed_form"`` the bisections; ``"auto"`` tries one table of width 2 ceil(B / n) + 8 when that is
+    at most ``_NARROW`` and falls back to the bisections when it is too short to be sure.
+    """
+    n = len(v)
+    if kappa is not None:
+        return _solve_threshold_problem(lambda K: _beta_mixed_table(v, kappa, L, K), n, B, L, U)
+    K = min(U - L, 2 * -(-B // n) + 8)
+    if method == "table" or (method == "auto" and K <= _NARROW):
+        solution = _solve_with_table(_mixed_table(v, L, K), B, L, U)
+        if solution is not None:
+            return solution
+        if method == "table":
+            return _solve_threshold_problem(lambda K: _mixed_table(v, L, K), n, B, L, U, start=2 * K)
+    return _solve_closed_form(v, B, L, U)
+
+
+def _solve_threshold_problem(table, n: int, B: int, L: int, U: int, *, start: int | None = None) -> np.ndarray:
     """max sum F_i(m_i) s.t. sum m_i = B, m_i in {0} U [L, U], F_i concave on [L, U], F_i(0) = 0.
 
     ``table(K)`` returns F_i(L + j) for j = 0..K. We start with a short table (a few times the mean
-    group) and double it in the rare case that the answer could lie beyond its end.
+    group, or ``start`` columns) and double it in the rare case that the answer could lie beyond its end.
+    Its cost grows with the widest group; ``_solve_closed_form`` avoids that where F has a closed form.
     """
-    K = min(U - L, 2 * -(-B // n) + 8)
+    K = min(U - L, start or 2 * -(-B // n) + 8)
     while True:
         solution = _solve_with_table(table(K), B, L, U)
         if solution is not None:
@@ -329,8 +362,13 @@ def _zero_loss_fill(phi, near_best, active, x0, last_gain, lam, delta, L, U, com
     free_units = np.where(active, top - x0, 0)
     jump = ~active & near_best.any(axis=1)
     lo = np.where(jump, L + np.argmax(near_best, axis=1), 0)
-    hi = np.where(jump, top, 0)
+    return _spend_free(x0, free_units, jump, lo, np.where(jump, top, 0), delta)
 
+
+def _spend_free(x0, free_units, jump, lo, hi, delta):
+    """x0 plus ``delta`` units placed at no loss: activations of the ``jump`` prompts (at a count in
+    [lo, hi]) in index order while free units alone fall short, then ``free_units`` in index order;
+    None when that cannot add up to ``delta``."""
     m = x0.copy()
     need = delta - int(free_units.sum())
     if need > 0:  # free units alone do not suffice: activate free prompts in index order
@@ -357,18 +395,16 @@ def _loss_bounded_dp(phi, phi_best, x0, last_gain, lam, delta, L, U, complete):
     m_col = L + np.arange(W)
     loss = phi_best[:, None] - phi  # >= 0: the loss of giving prompt i the count L + j
     loss_off = phi_best  # the loss of giving it 0
-    positive = loss[loss > _TIE]
-    eps = float(positive.min()) if positive.size else _TIE
-    while True:
+
+    def options_within(eps):
         cheap = loss <= eps + _TIE
         cheap_off = loss_off <= eps + _TIE
         grows_past = (~complete) & cheap[:, -1] & (last_gain > 0)
         if grows_past.any():
             return None  # cheap counts may continue past the end of the table
         flat_past = (~complete) & cheap[:, -1] & (last_gain <= 0)  # beyond: loss rises by lam per unit
-        rows = np.flatnonzero(cheap.sum(axis=1) + cheap_off + flat_past > 1)
         options = []
-        for i in rows.tolist():
+        for i in np.flatnonzero(cheap.sum(axis=1) + cheap_off + flat_past > 1).tolist():
             opts = [(int(m_col[j]), float(loss[i, j])) for j in np.flatnonzero(cheap[i])]
             if cheap_off[i]:
                 opts.append((0, float(loss_off[i])))
@@ -379,8 +415,30 @@ def _loss_bounded_dp(phi, phi_best, x0, last_gain, lam, delta, L, U, complete):
                 reach = U if lam <= _TIE else min(U, last + int((eps - loss[i, -1]) / lam))
                 reach = min(reach, int(x0[i]) + abs(delta) + int(x0.sum()))
                 opts += [(c, float(loss[i, -1] + lam * (c - last))) for c in range(last + 1, reach + 1)]
-            opts = [(c - int(x0[i]), max(cost, 0.0)) for c, cost in opts]
-            options.append((i, sorted(opts, key=lambda o: (o[1], abs(o[0]), o[0]))))
+            options.append((i, _deviations(opts, int(x0[i]))))
+        return options
+
+    positive = loss[loss > _TIE]
+    eps = float(positive.min()) if positive.size else _TIE
+    worst = float(loss.max(initial=0.0)) + float(loss_off.max(initial=0.0)) + 1.0
+    return _cheapest_deviation(options_within, eps, worst, x0, delta)
+
+
+def _deviations(opts, x0_i):
+    """(count, loss) options of one prompt as (count - x0_i, loss >= 0), cheapest and smallest first."""
+    return sorted(((c - x0_i, max(cost, 0.0)) for c, cost in opts), key=lambda o: (o[1], abs(o[0]), o[0]))
+
+
+def _cheapest_deviation(options_within, eps, worst, x0, delta):
+    """Enlarge eps until the cheapest combination of counts each within loss eps costs at most eps.
+
+    ``options_within(eps)`` lists (prompt, deviations) for the prompts with more than one count of loss
+    <= eps (None: unknown, give up); ``worst`` bounds every loss (no solution beyond it is a bug).
+    """
+    while True:
+        options = options_within(eps)
+        if options is None:
+            return None
         best = _min_loss_combination(options, delta)
         if best is not None and best[0] <= eps + _TIE:
             m = x0.copy()
@@ -389,10 +447,174 @@ def _loss_bounded_dp(phi, phi_best, x0, last_gain, lam, delta, L, U, complete):
             return m.astype(np.int64)
         if best is not None:
             eps = best[0]  # every better allocation uses only counts within this loss: one more pass
-        elif eps > float(loss.max(initial=0.0)) + float(loss_off.max(initial=0.0)) + 1.0:
+        elif eps > worst:
             raise AssertionError("no feasible allocation found; check_root_budget should have caught this")
         else:
             eps = 4.0 * eps
+
+
+# ---------------------------------------------------------------------------------------------------
+# Root allocation without a table: the same three steps on the closed form, for budgets >> prompts
+# ---------------------------------------------------------------------------------------------------
+
+
+def _mixed_gain(v: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """F(m + 1) - F(m) = v^m (1 - v) + (1 - v)^m v for m >= 1: decreasing in m (0 for v in {0, 1})."""
+    m = m.astype(float)
+    return np.power(v, m) * (1.0 - v) + np.power(1.0 - v, m) * v
+
+
+def _last_true(pred, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per row, the largest m in [lo, hi] with pred(m) true, for pred true at lo and true-then-false."""
+    lo, hi = lo.copy(), hi.copy()
+    while (lo < hi).any():
+        mid = (lo + hi + 1) // 2
+        ok = pred(mid)
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid - 1)
+    return lo
+
+
+def _first_true(pred, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per row, the smallest m in [lo, hi] with pred(m) true, for pred true at hi and false-then-true."""
+    lo, hi = lo.copy(), hi.copy()
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        ok = pred(mid)
+        lo, hi = np.where(ok, lo, mid + 1), np.where(ok, mid, hi)
+    return hi
+
+
+def _closed_form_threshold(v: np.ndarray, B: int, L: int, U: int) -> float:
+    """lambda*: the B-th largest unit value of the relaxation, found without listing the units.
+
+    Units of prompt i: m^_i units worth rho_i = F(m^_i) / m^_i, then the gains F(m + 1) - F(m),
+    m = m^_i .. U - 1. The chord F(m) / m equals v (1 - v) at m = 2 and 3 and falls after (F(4) / 4 =
+    v (1 - v) - v^2 (1 - v)^2 / 2), so m^_i = min(U, max(L, 3)): the column ``_envelope_block`` finds
+    wherever the fall is visible (v (1 - v) > ~2e-9). The count of units >= t is a sum of
+    per-row bisections; lambda* is the largest double t with at least B units >= t, found by bisecting
+    on the bits of t (doubles >= 0 order like their bit patterns), so it equals a unit value exactly.
+    Each row's bisection starts from the bracket left by the previous steps, and the search starts from
+    a factor-of-4 bracket around a rough threshold (``_rough_threshold``) once exact counts confirm it.
+    """
+    from .contrast import mixed_probability
+
+    n = len(v)
+    m_hat = np.full(n, min(U, max(L, 3)))
+    rho = mixed_probability(v, m_hat) / m_hat
+
+    def count(t, first_hi, first_lo):
+        """Per row, the first count in [first_hi, first_lo] whose gain is < t; and the units >= t."""
+        first = first_hi.copy()
+        open_ = np.flatnonzero(first_lo > first_hi)  # rows whose count is not settled yet
+        lo, vo = first_hi[open_], v[open_]
+        first[open_] = 1 + _last_true(lambda m: (m < lo) | (_mixed_gain(vo, m) >= t), lo - 1, first_lo[open_] - 1)
+        return first, int(np.where(rho >= t, m_hat, 0).sum() + (first - m_hat).sum())
+
+    t_max = max(float(rho.max()), float(_mixed_gain(v, m_hat).max()))
+    bits = lambda t: int(np.float64(t).view(np.int64))  # noqa: E731
+    lo_bits, hi_bits = 0, bits(t_max) + 1
+    first_lo, first_hi = np.full(n, U), m_hat.copy()  # at t = 0 all gains count; at t > t_max none
+    guess = _rough_threshold(v, rho, m_hat, B, U)
+    if 0.0 < guess < t_max:
+        first, units = count(guess / 4.0, first_hi, first_lo)
+        if units >= B:
+            lo_bits, first_lo = bits(guess / 4.0), first
+            first, units = count(min(4.0 * guess, t_max), first_hi, first_lo)
+            if units < B:
+                hi_bits, first_hi = bits(min(4.0 * guess, t_max)), first
+    while hi_bits - lo_bits > 1:
+        mid_bits = (lo_bits + hi_bits) // 2
+        first, units = count(float(np.int64(mid_bits).view(np.float64)), first_hi, first_lo)
+        if units >= B:
+            lo_bits, first_lo = mid_bits, first
+        else:
+            hi_bits, first_hi = mid_bits, first
+    return float(np.int64(lo_bits).view(np.float64))
+
+
+def _rough_threshold(v, rho, m_hat, B: int, U: int) -> float:
+    """A threshold near lambda*, from the dominant term of each gain, g(m) ~ v (1 - v) s^(m - 1) with
+    s = max(v, 1 - v): 60 bisection steps on log t with the count in closed form (0 when none is
+    positive)."""
+    inner = (v > 0.0) & (v < 1.0)
+    if not inner.any():
+        return 0.0
+    vi, m0 = v[inner], m_hat[inner]
+    with np.errstate(divide="ignore"):  # v (1 - v) may underflow for subnormal v
+        log_pair, log_s, log_rho = np.log(vi * (1.0 - vi)), np.log(np.maximum(vi, 1.0 - vi)), np.log(rho[inner])
+    log_s = np.minimum(log_s, -np.finfo(float).tiny)  # s rounds to 1 for v < 1e-16: flat gains
+    lo, hi = -745.0, float(log_rho.max())
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        with np.errstate(over="ignore"):
+            last = np.floor(1.0 + (mid - log_pair) / log_s)  # the dominant term is >= e^mid up to this count
+        units = np.where(log_rho >= mid, m0, 0).sum() + np.clip(last + 1.0 - m0, 0.0, U - m0).sum()
+        lo, hi = (mid, hi) if units >= B else (lo, mid)
+    return float(np.exp(lo))
+
+
+def _solve_closed_form(v: np.ndarray, B: int, L: int, U: int) -> np.ndarray:
+    """``_solve_with_table`` for F = mixed(v, m) without a table: cost O(n log U), not O(n U).
+
+    phi_i(m) = F_i(m) - lambda* m is concave on [L, U], so every set the table solver reads off a row
+    (the counts within a loss of the best) is an interval around phi's peak; bisections on the closed
+    form find its ends, and only the counts the dynamic programme must weigh are ever evaluated.
+    """
+    from .contrast import mixed_probability
+
+    n = len(v)
+    lam = _closed_form_threshold(v, B, L, U)
+    phi = lambda rows, m: mixed_probability(v[rows], m) - lam * m  # noqa: E731
+    every = np.arange(n)
+    ones = np.full(n, L)
+    # The peak: L plus the number of gains above lambda*; the largest of phi next to it (rounding).
+    peak = 1 + _last_true(lambda m: (m < L) | (_mixed_gain(v, m) > lam), ones - 1, np.full(n, U - 1))
+    near = np.clip(peak[:, None] + np.arange(-1, 2)[None, :], L, U)
+    phi_near = phi(every[:, None], near)
+    top_at = near[every, np.argmax(phi_near, axis=1)]
+    phi_top = phi_near.max(axis=1)
+    phi_best = np.maximum(phi_top, 0.0)
+    active = phi_best > _TIE
+
+    def within(loss):
+        """Ends [a, b] of the counts with phi >= phi_best - loss (a > b when there are none)."""
+        floor = phi_best - loss
+        has = phi_top >= floor
+        a = _first_true(lambda m: ~has | (phi(every, m) >= floor), ones, top_at)
+        b = _last_true(lambda m: ~has | (phi(every, m) >= floor), top_at, np.full(n, U))
+        return np.where(has, a, U + 1), np.where(has, b, U)
+
+    first, last = within(_TIE)
+    x0 = np.where(active, first, 0)
+    delta = B - int(x0.sum())
+    if delta == 0:
+        return x0.astype(np.int64)
+    if delta > 0:
+        jump = ~active & (first <= last)
+        filled = _spend_free(x0, np.where(active, last - x0, 0), jump, np.where(jump, first, 0), np.where(jump, last, 0), delta)
+        if filled is not None:
+            return filled
+
+    def options_within(eps):
+        a, b = within(eps + _TIE)
+        cheap_off = phi_best <= eps + _TIE
+        options = []
+        reach = abs(delta) + int(x0.sum())  # no feasible deviation is larger
+        for i in np.flatnonzero(np.maximum(b - a + 1, 0) + cheap_off > 1).tolist():
+            counts = np.arange(a[i], min(b[i], x0[i] + reach) + 1)
+            losses = phi_best[i] - phi(i, counts)
+            opts = list(zip(counts.tolist(), losses.tolist())) + ([(0, float(phi_best[i]))] if cheap_off[i] else [])
+            options.append((i, _deviations(opts, int(x0[i]))))
+        return options
+
+    # The smallest positive loss sits next to the zero-loss interval (or at the peak when it is empty).
+    below = np.where((first <= last) & (first > L), phi_best - phi(every, np.maximum(first - 1, L)), np.inf)
+    above = np.where((first <= last) & (last < U), phi_best - phi(every, np.minimum(last + 1, U)), np.inf)
+    alone = np.where(first > last, phi_best - phi_top, np.inf)
+    eps = float(np.min(np.concatenate([below, above, alone]), initial=np.inf))
+    eps = eps if np.isfinite(eps) else _TIE
+    worst = float((phi_best - np.minimum(phi(every, ones), phi(every, np.full(n, U)))).max(initial=0.0))
+    return _cheapest_deviation(options_within, eps, worst + float(phi_best.max(initial=0.0)) + 1.0, x0, delta)
 
 
 def _min_loss_combination(options, delta):

@@ -12,6 +12,12 @@ Workloads, at n = 10^3, 10^4, 10^5 and 10^6 candidates:
 * prefixes: n anchors over n / 10 prompts, continuation budgets of 0-19 per prompt
   (``allocate_prefixes``), against a per-prompt heap greedy (exact here, since flip is concave).
 
+A second table holds the prompts fixed (1,000, uniform pass rates) and raises the root budget from 10^3
+to 10^6: ``allocate_roots`` as it is ("ours", bisections on the closed form once groups get long)
+against the doubling table it used before ("table", ``method="table"``), whose width follows the
+largest group. The table runs in a child process with a memory cap (``--table-memory-gb``) and a time
+limit (``--table-seconds``) because at 10^6 it needs tens of GB; a row that hits one says so.
+
 The **floor** is ``np.argpartition`` of the budget-th largest over the marginal gains themselves,
 precomputed: each candidate's first w = 2 ceil(B / n) + 8 gains (the table ``allocate_roots`` starts
 from). Any exact greedy must at least select among these, so no exact allocator can beat it by much;
@@ -25,12 +31,15 @@ import argparse
 import heapq
 import json
 import os
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .allocate import allocate_prefixes, allocate_roots, root_utility
+from .allocate import _solve_roots, allocate_prefixes, allocate_roots, root_utility
 from .contrast import flip_probability
 
 
@@ -158,6 +167,82 @@ def run(*, quick: bool = False, seed: int = 0, sizes=None) -> dict:
     return table
 
 
+BUDGETS = (1_000, 10_000, 100_000, 1_000_000)
+
+# Run in a child process: today's doubling table for one budget; prints {"ms": ..., "m": [...]}.
+_TABLE_CHILD = """
+import json, sys, time
+import numpy as np
+from trace_theory.benchmark import budget_pool, _solve_roots
+n, budget, seed, repeats = map(int, sys.argv[1:])
+v = budget_pool(n, seed)
+times = []
+for _ in range(repeats):
+    start = time.perf_counter()
+    m = _solve_roots(v, None, budget, 2, budget, method="table")
+    times.append(time.perf_counter() - start)
+    if times[0] > 1.0:
+        break
+print(json.dumps({"ms": 1e3 * float(np.median(times)), "m": m.tolist()}))
+"""
+
+
+def budget_pool(n: int, seed: int) -> np.ndarray:
+    """The prompts of the budget table: n uniform pass rates."""
+    return np.random.default_rng(seed).random(n)
+
+
+def _table_in_child(n: int, budget: int, seed: int, repeats: int, seconds: float, memory_gb: float) -> dict:
+    """{"ms", "m"} of the doubling table in a capped child process, or {"failed": reason}."""
+    cap = int(memory_gb * 2**30)
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _TABLE_CHILD, str(n), str(budget), str(seed), str(repeats)],
+            capture_output=True, text=True, timeout=seconds, preexec_fn=limit_memory, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"failed": f"> {seconds:g} s"}
+    if done.returncode != 0:
+        return {"failed": f"> {memory_gb:g} GB" if "MemoryError" in done.stderr else done.stderr.strip().splitlines()[-1]}
+    return json.loads(done.stdout)
+
+
+def budget_rows(*, n: int = 1_000, budgets=BUDGETS, seed: int = 0, repeats: int = 5, table_seconds: float = 120.0,
+                table_memory_gb: float = 4.0) -> list[dict]:
+    """Rows of the budget table: n uniform prompts, each budget; ours against the doubling table."""
+    v = budget_pool(n, seed)
+    rows = []
+    for budget in budgets:
+        ours = allocate_roots(v, budget)
+        table = _table_in_child(n, budget, seed, repeats, table_seconds, table_memory_gb)
+        rows.append({
+            "n": n,
+            "budget": budget,
+            "largest_group": int(ours.max()),
+            "table_ms": table.get("ms"),
+            "table_failed": table.get("failed"),
+            "trace_ms": 1e3 * _median_seconds(lambda: allocate_roots(v, budget), repeats),
+            "same_as_table": None if "m" not in table else table["m"] == ours.tolist(),
+        })
+    return rows
+
+
+def format_budget_table(rows: list[dict]) -> str:
+    lines = [f"{'':<9} {'n':>9} {'budget':>9} {'largest':>9} {'table ms':>12} {'ours ms':>9}  same answer"]
+    for row in rows:
+        table = f"{row['table_ms']:>12.2f}" if row["table_ms"] is not None else f"{row['table_failed']:>12}"
+        lines.append(
+            f"{'budget':<9} {row['n']:>9,} {row['budget']:>9,} {row['largest_group']:>9,} {table} "
+            f"{row['trace_ms']:>9.2f}  {row['same_as_table']}"
+        )
+    return "\n".join(lines)
+
+
 def format_table(table: dict) -> str:
     lines = [f"{'':<9} {'n':>9} {'budget':>9} {'floor ms':>9} {'heap ms':>9} {'ours ms':>9} {'ours/floor':>10}  exact >= greedy"]
     for name, rows in table.items():
@@ -175,11 +260,18 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="only n = 10^3 and 10^4")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    parser.add_argument("--table-seconds", type=float, default=120.0, help="time limit of one doubling-table call")
+    parser.add_argument("--table-memory-gb", type=float, default=4.0, help="memory cap of the doubling table's process")
     args = parser.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     result = run(quick=args.quick, seed=args.seed)
     print(format_table(result))
+    result["budgets"] = budget_rows(
+        budgets=BUDGETS[:2] if args.quick else BUDGETS, seed=args.seed,
+        table_seconds=args.table_seconds, table_memory_gb=args.table_memory_gb,
+    )
+    print(format_budget_table(result["budgets"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -167,6 +167,112 @@ def test_root_errors(kwargs, message):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Roots, budgets far above the prompt count: the closed-form solver against the table and the optimum
+# ---------------------------------------------------------------------------------------------------
+
+
+def solve_roots(v, budget, lo, cap, method):
+    """``allocate_roots`` with the solver forced (``"table"``: today's doubling table, the reference)."""
+    from trace_theory.allocate import _solve_roots
+
+    hi = max(budget, lo) if cap is None else max(cap, lo)
+    return _solve_roots(np.asarray(v, dtype=float), None, budget, lo, min(hi, budget), method=method)
+
+
+@given(root_cases)
+@example((np.array([0.5, 0.5, 0.5]), 5, 2, None))
+@example((np.array([0.0, 1.0, 0.0]), 6, 2, 2))
+@example((np.array([1e-9, 0.3]), 11, 3, None))
+@example((np.array([1.0, 1.0]), 8, 1, None))
+def test_closed_form_roots_equal_exhaustive_search(case):
+    v, budget, lo, cap = case
+    hi = max(budget, lo) if cap is None else max(cap, lo)
+    best = best_root_value(v, budget, lo, hi)
+    assume(best is not None and budget > 0)
+    m = solve_roots(v, budget, lo, hi, "closed_form")
+    assert m.dtype == np.int64 and m.sum() == budget
+    assert np.all((m == 0) | ((m >= lo) & (m <= hi)))
+    assert root_utility(v, m) == pytest.approx(best, abs=1e-9)
+
+
+EDGES = np.array([0.0, 1.0, 1e-9, 1 - 1e-9, 1e-3, 0.5, 0.3])
+
+
+def random_root_case(rng):
+    """n <= 10 prompts (uniform, Beta(0.5, 0.5), edge values or a mix), min_group 1..4, a budget up to
+    1000 rollouts per prompt, and a cap half of the time."""
+    n = int(rng.integers(1, 11))
+    v = [rng.random(n), rng.beta(0.5, 0.5, n), rng.choice(EDGES, n), np.where(rng.random(n) < 0.3, rng.choice(EDGES[:4], n), rng.random(n))][rng.integers(4)]
+    lo = int(rng.integers(1, 5))
+    budget = int(rng.integers(1, n * int(rng.choice([2, 10, 100, 1000])) + 1))
+    cap = None if rng.random() < 0.5 else int(rng.integers(lo, max(lo, budget) + 2))
+    return v, budget, lo, cap
+
+
+def test_closed_form_roots_equal_the_table_on_random_pools():
+    """Identical to today's doubling table, tie for tie, wherever distinct answers differ in value by more
+    than rounding: no prompt with 0 < v (1 - v) < 1e-6 (its utility is linear to ~1e-15, so splits of it
+    are ties) and a threshold lambda* >= 1e-10 (below it, units differ by less than the 1e-12 tolerance).
+    Elsewhere both are optimal up to that tolerance per prompt."""
+    from trace_theory.allocate import _closed_form_threshold, check_root_budget
+
+    rng = np.random.default_rng(20261201)
+    strict = 0
+    for _ in range(2000):
+        v, budget, lo, cap = random_root_case(rng)
+        try:
+            check_root_budget(len(v), budget, lo, max(budget, lo) if cap is None else cap)
+        except ValueError:
+            continue
+        want = solve_roots(v, budget, lo, cap, "table")
+        got = solve_roots(v, budget, lo, cap, "closed_form")
+        assert got.sum() == budget and np.all((got == 0) | ((got >= lo) & (got <= (cap or budget))))
+        lam = _closed_form_threshold(v, budget, lo, min(cap or budget, budget))
+        if not ((v * (1 - v) > 0) & (v * (1 - v) < 1e-6)).any() and lam >= 1e-10:
+            strict += 1
+            assert got.tolist() == want.tolist(), (v.tolist(), budget, lo, cap)
+        else:
+            assert root_utility(v, got) >= root_utility(v, want) - len(v) * 1e-12, (v.tolist(), budget, lo, cap)
+    assert strict > 800  # most cases are held to identity
+
+
+@pytest.mark.parametrize(
+    "pool, edges, tolerance",
+    [
+        ("beta", [0.0, 1.0, 0.5, 0.5], 0.0),
+        ("beta", [0.0, 1.0, 1e-9, 1 - 1e-9, 0.5, 0.5], 0.0),
+        # Uniform pass rates put ~1e-3 near 0 and 1: lambda* ~ 1e-20, so the last units are ties within
+        # the 1e-12 tolerance and the certificate can only hold up to it.
+        ("uniform", [0.0, 1.0, 1e-9, 1 - 1e-9, 0.5, 0.5], 1e-12),
+    ],
+)
+def test_roots_with_budget_far_above_the_prompt_count_are_optimal(pool, edges, tolerance):
+    """1,000 prompts, budget 10^6 (groups of up to ~10^5): a Lagrangian certificate proves the optimum.
+
+    With min_group 2 the concave envelope of mixed(v, m) has unit values v (1 - v), v (1 - v), then the
+    gains g(m) = v^m (1 - v) + (1 - v)^m v for m >= 2, and equals mixed(v, m) on {0} U [2, U]. So m is
+    optimal if some lambda lies between every next unit's value and every last taken unit's value:
+    then each m_i maximises envelope_i(m) - lambda m, and no feasible allocation does better.
+    """
+    rng = np.random.default_rng(3)
+    v = rng.beta(0.5, 0.5, 1000) if pool == "beta" else rng.random(1000)
+    v[: len(edges)] = edges
+    budget = 10**6
+    m = allocate_roots(v, budget)
+    assert m.sum() == budget and np.all((m == 0) | (m >= 2))
+    pair = v * (1 - v)
+
+    def gain(k):
+        k = np.maximum(k, 0).astype(float)
+        return np.where(k >= 2, v**k * (1 - v) + (1 - v) ** k * v, pair)
+
+    last = np.where(m > 0, gain(m - 1), np.inf)  # value of the last unit taken
+    nxt = np.where(m < budget, gain(m), -np.inf)  # value of the next unit (activation: v (1 - v))
+    assert nxt.max() <= last.min() + tolerance
+    assert (m > 0).sum() > 900 and m.max() > 10 * budget / 1000  # the large groups that made tables wide
+
+
+# ---------------------------------------------------------------------------------------------------
 # Prefixes
 # ---------------------------------------------------------------------------------------------------
 
