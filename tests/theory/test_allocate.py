@@ -387,9 +387,14 @@ def test_prefix_allocation_near_certain_repeat_does_not_enumerate_the_bracket():
 # ---------------------------------------------------------------------------------------------------
 
 
+from trace_theory.allocate import _FLOOR  # noqa: E402
+
+
 def greedy_prefixes(v, r, prompt, budget, cap):
     """Per prompt, take units by largest log gain k log q + log(1 - q), ties to lower anchor ids; when no
-    worthwhile unit is left, fill worthless ones in anchor order up to the cap. Returns (k, unspent)."""
+    worthwhile unit is left, fill worthless ones in anchor order up to the cap. Returns (k, unspent).
+    A unit whose log gain is below the allocator's documented floor (``_FLOOR``, under every positive
+    double) is worthless, as in the allocator."""
     import heapq
     import math
 
@@ -403,7 +408,8 @@ def greedy_prefixes(v, r, prompt, budget, cap):
             return 0.0 if k[a] == 0 else -math.inf
         if q[a] == 1.0:
             return -math.inf
-        return k[a] * math.log(q[a]) + math.log1p(-q[a])
+        value = k[a] * math.log(q[a]) + math.log1p(-q[a])
+        return value if value >= _FLOOR else -math.inf
 
     for g, b in enumerate(budget):
         idx = np.flatnonzero(prompt == g).tolist()
@@ -440,6 +446,7 @@ large_prefix_cases = st.integers(1, 30).flatmap(
 @example((np.array([0.5] * 6), np.array([1.0, 0.0] * 3), np.zeros(6, np.int64), np.array([400, 0, 0, 0]), None))
 @example((np.array([1 - 1e-6, 0.3, 1 - 1e-6]), np.ones(3), np.zeros(3, np.int64), np.array([137, 0, 0, 0]), None))
 @example((np.array([0.0, 1.0, 0.5]), np.array([1.0, 1.0, 0.0]), np.zeros(3, np.int64), np.array([90, 0, 0, 0]), 7))
+@example((np.array([0.0, 1e-9, 0.0]), np.array([0.0, 1.0, 0.0]), np.zeros(3, np.int64), np.array([40, 0, 0, 0]), None))
 def test_prefixes_equal_the_obvious_greedy_tie_for_tie(case):
     """Large budgets, equal gains across anchors, near-certain prefixes and budgets above the caps."""
     v, r, prompt, budget, cap = case
