@@ -82,10 +82,11 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     mixed = ratio * forest.n_prompts
     by_depth = budget_by_depth(forest)
     metrics = {
-        **yield_metrics(forest, rollouts=batch.rollouts, turns=batch.turns),
+        **(yields := yield_metrics(forest, rollouts=batch.rollouts, turns=batch.turns)),
         "effective_ratio": ratio,
         "mixed_prompts": mixed,
         "mixed_anchor_ratio": mixed_anchor_ratio(forest),
+        "contrast_pairs_per_rollout": yields["contrast_pairs_per_1k_rollouts"] / 1000.0,
         "prompts": forest.n_prompts,
         "rollouts": batch.rollouts,
         "turns": batch.turns,
