@@ -108,11 +108,11 @@ class Units:
         todo = [(fn, key, path) for key, path in zip(keys, paths) if not path.exists()]
         bar = tqdm(total=len(todo), desc=desc, disable=None if self.progress else True, leave=False)
         if self.workers > 1 and len(todo) > 1:
-            _TODO[:] = todo  # before the fork: the workers inherit it (closures need no pickling)
+            _PENDING[:] = todo  # before the fork: the workers inherit it (closures need no pickling)
             with multiprocessing.get_context("fork").Pool(min(self.workers, len(todo))) as pool:
                 for _ in pool.imap_unordered(_run_unit, range(len(todo))):
                     bar.update()
-            _TODO.clear()
+            _PENDING.clear()
         else:
             for task in todo:
                 _save_unit(*task)
@@ -121,12 +121,12 @@ class Units:
         return pd.concat([_read_unit(path) for path in paths], ignore_index=True)
 
 
-_TODO: list = []
+_PENDING: list = []
 """The pending units of the running ``Units.map``, as (fn, key, path), for forked workers."""
 
 
 def _run_unit(index: int) -> None:
-    _save_unit(*_TODO[index])
+    _save_unit(*_PENDING[index])
 
 
 def _save_unit(fn: Callable[[Any], pd.DataFrame], key, path: Path) -> None:
