@@ -11,7 +11,7 @@ from trace_train.envs import is_concurrency_safe, make_env_factory
 from trace_train.envs.bfcl import BfclEnv, bfcl_rows
 from trace_train.envs.math_python import MathPythonEnv
 
-from .scripted import MATH, bfcl_actions, math_actions, play, tool_call
+from .scripted import CORPUS, DEMO, MATH, bfcl_actions, math_actions, play, qa_actions, tool_call
 
 THREADS = 8
 
@@ -61,3 +61,32 @@ def test_sandboxed_episodes_on_many_threads_see_only_their_own_files_and_score_a
 @pytest.mark.parametrize("name", ["guess_number", "math_python", "bfcl"])
 def test_the_tool_environments_declare_themselves_concurrency_safe(name):
     assert is_concurrency_safe(make_env_factory(name))
+
+
+def test_search_episodes_on_many_threads_match_the_same_episodes_one_by_one():
+    """One BM25 index shared by every episode, as the trainer's factory shares it; and the HTTP client."""
+    from trace_train.envs.search_qa import SearchQAEnv
+    from trace_train.tools.retrieval_server import make_server, serve_in_background
+    from trace_train.tools.search import BM25Retriever, HttpRetriever, SearchTool
+
+    retriever = BM25Retriever.from_jsonl(CORPUS)
+    server = make_server(retriever, host="127.0.0.1", port=0)
+    serve_in_background(server)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+        for search in (SearchTool(retriever, topk=3), SearchTool(HttpRetriever(url), topk=3)):
+            def episode(question, search=search):
+                env = SearchQAEnv(search)
+                env.reset({"id": question["id"], "question": question["question"],
+                           "answers": question["golden_answers"]})
+                return [r.observation for r in play(env, qa_actions(question))], env.verify()
+
+            jobs = DEMO * 2
+            serial = [episode(q) for q in jobs]
+            with ThreadPoolExecutor(THREADS) as pool:
+                concurrent = list(pool.map(episode, jobs))
+            assert concurrent == serial
+            assert all(reward == 1.0 for _, reward in serial)
+    finally:
+        server.shutdown()
+        server.server_close()

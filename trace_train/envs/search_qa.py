@@ -107,6 +107,10 @@ class SearchQAEnv:
         Replaces the default instructions; ``{topk}`` and ``{max_searches}`` in it are filled in.
     """
 
+    concurrency_safe = True
+    """Episodes keep their state in the instance; the shared SearchTool is read-only: BM25 retrieval only
+    reads its index, and the HTTP client opens one connection per request (tests/envs/test_concurrency.py)."""
+
     def __init__(self, search: SearchTool, *, reward: str = "exact_match", max_searches: int = 4,
                  observation_role: str = "tool", system_prompt: str | None = None):
         if not isinstance(search, SearchTool):
