@@ -59,7 +59,10 @@ DEFAULT_TOOL_CALLS = {"math": 8, "qa": 4}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESULTS, SUMMARY, CONFIG = "results.jsonl", "summary.json", "config.json"
 _RESUMABLE = ("limit", "batch_size", "output_dir")  # may change between runs into one folder
-_PATHS = ("model", "data", "corpus")  # compared as resolved paths when they name local files
+_PATHS = ("model", "data", "corpus")
+_EVAL_OWNS = frozenset({"policy", "pool_size", "roots", "continuations_per_root", "token_budget", "group_size",
+                        "min_group", "dapo_target", "expansion_rounds", "temperature", "top_p", "limits",
+                        "binary_rewards", "seed"})  # compared as resolved paths when they name local files
 _DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
 
 
@@ -92,6 +95,9 @@ class EvalConfig:
     device: str = _help("hf back end: torch device (auto: cuda when available, else cpu)", "auto")
     vllm_options: dict = _help("vllm back end: extra vllm.LLM arguments, e.g. {tensor_parallel_size: 2}",
                                factory=dict)
+    rollout_options: dict = _help("any other field of the rollout engine's RolloutConfig, e.g. {schedule: "
+                                  "lockstep, env_workers: 32, env_timeout_s: 60, chat_template_kwargs: {...}}",
+                                  factory=dict)
     max_turns: int | None = _help("agent turns per rollout (default: math 8, qa 8, bfcl 40)", None)
     max_turn_tokens: int = _help("new tokens per turn", 1024)
     max_context_tokens: int = _help("prompt, actions and observations together", 16384)
@@ -129,7 +135,27 @@ class EvalConfig:
         if not isinstance(self.vllm_options, dict):
             raise ValueError(f"`vllm_options` must be a mapping, got {self.vllm_options!r}")
         _ = self.limits  # validates the episode limits
+        self.rollout_config(pool_size=1, binary_rewards=True)  # validates rollout_options
         getattr(self, f"_check_{self.benchmark}")()
+
+    def rollout_config(self, *, pool_size: int, binary_rewards: bool) -> RolloutConfig:
+        """The engine config of one batch of ``pool_size`` tasks: k rollouts each (GRPO's flat groups, a
+        group of 1 allowed), the sampling and limits above, and ``rollout_options`` for the rest."""
+        if not isinstance(self.rollout_options, dict):
+            raise ValueError(f"`rollout_options` must be a mapping, got {self.rollout_options!r}")
+        fields = {f.name for f in dataclasses.fields(RolloutConfig)}
+        unknown = sorted(set(self.rollout_options) - fields)
+        if unknown:
+            raise ValueError(f"`rollout_options`: {unknown[0]!r} is not a RolloutConfig field; fields: "
+                             f"{', '.join(sorted(fields))}")
+        owned = sorted(set(self.rollout_options) & _EVAL_OWNS)
+        if owned:
+            raise ValueError(f"`rollout_options`: {owned[0]!r} is set by trace-eval itself (use its own flags: "
+                             "k, temperature, top_p, max_turns, max_turn_tokens, max_context_tokens, seed)")
+        return RolloutConfig(policy="grpo", pool_size=pool_size, roots=self.k * pool_size,
+                             continuations_per_root=0, group_size=self.k, min_group=1,
+                             temperature=self.temperature, top_p=self.top_p, limits=self.limits,
+                             binary_rewards=binary_rewards, seed=self.seed, **self.rollout_options)
 
     def _check_math(self):
         if not self.data:
@@ -379,7 +405,9 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     tokenizer = _load_tokenizer(config.model)
     role = config.observation_role
     factory = _env_factory(config, observation_role_for(tokenizer) if role == "auto" else role)
-    kwargs = {} if config.enable_thinking is None else {"enable_thinking": config.enable_thinking}
+    kwargs = dict(config.rollout_options.get("chat_template_kwargs") or {})
+    if config.enable_thinking is not None:
+        kwargs["enable_thinking"] = config.enable_thinking
     chat = chat_format(tokenizer, tools=factory.tools, template_kwargs=kwargs)
     _check_prompts(pending, factory, chat, config.limits)
     backend = _load_backend(config)  # the first expensive step: everything above has been checked
@@ -389,10 +417,7 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     with open(path, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
-            rollouts = RolloutConfig(policy="grpo", pool_size=len(chunk), roots=config.k * len(chunk),
-                                     continuations_per_root=0, group_size=config.k, min_group=1,
-                                     temperature=config.temperature, top_p=config.top_p, limits=config.limits,
-                                     binary_rewards=factory.binary_rewards, seed=config.seed)
+            rollouts = config.rollout_config(pool_size=len(chunk), binary_rewards=factory.binary_rewards)
             batch = RolloutEngine(backend, factory, rollouts, chat=chat).rollout(
                 chunk, seed=config.seed * 1_000_003 + position[chunk[0]["id"]])
             for record in _task_records(batch, chunk, factory):

@@ -115,6 +115,9 @@ def test_prompts_that_do_not_fit_fail_before_the_model_is_loaded(tmp_path, tiny_
     ({"model": ""}, "`model` must be a non-empty string"),
     ({"device": "gpu"}, "`device` must be"),
     ({"seed": -1}, "`seed` must be a non-negative integer"),
+    ({"rollout_options": {"schedulee": "lockstep"}}, "'schedulee' is not a RolloutConfig field"),
+    ({"rollout_options": {"roots": 4}}, "'roots' is set by trace-eval itself"),
+    ({"rollout_options": {"schedule": "sometimes"}}, "`schedule`"),
 ])
 def test_bad_configs_fail_with_one_clear_error_before_any_model_is_loaded(tmp_path, math_file, changes,
                                                                           message):

@@ -93,3 +93,13 @@ def test_the_same_folder_resumes_by_relative_or_absolute_path(tmp_path, tiny_dir
     again = main(EvalConfig(**common, data=str(math_file), output_dir=os.path.join(tmp_path, "out")))
     assert first["evaluated_now"] == 1 and again["evaluated_now"] == 0
     assert again["metrics"] == first["metrics"]
+
+
+def test_every_other_engine_field_is_reachable_through_rollout_options(math_file, tmp_path):
+    config = EvalConfig(model="unused", benchmark="math", data=str(math_file), output_dir=str(tmp_path / "o"),
+                        k=3, temperature=0.5, rollout_options={"schedule": "lockstep", "env_workers": 4,
+                                                               "env_timeout_s": 30.0})
+    engine = config.rollout_config(pool_size=2, binary_rewards=True)
+    assert (engine.schedule, engine.env_workers, engine.env_timeout_s) == ("lockstep", 4, 30.0)
+    assert (engine.roots, engine.group_size, engine.min_group, engine.temperature) == (6, 3, 1, 0.5)
+    assert engine.limits == config.limits
