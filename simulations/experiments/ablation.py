@@ -32,7 +32,7 @@ from trace_theory import RolloutBudget
 
 from ..model import BernoulliTreeModel
 from ..runner import Arm
-from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
+from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy_metrics, unit_rng
 from .common import YIELD_METRICS, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
 
 NAME = "ablation"
@@ -134,25 +134,18 @@ def run(config: Config, units: Units) -> Outcome:
         rows = online_batches(
             model, arm, budget, pool=pool, batches=config.batches, rng=rng, group_size=config.group_size
         )
-        return tidy(
+        return tidy_metrics(
             NAME,
-            [
-                {
-                    "study": study,
-                    "pool_mode": mode,
-                    "pool": pool,
-                    "arm": arm.label,
-                    "seed": s,
-                    "budget": budget.total,
-                    "roots": m,
-                    "continuations": n,
-                    "batch": r["batch"],
-                    "metric": k,
-                    "value": r[k],
-                }
-                for r in rows
-                for k in METRICS
-            ],
+            rows,
+            METRICS,
+            study=study,
+            pool_mode=mode,
+            pool=pool,
+            arm=arm.label,
+            seed=s,
+            budget=budget.total,
+            roots=m,
+            continuations=n,
         )
 
     m0, n0 = config.ablation_shape

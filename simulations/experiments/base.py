@@ -150,6 +150,13 @@ def _slug(key) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:80]
 
 
+def tidy_metrics(experiment: str, rows: list[dict], metrics, *, index: str = "batch", **keys) -> pd.DataFrame:
+    """:func:`tidy` of one observation per (row, metric): ``keys``, the row's ``index`` (its batch or step),
+    ``metric`` and ``value``; a metric a row lacks is left out."""
+    return tidy(experiment, [{**keys, index: r[index], "metric": k, "value": r[k]}
+                             for r in rows for k in metrics if k in r])
+
+
 def tidy(experiment: str, rows: list[dict]) -> pd.DataFrame:
     """A tidy table from row dicts, with the shared columns first (missing ones filled with NaN)."""
     table = pd.DataFrame(rows)

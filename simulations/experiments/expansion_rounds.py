@@ -24,7 +24,7 @@ from trace_theory import RolloutBudget, get_policy
 
 from ..model import BernoulliTreeModel
 from ..runner import Arm
-from .base import Experiment, Outcome, Units, register, summarise, tidy, unit_rng
+from .base import Experiment, Outcome, Units, register, summarise, tidy_metrics, unit_rng
 from .common import BatchShape, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
 
 NAME = "expansion_rounds"
@@ -93,11 +93,8 @@ def run(config: Config, units: Units) -> Outcome:
         rows = online_batches(model, arm, RolloutBudget(roots, config.continuations), pool=config.pool,
                               batches=config.batches, rng=rng, group_size=config.group_size,
                               expansion_rounds=rounds)
-        return tidy(NAME, [
-            {"view": view, "arm": arm.label, "rounds": rounds, "seed": s,
-             "budget": roots * (1 + config.continuations), "batch": r["batch"], "metric": k, "value": r[k]}
-            for r in rows for k in METRICS
-        ])
+        return tidy_metrics(NAME, rows, METRICS, view=view, arm=arm.label, rounds=rounds, seed=s,
+                            budget=roots * (1 + config.continuations))
 
     seeds, grid = range(config.seeds), [(a, r) for a in config.arms for r in config.rounds]
     by_rollouts = units.map(unit, [("equal_rollouts", a, r, config.roots, s) for a, r in grid for s in seeds],

@@ -35,7 +35,7 @@ from ..mdp import NORMALISATIONS, MDPWorld, TreeMDP, policy_gradient_step
 from ..model import PassRates
 from ..predictors import make_predictor
 from ..runner import Arm, sample_batch
-from .base import Experiment, Outcome, Units, mean_and_stderr, register, tidy, unit_rng
+from .base import Experiment, Outcome, Units, mean_and_stderr, register, tidy_metrics, unit_rng
 from . import tuning
 from .common import BatchShape, PAPER_GRPO_RATIO, check_arms, yield_metrics
 
@@ -233,27 +233,20 @@ def run(config: Config, units: Units) -> Outcome:
             predictor_decay=config.predictor_decay,
             record_every=1 if default else config.record_every,
         )
-        return tidy(
+        return tidy_metrics(
             NAME,
-            [
-                {
-                    "arm": config.label(arm_text, estimator),
-                    "policy": arm.policy,
-                    "predictor": arm.predictor,
-                    "estimator": estimator,
-                    "normalisation": normalisation,
-                    "lr": lr,
-                    "stage": "report" if s < config.seeds else "tuning",
-                    "seed": s,
-                    "budget": config.budget.total,
-                    "step": r["step"],
-                    "metric": k,
-                    "value": r[k],
-                }
-                for r in rows
-                for k in CURVE_METRICS + BATCH_METRICS
-                if k in r
-            ],
+            rows,
+            CURVE_METRICS + BATCH_METRICS,
+            arm=config.label(arm_text, estimator),
+            policy=arm.policy,
+            predictor=arm.predictor,
+            estimator=estimator,
+            normalisation=normalisation,
+            lr=lr,
+            stage="report" if s < config.seeds else "tuning",
+            seed=s,
+            budget=config.budget.total,
+            index="step",
         )
 
     shared = [(a, e, "leaves", config.lr, s) for a, e in config.runs for s in range(config.seeds)]

@@ -22,7 +22,7 @@ from trace_theory import RolloutBudget
 
 from ..model import BernoulliTreeModel
 from ..runner import Arm
-from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy, unit_rng
+from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy_metrics, unit_rng
 from .common import YIELD_METRICS, BatchShape, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
 
 NAME = "predictor_quality"
@@ -103,23 +103,15 @@ def run(config: Config, units: Units) -> Outcome:
             group_size=config.group_size,
             predictor_options=options,
         )
-        return tidy(
+        return tidy_metrics(
             NAME,
-            [
-                {
-                    "arm": arm.label,
-                    "seed": s,
-                    "budget": config.budget.total,
-                    "noise": noise,
-                    "temperature": temperature,
-                    "batch": r["batch"],
-                    "metric": k,
-                    "value": r[k],
-                }
-                for r in rows
-                for k in METRICS
-                if k in r
-            ],
+            rows,
+            METRICS,
+            arm=arm.label,
+            seed=s,
+            budget=config.budget.total,
+            noise=noise,
+            temperature=temperature,
         )
 
     keys = [

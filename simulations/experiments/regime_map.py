@@ -32,7 +32,7 @@ from ..mdp import NORMALISATIONS, TreeMDP
 from ..model import PassRates
 from ..runner import Arm
 from . import tuning
-from .base import Experiment, Outcome, Units, register, tidy, unit_rng
+from .base import Experiment, Outcome, Units, register, tidy_metrics, unit_rng
 from .common import PAPER_GRPO_RATIO, check_arms
 from .learning_curves import train_curve
 
@@ -149,22 +149,16 @@ def run(config: Config, units: Units) -> Outcome:
             group_size=config.group_size,
             record_every=config.record_every,
         )
-        return tidy(
+        return tidy_metrics(
             NAME,
-            [
-                {
-                    "world": world,
-                    "arm": arm.label,
-                    "lr": lr,
-                    "seed": s,
-                    "budget": budget.total,
-                    "step": r["step"],
-                    "metric": k,
-                    "value": r[k],
-                }
-                for r in rows
-                for k in ("success", "rollouts", "turns", "prefix_turns")
-            ],
+            rows,
+            ("success", "rollouts", "turns", "prefix_turns"),
+            world=world,
+            arm=arm.label,
+            lr=lr,
+            seed=s,
+            budget=budget.total,
+            index="step",
         )
 
     tune = range(config.seeds, config.seeds + config.tuning_seeds)

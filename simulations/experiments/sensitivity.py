@@ -28,7 +28,7 @@ from trace_theory import RolloutBudget
 
 from ..model import BernoulliTreeModel
 from ..runner import Arm
-from .base import Experiment, Outcome, Units, register, summarise, tidy, unit_rng
+from .base import Experiment, Outcome, Units, register, summarise, tidy_metrics, unit_rng
 from .common import PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, YIELD_METRICS, calibrated, check_arms, online_batches
 
 NAME = "sensitivity"
@@ -125,23 +125,16 @@ def run(config: Config, units: Units) -> Outcome:
             rng=rng,
             group_size=config.group_size,
         )
-        return tidy(
+        return tidy_metrics(
             NAME,
-            [
-                {
-                    "arm": arm.label,
-                    "seed": s,
-                    "budget": config.roots * (1 + config.continuations),
-                    "noise": noise,
-                    "pool_factor": factor,
-                    "informativeness": informativeness,
-                    "batch": r["batch"],
-                    "metric": k,
-                    "value": r[k],
-                }
-                for r in rows
-                for k in METRICS
-            ],
+            rows,
+            METRICS,
+            arm=arm.label,
+            seed=s,
+            budget=config.roots * (1 + config.continuations),
+            noise=noise,
+            pool_factor=factor,
+            informativeness=informativeness,
         )
 
     keys = []
