@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.rollouts, repeats=args.repeats)
     if args.scaling:
         result["scaling"] = scaling()
+    result["load_average"] = round(os.getloadavg()[0], 2)  # other jobs on the machine slow every figure
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rollouts": args.rollouts, **result}, indent=2) + "\n")
     print(f"raw model:      {result['raw_mturns_per_s']:.2f} M turns/s")
-    print(f"batch pipeline: {result['batch_mturns_per_s']:.2f} M turns/s (TRACE, oracle predictor)")
+    print(f"batch pipeline: {result['batch_mturns_per_s']:.2f} M turns/s (TRACE, oracle predictor; "
+          f"load average {result['load_average']})")
     for row in result.get("scaling", []):
         print(
             f"one batch of {row['prompts']:>9,} prompts ({row['rollouts']:,} rollouts, {row['turns']:,.0f} turns): "

@@ -111,12 +111,14 @@ class SimForest:
             )
         root_anchor = np.repeat(np.arange(active.size), m[active])
         parent, reward = _turn_links(rollouts, root_anchor, offset=active.size)
+        turn = np.arange(parent.size) - np.repeat(rollouts.start, rollouts.length)  # position in its rollout
         forest = RolloutForest.from_parents(
             np.concatenate([np.full(active.size, -1), parent]),
             np.concatenate([np.full(active.size, np.nan), reward]),
             prompt=active,
             origin=np.concatenate([np.full(active.size, Origin.ROOT), np.full(parent.size, Origin.BARE)]),
             validate=False,
+            depth=np.concatenate([np.zeros(active.size, np.int64), turn + 1]),
         )
         nodes = {k: np.concatenate([prompts[k][active], rollouts.turns[k]]) for k in rollouts.turns}
         return cls(forest, nodes)

@@ -272,6 +272,8 @@ def main(argv=None) -> int:
         table_seconds=args.table_seconds, table_memory_gb=args.table_memory_gb,
     )
     print(format_budget_table(result["budgets"]))
+    result["load_average"] = round(os.getloadavg()[0], 2)  # other jobs on the machine slow every figure
+    print(f"load average {result['load_average']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

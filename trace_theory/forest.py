@@ -215,7 +215,7 @@ class RolloutForest:
 
     @classmethod
     def from_parents(cls, parent, reward, *, prompt=None, origin=None, cost=None, binary_rewards=True,
-                     validate=True):
+                     validate=True, depth=None):
         """Build a forest from parent links and leaf rewards, deriving depth, leaves and defaults.
 
         Parameters
@@ -236,6 +236,9 @@ class RolloutForest:
         validate : bool, default True
             ``False`` skips every check (the trusted fast path, see :meth:`append`); the caller
             guarantees valid links and rewards and may call :meth:`validate` once later.
+        depth : array_like of int, optional
+            Depth of each node when the caller knows it already (a simulator does), which saves
+            deriving it from the links; checked against them unless ``validate=False``.
 
         Examples
         --------
@@ -255,7 +258,17 @@ class RolloutForest:
         else:  # copies: the forest must not share arrays that the caller may change
             parent, reward = np.array(parent, np.int64), np.array(reward, float)
         n = len(parent)
-        depth = _depths(parent)
+        derived = _depths(parent) if depth is None or validate else None
+        if depth is None:
+            depth = derived
+        elif validate:
+            depth = cls._integral("depth", depth)
+            _checks.same_length(parent=parent, depth=depth)
+            if not np.array_equal(depth, derived):
+                i = int(np.flatnonzero(depth != derived)[0])
+                raise ValueError(f"`depth` does not match the parent links (first at node {i})")
+        else:
+            depth = np.array(depth, np.int64)
         is_root = parent == -1
         if prompt is None:
             root_prompt = np.arange(int(is_root.sum()))
@@ -574,6 +587,14 @@ class RolloutForest:
         p = self.parent[nonroot]
         out[nonroot] = (self.parent[p] == -1) | (self.first_child[p] != np.flatnonzero(nonroot))
         return out
+
+    @cached_property
+    def rollout_start(self) -> np.ndarray:
+        """For every non-root node, the first turn of its rollout (itself if it starts one); -1 for roots."""
+        start = np.full(len(self), -1, dtype=np.int64)
+        for level in list(self.iter_levels())[1:]:
+            start[level] = np.where(self.starts_rollout[level], level, start[self.parent[level]])
+        return start
 
     @cached_property
     def rollout_anchor(self) -> np.ndarray:

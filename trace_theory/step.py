@@ -336,14 +336,14 @@ def in_rollout_order(forest: RolloutForest, nodes: np.ndarray) -> np.ndarray:
 
     The simulator numbers nodes rollout by rollout, the engine turn by turn across rollouts; the uniform
     prefix rule (anchor order) and the ties of the active one (lower anchor first) must see the same
-    order in both. For the simulator the order is its id order already.
+    order in both. Nodes already in that order (the simulator's, in id order) come back unsorted.
     """
-    start = nodes.copy()
-    inside = ~forest.starts_rollout[start]
-    while inside.any():  # climb to the rollout's first turn, at most depth steps
-        start[inside] = forest.parent[start[inside]]
-        inside[inside] = ~forest.starts_rollout[start[inside]]
-    return nodes[np.lexsort((forest.depth[nodes], start, forest.tree_index[nodes]))]
+    nodes = np.asarray(nodes, dtype=np.int64)
+    tree, start, depth = forest.tree_index[nodes], forest.rollout_start[nodes], forest.depth[nodes]
+    t0, t1, s0, s1 = tree[:-1], tree[1:], start[:-1], start[1:]
+    if ((t0 < t1) | ((t0 == t1) & ((s0 < s1) | ((s0 == s1) & (depth[:-1] <= depth[1:]))))).all():
+        return nodes.copy()
+    return nodes[np.lexsort((depth, start, tree))]
 
 
 def _dynamic_sampling(world: World, policy: AllocationPolicy, budget: int, pool: int) -> StepRecord:

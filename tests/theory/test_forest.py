@@ -128,6 +128,9 @@ def test_traversal_helpers_match_naive_loops(f):
             while f.parent[f.parent[node]] != -1 and naive_children(f, f.parent[node])[0] == node:
                 node = f.parent[node]
             assert f.rollout_anchor[i] == f.parent[node]
+            assert f.rollout_start[i] == node  # the first turn of the same rollout
+        else:
+            assert f.rollout_start[i] == -1
     values = np.arange(len(f), dtype=float)
     sums = f.subtree_sum(values)
     for i in range(len(f)):
@@ -200,8 +203,18 @@ def test_trusted_from_parents_builds_exactly_the_validated_forest(f):
     kwargs = dict(prompt=f.prompt[f.roots] + 3, origin=f.origin.copy(), cost=f.cost.copy())
     trusted = RolloutForest.from_parents(*args, **kwargs, validate=False)
     assert_same_forest(trusted, RolloutForest.from_parents(*args, **kwargs))
+    given_depth = RolloutForest.from_parents(*args, **kwargs, validate=False, depth=f.depth)
+    assert_same_forest(given_depth, RolloutForest.from_parents(*args, **kwargs, depth=f.depth))
+    assert_same_forest(given_depth, trusted)
     args[0][:] = 0  # the trusted forest owns its arrays
     assert trusted.validate().parent[0] == -1
+
+
+def test_a_given_depth_is_checked_against_the_links_unless_trusted():
+    parent, reward = [-1, 0, 1], [NAN, NAN, 1.0]
+    with pytest.raises(ValueError, match=r"`depth` does not match the parent links \(first at node 2\)"):
+        RolloutForest.from_parents(parent, reward, depth=[0, 1, 1])
+    assert RolloutForest.from_parents(parent, reward, depth=[0, 1, 2]).depth.tolist() == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
