@@ -85,3 +85,19 @@ def test_tuning_and_report_seeds_must_differ(capsys):
     with pytest.raises(SystemExit):
         bench.cli(["--policies", "trace", "grpo", "--tuning-seeds", "0", "--seeds", "0", "1"])
     assert "--tuning-seeds and --seeds must differ" in capsys.readouterr().err
+
+
+def test_runs_on_worker_processes_come_back_in_job_order(tmp_path):
+    jobs = [("trace", 0, 1e-3), ("grpo", 0, 2e-3), ("trace", 1, 1e-3)]
+    for policy, seed, lr in jobs:
+        folder = bench.run_dir(tmp_path, "mixed", policy, lr, seed)
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(dict(_result(policy, lr, seed, 0.1 * seed), steps=5)))
+    serial = bench.run_all(tmp_path, jobs, steps=5, token_budget=600, task="mixed")
+    parallel = bench.run_all(tmp_path, jobs, workers=2, steps=5, token_budget=600, task="mixed")
+    assert parallel == serial and [(r["policy"], r["seed"], r["lr"]) for r in parallel] == jobs
+
+
+def test_a_best_rate_at_the_edge_of_the_grid_is_flagged():
+    assert bench.at_grid_edge({"trace": 2e-3, "grpo": 1e-3, "dapo": 5e-4}, [5e-4, 1e-3, 2e-3]) == ["trace", "dapo"]
+    assert bench.at_grid_edge({"trace": 1e-3}, [1e-3]) == []  # one rate: no sweep, nothing to widen
