@@ -36,6 +36,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m trace_theory.benchmark --json results/benchmarks/allocation.json
+	$(BIN)/python -m simulations.benchmark --scaling --json results/benchmarks/simulator.json
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis
