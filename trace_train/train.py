@@ -200,6 +200,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     model.train()
     optimizer.zero_grad(set_to_none=True)
     stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+    weight = 0.0  # this rank's share of the normaliser
     parts = seqs.micro_batches()
     # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
     # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
@@ -226,8 +227,11 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
             raise NonFiniteLossError(f"loss is {float(loss)}")
         scaled.backward()
         stats["loss"] += float(loss.detach()) * share * info.world_size
-        for k in ("pg_loss", "kl", "clip_fraction"):
-            stats[k] += m[k] / n_micro
+        for k in ("pg_loss", "kl", "clip_fraction"):  # weighted as the loss is, so packing cannot change them
+            stats[k] += m[k] * share
+        weight += share
+    for k in ("pg_loss", "kl", "clip_fraction"):
+        stats[k] /= max(weight, 1e-12)
     clip = cfg.optim.grad_clip or float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
     if not math.isfinite(grad_norm):

@@ -195,7 +195,9 @@ def update(model, ref, seqs, algorithm: AlgorithmConfig, micro_batch_size: int =
 
 def assert_same_update(leaf, tree):
     (s_leaf, g_leaf), (s_tree, g_tree) = leaf, tree
-    for k in ("loss", "grad_norm"):  # (pg_loss, kl: means over micro-batches, which differ)
+    # pg_loss is weighted like the loss; kl and clip_fraction are per-token means, weighted the same way,
+    # so they agree exactly under token-mean aggregation and only approximately under the others.
+    for k in ("loss", "grad_norm", "pg_loss"):
         assert s_tree[k] == pytest.approx(s_leaf[k], rel=2e-5, abs=1e-7), k
     for name, g in g_leaf.items():
         torch.testing.assert_close(g_tree[name], g, rtol=1e-4, atol=1e-6, msg=name)
