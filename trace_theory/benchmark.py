@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .allocate import _solve_roots, allocate_prefixes, allocate_roots, root_utility
+from .allocate import allocate_prefixes, allocate_roots, root_utility
 from .contrast import flip_probability
 
 
@@ -173,7 +173,8 @@ BUDGETS = (1_000, 10_000, 100_000, 1_000_000)
 _TABLE_CHILD = """
 import json, sys, time
 import numpy as np
-from trace_theory.benchmark import budget_pool, _solve_roots
+from trace_theory.allocate import _solve_roots
+from trace_theory.benchmark import budget_pool
 n, budget, seed, repeats = map(int, sys.argv[1:])
 v = budget_pool(n, seed)
 times = []
