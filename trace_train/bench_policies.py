@@ -79,7 +79,10 @@ def run_one(
     ])
     start = time.perf_counter()
     train(cfg)
-    result = run_result(read_metrics(folder / "metrics.jsonl"))
+    try:
+        result = run_result(read_metrics(folder / "metrics.jsonl"))
+    except ValueError as err:  # e.g. a finished checkpoint whose metrics file was lost: rerunning resumes nothing
+        raise ValueError(f"{folder}: {err}; delete the folder to rerun this run from scratch") from None
     result.update(policy=policy, lr=lr, seed=seed, steps=steps, task=task, eval_every=eval_every,
                   minutes=round((time.perf_counter() - start) / 60, 2), load_average=round(os.getloadavg()[0], 1))
     partial = done.with_suffix(".partial")
