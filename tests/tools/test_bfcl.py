@@ -224,3 +224,33 @@ def test_inputs_are_validated():
     with pytest.raises(ValueError, match="`test_fraction` must be in"):
         make_bfcl_split(test_fraction=1.0)
     assert isinstance(backend.snapshot(), BfclSnapshot)
+
+
+def test_math_calls_leave_mpmath_precision_alone_and_agree_across_threads():
+    """MathAPI.logarithm sets the process-wide mpmath precision: calls run alone and restore it."""
+    import decimal
+    import threading
+
+    import mpmath
+
+    task = next(t for t in TASKS if "MathAPI" in t.involved_classes)
+    calls = [f"logarithm(value=7, base=3, precision={p})" for p in (5, 60)]
+    serial = {call: BfclBackend(task).execute([call])[0] for call in calls}
+    assert serial[calls[0]] != serial[calls[1]]  # the precision shows in the result
+    before, prec = mpmath.mp.dps, decimal.getcontext().prec
+    BfclBackend(task).execute([calls[1], "square_root(number=2, precision=70)"])
+    assert mpmath.mp.dps == before and decimal.getcontext().prec == prec
+
+    seen, barrier = [], threading.Barrier(8)
+
+    def worker(call):
+        backend = BfclBackend(task)
+        barrier.wait()
+        seen.extend((call, backend.execute([call])[0]) for _ in range(40))
+
+    threads = [threading.Thread(target=worker, args=(calls[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(result == serial[call] for call, result in seen) and len(seen) == 320

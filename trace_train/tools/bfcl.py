@@ -40,18 +40,22 @@ from __future__ import annotations
 
 import ast
 import copy
+import decimal
 import importlib
 import inspect
 import json
 import math
+import threading
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import mpmath
 import numpy as np
 from bfcl_eval.constants.default_prompts import (
     DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
@@ -75,6 +79,10 @@ SPLIT_FILE = Path(__file__).with_name("bfcl_split.json")
 _REFUSED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
 REFUSED_CALL = "!refused-call"
 """Recorded in place of a call that may not reach the checker (see the module docstring)."""
+# API classes whose methods change process-wide state: MathAPI.logarithm sets ``mpmath.mp.dps``, which every
+# thread shares. Their calls (and checks of tasks that use them) run one at a time, and the state is put back.
+_PROCESS_STATE_CLASSES = frozenset({"MathAPI"})
+_PROCESS_STATE_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,11 +225,33 @@ class BfclBackend:
     def _execute_one(self, call: AdmittedCall | RefusedCall, methods: dict[str, str]) -> str:
         if isinstance(call, RefusedCall):
             return call.error
+        owner = methods[call.name]
         try:  # BFCL turns every failure, of the call or of formatting its result, into this observation
-            result = getattr(self._instances[methods[call.name]], call.name)(*call.args, **dict(call.kwargs))
-            return _format_result(result)
+            with process_state_guard((owner,)):
+                result = getattr(self._instances[owner], call.name)(*call.args, **dict(call.kwargs))
+                return _format_result(result)
         except Exception as error:
             return f"Error during execution: {error}"
+
+
+@contextmanager
+def process_state_guard(classes: Collection[str]) -> Iterator[None]:
+    """Run calls of these API classes alone and restore the process-wide state they may change.
+
+    BFCL's MathAPI sets ``mpmath.mp.dps`` (the precision of every mpmath computation in the process) and
+    the thread's ``decimal`` precision, and leaves them set; episodes stepped on concurrent threads would
+    compute with each other's precision.
+    For classes without such state this does nothing.
+    """
+    if not _PROCESS_STATE_CLASSES.intersection(classes):
+        yield
+        return
+    with _PROCESS_STATE_LOCK, decimal.localcontext():  # square_root sets the thread's decimal precision
+        dps = mpmath.mp.dps
+        try:
+            yield
+        finally:
+            mpmath.mp.dps = dps
 
 
 # ---------------------------------------------------------------------------------------- the gate
@@ -369,13 +399,14 @@ def check_bfcl(task: BfclTask, calls: Sequence[Sequence[Sequence[str]]]) -> Bfcl
     }
     model_name = f"trace_{uuid.uuid4().hex}"
     try:
-        result = multi_turn_checker(
-            decoded,
-            [list(turn) for turn in task.ground_truth],
-            entry,
-            f"multi_turn_{task.subset}",
-            model_name,
-        )
+        with process_state_guard(task.involved_classes):  # the checker replays the calls in this process
+            result = multi_turn_checker(
+                decoded,
+                [list(turn) for turn in task.ground_truth],
+                entry,
+                f"multi_turn_{task.subset}",
+                model_name,
+            )
     except Exception as error:  # an internal assertion of the checker; the episode cannot be valid
         return BfclVerdict(False, "multi_turn:checker_error", f"{type(error).__name__}: {error}")
     finally:
