@@ -34,8 +34,8 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -188,9 +188,11 @@ def run_all(out: Path, jobs: list[tuple[str, int, float]], workers: int = 1, **o
     if workers <= 1:
         return [run_one(out, p, s, lr=lr, **one) for p, s, lr in jobs]
     one = {**one, "threads": 1}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, out, p, s, lr=lr, **one) for p, s, lr in jobs]
-        return [f.result() for f in futures]
+    # Leaving the block for any reason (an error, Ctrl-C, SIGTERM: see `cli`) terminates the workers, so
+    # no run goes on writing after the benchmark has stopped; finished runs are kept and a rerun resumes.
+    with mp.get_context("spawn").Pool(workers) as pool:
+        pending = [pool.apply_async(run_one, (out, p, s), dict(lr=lr, **one)) for p, s, lr in jobs]
+        return [job.get() for job in pending]
 
 
 def benchmark(args) -> dict:
@@ -219,6 +221,10 @@ def benchmark(args) -> dict:
     return summary
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
@@ -239,6 +245,7 @@ def cli(argv=None) -> int:
         parser.error("--policies must include trace (every difference is TRACE minus a policy)")
     if set(args.tuning_seeds) & set(args.seeds):
         parser.error("--tuning-seeds and --seeds must differ (rates are chosen on seeds that are not reported)")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds `run_all`, which stops its workers
     summary = benchmark(args)
     path = args.out / args.task / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
