@@ -205,22 +205,19 @@ class BernoulliTreeModel:
         n = v.size
         width = self.max_turns - int(depth.min(initial=self.max_turns - 1))
         values = np.empty((n, width))
-        alive = np.ones(n, dtype=bool)
         length = np.zeros(n, dtype=np.int64)
-        current = v.copy()
+        idx, current, left = np.arange(n), v.copy(), self.max_turns - depth  # the rollouts still going
         for t in range(width):
-            idx = np.flatnonzero(alive)
-            final = (depth[idx] + t + 1 >= self.max_turns) | (rng.random(idx.size) < self.stop_prob)
-            nxt = np.empty(idx.size)
-            ending, going = idx[final], idx[~final]
-            nxt[final] = (rng.random(ending.size) < current[ending]).astype(float)
-            nxt[~final] = self.split(current[going], rng)
-            values[idx, t] = nxt
-            current[idx] = nxt
-            length[idx] += 1
-            alive[ending] = False
-            if not alive.any():
+            if not idx.size:
                 break
+            final = (left <= t + 1) | (rng.random(idx.size) < self.stop_prob)
+            going = ~final
+            nxt = np.empty(idx.size)
+            nxt[final] = (rng.random(int(final.sum())) < current[final]).astype(float)
+            nxt[going] = self.split(current[going], rng)
+            values[idx, t] = nxt
+            length[idx[final]] = t + 1
+            idx, current, left = idx[going], nxt[going], left[going]
         turns = values[np.arange(width) < length[:, None]]  # row-major: rollout by rollout
         reward = values[np.arange(n), length - 1]
         return Rollouts(length=length, reward=reward, turns={"v": turns, "signal": self.signal(turns, rng)})

@@ -339,11 +339,25 @@ def in_rollout_order(forest: RolloutForest, nodes: np.ndarray) -> np.ndarray:
     order in both. Nodes already in that order (the simulator's, in id order) come back unsorted.
     """
     nodes = np.asarray(nodes, dtype=np.int64)
-    tree, start, depth = forest.tree_index[nodes], forest.rollout_start[nodes], forest.depth[nodes]
+    tree = forest.tree_index[nodes]
+    if _ascending(nodes) and _ascending(tree) and _numbered_by_rollout(forest):
+        return nodes.copy()  # ids in order within each tree are (first turn, depth) in order
+    start, depth = forest.rollout_start[nodes], forest.depth[nodes]
     t0, t1, s0, s1 = tree[:-1], tree[1:], start[:-1], start[1:]
     if ((t0 < t1) | ((t0 == t1) & ((s0 < s1) | ((s0 == s1) & (depth[:-1] <= depth[1:]))))).all():
         return nodes.copy()
     return nodes[np.lexsort((depth, start, tree))]
+
+
+def _ascending(a: np.ndarray) -> bool:
+    return bool((a[1:] >= a[:-1]).all())
+
+
+def _numbered_by_rollout(forest: RolloutForest) -> bool:
+    """Whether every rollout's turns carry consecutive ids (the simulator's numbering): then id order is
+    (first turn, depth) order within a tree, and nothing needs climbing to the first turns."""
+    parent = forest.parent
+    return bool((forest.starts_rollout | (parent == -1) | (parent == np.arange(len(parent)) - 1)).all())
 
 
 def _dynamic_sampling(world: World, policy: AllocationPolicy, budget: int, pool: int) -> StepRecord:

@@ -265,3 +265,23 @@ def test_rollout_order_does_not_depend_on_how_a_world_numbers_its_nodes():
     order = in_rollout_order(by_rollout, np.array([5, 2, 4, 1]))
     assert order.tolist() == [1, 2, 4, 5]
     assert in_rollout_order(by_turn, np.array([4, 3, 2, 1])).tolist() == [same[n] for n in order.tolist()]
+
+
+@given(st.data())
+def test_rollout_order_is_tree_then_first_turn_then_depth_on_any_forest_and_subset(data):
+    from .strategies import forests
+
+    forest = data.draw(forests())
+    nonroot = np.flatnonzero(forest.parent != -1)
+    nodes = np.array(data.draw(st.lists(st.sampled_from(nonroot.tolist()), unique=True)) if nonroot.size else [],
+                     dtype=np.int64)
+    if data.draw(st.booleans()):
+        nodes = np.sort(nodes)  # the simulator's case: ids in order (the fast path when rollouts are contiguous)
+
+    def first_turn(node):  # climb while the node continues its parent's rollout
+        while not forest.starts_rollout[node]:
+            node = forest.parent[node]
+        return node
+
+    want = sorted(nodes.tolist(), key=lambda n: (forest.tree_index[n], first_turn(n), forest.depth[n]))
+    assert in_rollout_order(forest, nodes).tolist() == want
