@@ -227,7 +227,7 @@ def test_closed_form_roots_equal_the_table_on_random_pools():
         want = solve_roots(v, budget, lo, cap, "table")
         got = solve_roots(v, budget, lo, cap, "closed_form")
         assert got.sum() == budget and np.all((got == 0) | ((got >= lo) & (got <= (cap or budget))))
-        lam = _closed_form_threshold(v, budget, lo, min(cap or budget, budget))
+        lam, _ = _closed_form_threshold(v, budget, lo, min(cap or budget, budget))
         if not ((v * (1 - v) > 0) & (v * (1 - v) < 1e-6)).any() and lam >= 1e-10:
             strict += 1
             assert got.tolist() == want.tolist(), (v.tolist(), budget, lo, cap)
