@@ -232,18 +232,28 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     return _solve_roots(v, kappa, budget, min_group, min(max_group, budget))
 
 
+_SMALL_TABLE = 8192  # table entries below which one table beats the closed form's fixed cost (~0.5 ms)
+
+
 def _solve_roots(v, kappa, B: int, L: int, U: int, *, method: str = "auto") -> np.ndarray:
     """Dispatch: the closed form for mixed(v, m), the doubling table for a Beta posterior.
 
     ``method="table"`` forces the doubling table for the plain objective too (the reference the tests
-    hold the closed form to, and the benchmark's "table" column); ``"closed_form"`` and ``"auto"`` use
-    the closed form.
+    hold the closed form to, and the benchmark's "table" column), ``"closed_form"`` the closed form;
+    ``"auto"`` builds one table when it is small (n (K + 1) <= ``_SMALL_TABLE`` entries for K = 2 ceil(B /
+    n) + 8 columns: a few hundred prompts), where a dozen NumPy calls cost less than the closed form's
+    few hundred, and uses the closed form otherwise or when that table turns out too short.
     """
     n = len(v)
     if kappa is not None:
         return _solve_threshold_problem(lambda K: _beta_mixed_table(v, kappa, L, K), n, B, L, U)
     if method == "table":
         return _solve_threshold_problem(lambda K: _mixed_table(v, L, K), n, B, L, U)
+    K = min(U - L, 2 * -(-B // n) + 8)
+    if method == "auto" and n * (K + 1) <= _SMALL_TABLE:
+        solution = _solve_with_table(_mixed_table(v, L, K), B, L, U)
+        if solution is not None:
+            return solution
     return _solve_closed_form(v, B, L, U)
 
 
@@ -864,7 +874,7 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
         raise ValueError(f"`prompt` ids must lie in [0, {n_prompts - 1}] (one budget per prompt), got {int(prompt.max())}")
     cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))
     q = r * v + (1.0 - r) * (1.0 - v)
-    return water_fill(q, prompt, budget, room=np.full(len(q), cap))
+    return water_fill(q, prompt, budget, room=cap)
 
 
 _FLOOR = -800.0  # a log-gain below every positive double: units under it count as worthless
@@ -906,15 +916,16 @@ class _Units(NamedTuple):
         ``level[group]`` (the others add nothing above it: their counts there are 0)."""
         r = groups[self.g] & (self.a > level[self.g])
         c = groups[self.g_cer] & (level[self.g_cer] < 0.0)
-        return _Units(self.n_groups, self.g[r], self.a[r], self.inv[r], self.room[r], self.g_cer[c], self.room_cer[c])
+        room = self.room[r] if np.ndim(self.room) else self.room
+        return _Units(self.n_groups, self.g[r], self.a[r], self.inv[r], room, self.g_cer[c], self.room_cer[c])
 
 
-def _group_max(values: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+def _group_max(values: np.ndarray, group: np.ndarray, n_groups: int, is_sorted: bool) -> np.ndarray:
     """max of ``values`` per group (the floor for empty groups); one pass when ``group`` is sorted."""
     out = np.full(n_groups, _FLOOR)
     if not len(group):
         return out
-    if (group[1:] >= group[:-1]).all():
+    if is_sorted:
         starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
         out[group[starts]] = np.maximum(np.maximum.reduceat(values, starts), _FLOOR)
     else:
@@ -999,53 +1010,72 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     """Per group, take the ``budget`` largest gains q^k (1 - q), k = start, start + 1, ... (at most ``room``).
 
     The engine of :func:`allocate_prefixes`, exposed so that a second pass can continue from counts
-    already placed (``start``) with the room left under a cap. Gains are compared on the log scale,
-    log gain = k log q + log(1 - q), so nothing underflows; ties go to lower anchor ids.
+    already placed (``start``) with the room left under a cap (``room``: per anchor, or one number for
+    all). Gains are compared on the log scale, log gain = k log q + log(1 - q), so nothing underflows;
+    ties go to lower anchor ids.
     """
     q = np.asarray(q, dtype=float)
     group = np.asarray(group, dtype=np.int64)
     budget = np.asarray(budget, dtype=np.int64)
-    room = np.asarray(room, dtype=float)
-    start = np.zeros(len(q)) if start is None else np.asarray(start, dtype=float)
+    room = np.asarray(room, dtype=float)  # a scalar: the same room for every anchor
     n_groups, n = len(budget), len(q)
     with np.errstate(divide="ignore", invalid="ignore"):
         lq, l1q = np.log(q), np.log1p(-q)
-        l1q = np.where(start > 0, l1q + start * lq, l1q)  # gains continue from q^start (1 - q)
-    l1q = np.nan_to_num(l1q, nan=-np.inf)
-    room_total = np.bincount(group, weights=np.minimum(room, 1e18), minlength=n_groups)
+        if start is not None:  # gains continue from q^start (1 - q)
+            start = np.asarray(start, dtype=float)
+            l1q = np.nan_to_num(np.where(start > 0, l1q + start * lq, l1q), nan=-np.inf)
+        inv = 1.0 / lq
+    if room.ndim:
+        room_total = np.bincount(group, weights=np.minimum(room, 1e18), minlength=n_groups)
+    else:
+        room_total = np.bincount(group, minlength=n_groups) * min(float(room), 1e18)
     target = np.minimum(budget, room_total).astype(np.int64)
-    regular = np.flatnonzero((q > 0) & (q < 1))
-    certain = np.flatnonzero((q == 0) & (start == 0))  # one unit worth 1, then worthless ones
+    is_regular = (q > 0) & (q < 1)
+    every = bool(is_regular.all())
+    regular = slice(None) if every else np.flatnonzero(is_regular)
+    certain = np.flatnonzero((q == 0) & (start == 0 if start is not None else True))  # one unit worth 1
+    pick = (lambda x: x) if every else (lambda x: x[regular])  # noqa: E731
     units = _Units(
-        n_groups, group[regular], l1q[regular], 1.0 / lq[regular], room[regular],
-        group[certain], np.minimum(room[certain], 1.0),
+        n_groups, pick(group), pick(l1q), pick(inv), pick(room) if room.ndim else room,
+        group[certain], np.minimum(room[certain] if room.ndim else np.full(certain.size, room), 1.0),
     )
     g_reg, a_reg, inv_reg, room_reg, g_cer = units.g, units.a, units.inv, units.room, units.g_cer
     units_above, per_group = units.above, units.per_group
 
     # The level lies below the best first gain of the group, and above the level at which its best
     # anchor alone would supply the whole target (checked: rooms can make that guess too high).
-    top = _group_max(a_reg, g_reg, n_groups)
+    sorted_groups = bool((g_reg[1:] >= g_reg[:-1]).all())
+    top = _group_max(a_reg, g_reg, n_groups, sorted_groups)
     top[g_cer] = 0.0
-    alone = np.where(room_reg >= target[g_reg], a_reg + (target[g_reg] - 1) / inv_reg, _FLOOR)
-    bottom = _group_max(alone, g_reg, n_groups)
+    t_reg = target[g_reg]
+    alone = a_reg + (t_reg - 1) / inv_reg
+    if room.ndim or room < np.inf:
+        alone = np.where(room_reg >= t_reg, alone, _FLOOR)
+    bottom = _group_max(alone, g_reg, n_groups, sorted_groups)
     if n_groups == 1:  # one pooled group (the leftover pass): the target-th best first gain bounds it too
-        firsts = a_reg[room_reg >= 1]
+        firsts = a_reg[room_reg >= 1] if np.ndim(room_reg) else a_reg[: a_reg.size * (room_reg >= 1)]
         if 0 < target[0] <= firsts.size:
             bottom = np.maximum(bottom, np.partition(firsts, firsts.size - target[0])[firsts.size - target[0]])
     bottom = np.clip(bottom - 1e-9 * (1.0 + np.abs(bottom)), _FLOOR, top)
     lo, hi = _water_level(units, target, top, bottom)
 
-    k = np.zeros(n)
     reg_hi, cer_hi = units_above(hi)
-    k[regular], k[certain] = reg_hi, cer_hi
+    if every:
+        k = reg_hi
+    else:
+        k = np.zeros(n)
+        k[regular] = reg_hi
+    k[certain] = cer_hi
     missing = target - per_group(reg_hi, cer_hi)
 
     # Units between the levels: enumerate them with their exact log gains, best first within each group,
     # ties to lower anchor ids, and take what each group still misses.
     reg_lo, cer_lo = units_above(lo)
-    extra = np.zeros(n, dtype=np.int64)
-    extra[regular] = (reg_lo - reg_hi).astype(np.int64)
+    if every:
+        extra = (reg_lo - reg_hi).astype(np.int64)
+    else:
+        extra = np.zeros(n, dtype=np.int64)
+        extra[regular] = (reg_lo - reg_hi).astype(np.int64)
     extra[certain] = (cer_lo - cer_hi).astype(np.int64)
     # Gains fall with k, so an anchor can give its group at most `missing` of these units; for q within
     # rounding of 1 the bracket would otherwise hold ~1e15 near-equal units.
@@ -1053,10 +1083,14 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     anchor = np.repeat(np.arange(n), extra)
     kk = k[anchor] + (np.arange(anchor.size) - np.repeat(np.cumsum(extra) - extra, extra))
     with np.errstate(invalid="ignore"):
-        log_gain = np.where(q[anchor] == 0.0, 0.0, kk * lq[anchor] + l1q[anchor])  # kk counts from start
-    order = _order_in_groups(-log_gain, group[anchor], n_groups)  # equal gains stay in anchor order
-    g_sorted = group[anchor[order]]
-    rank = np.arange(order.size) - np.searchsorted(g_sorted, g_sorted)
+        log_gain = kk * lq[anchor] + l1q[anchor]  # kk counts from start
+    if certain.size:
+        log_gain[q[anchor] == 0.0] = 0.0
+    g_anchor = group[anchor]
+    order = _order_in_groups(-log_gain, g_anchor, n_groups)  # equal gains stay in anchor order
+    g_sorted = g_anchor[order]
+    per = np.bincount(g_anchor, minlength=n_groups)
+    rank = np.arange(order.size) - (np.cumsum(per) - per)[g_sorted]
     chosen = anchor[order[rank < missing[g_sorted]]]
     k += np.bincount(chosen, minlength=n)
     missing = missing - np.bincount(group[chosen], minlength=n_groups)

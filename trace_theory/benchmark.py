@@ -13,9 +13,9 @@ Workloads, at n = 10^3, 10^4, 10^5 and 10^6 candidates:
   (``allocate_prefixes``), against a per-prompt heap greedy (exact here, since flip is concave).
 
 A second table holds the prompts fixed (1,000, uniform pass rates) and raises the root budget from 10^3
-to 10^6: ``allocate_roots`` as it is ("ours", bisections on the closed form once groups get long)
-against the doubling table it used before ("table", ``method="table"``), whose width follows the
-largest group. The table runs in a child process with a memory cap (``--table-memory-gb``) and a time
+to 10^6: ``allocate_roots`` as it is ("ours", the closed form, whose cost does not grow with the budget)
+against the doubling table it used before ("table", ``method="table"``, still the reference of the
+tests and the solver for a Beta posterior), whose width follows the largest group. The table runs in a child process with a memory cap (``--table-memory-gb``) and a time
 limit (``--table-seconds``) because at 10^6 it needs tens of GB; a row that hits one says so.
 
 The **floor** is ``np.argpartition`` of the budget-th largest over the marginal gains themselves,
