@@ -18,14 +18,16 @@ UNSHARE = {"x86_64": 272, "aarch64": 97}
 HOME_PARENTS = ("/mnt", "/media", "/srv", "/opt")
 
 
-def run_as_caller(scenario: str, *, uid: int, deny_unshare: bool = False, timeout: float = 120) -> dict:
-    """Run ``scenario`` as ``uid`` and return its ``result`` (``{"skip": why}`` when impossible here)."""
+def run_as_caller(scenario: str, *, uid: int, deny_unshare: bool = False, timeout: float = 120,
+                  python: str = sys.executable) -> dict:
+    """Run ``scenario`` as ``uid`` with the interpreter ``python`` and return its ``result``
+    (``{"skip": why}`` when impossible here)."""
     if os.geteuid() != 0:
         return {"skip": "switching the sandbox's caller to another uid needs a root test process"}
     request = json.dumps({"scenario": scenario, "uid": uid, "deny_unshare": deny_unshare})
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, __file__], input=request, capture_output=True, text=True,
+    done = subprocess.run([python, __file__], input=request, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": path})
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:

@@ -7,6 +7,13 @@ with ``deny_unshare`` run on a kernel that refuses namespaces (a seccomp filter 
 """
 
 import ctypes
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import tempfile
 
 import pytest
 
@@ -142,6 +149,75 @@ result["left"] = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(
     assert result["stdout"].split()[:3] == ["0", "0", "0"], "its own /tmp, /var/tmp, /dev/shm are writable"
     assert result["stdout"].split()[3] != "0" and "No space left" in result["stderr"]
     assert result["left"] == [], "nothing is left in the host's temporary directories"
+
+
+@pytest.fixture(params=[0o711, 0o700], ids=["traversable", "private"])
+def venv_under_tmp(request):
+    """A virtual environment in a fresh directory under ``/tmp`` (owned by uid 1000; mode 711, or 700,
+    which only its owner and root may traverse) that sees this interpreter's packages through a ``.pth``
+    file, with a canary module of its own and a host file beside it."""
+    if os.geteuid() != 0:
+        pytest.skip("the venv's owner and the caller's uid are switched as root")
+    home = tempfile.mkdtemp(prefix="trace-venv-test-", dir="/tmp")
+    try:
+        venv = os.path.join(home, ".venv")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        python = os.path.join(venv, "bin", "python")
+        packages = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+        ours = dict.fromkeys([sysconfig.get_path("purelib"), *site.getsitepackages()])
+        with open(os.path.join(packages, "host_packages.pth"), "w") as f:
+            f.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in ours) + "\n")
+        with open(os.path.join(packages, "trace_canary.py"), "w") as f:
+            f.write("ALIVE = 'canary alive'\n")
+        with open(os.path.join(home, "secret.txt"), "w") as f:
+            f.write("host secret")
+        for root, _, files in os.walk(home):
+            for name in [root, *(os.path.join(root, n) for n in files)]:
+                os.lchown(name, 1000, 1000)
+        os.chmod(home, request.param)
+        yield home, python, packages
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_an_interpreter_under_tmp_stays_usable_read_only_and_alone(caller, venv_under_tmp):
+    # The sandbox covers /tmp with a private tmpfs; a .venv (or checkout) there is bound back read-only.
+    home, python, packages = venv_under_tmp
+    scenario = """
+sandboxed('''
+import os, subprocess, sys
+import trace_canary
+print(trace_canary.ALIVE)
+print(subprocess.run([sys.executable, "-c", "import trace_canary; print(trace_canary.ALIVE)"],
+                     capture_output=True, text=True).stdout.strip())
+print(bool(os.statvfs(sys.prefix).f_flag & os.ST_RDONLY))
+print(os.path.exists("HOME_DIR/secret.txt"))
+try:
+    open("PACKAGES/planted.py", "w").write("pwned")
+    print("planted")
+except OSError as error:
+    print("refused by the hook" if str(error).startswith("sandbox:") else f"refused: {error}")
+shell = subprocess.run(["sh", "-c", "echo pwned > PACKAGES/planted.py"], capture_output=True, text=True)
+print("written" if shell.returncode == 0 else "read-only" if "Read-only file system" in shell.stderr
+      else shell.stderr.strip())
+'''.replace("HOME_DIR", VENV_HOME).replace("PACKAGES", PACKAGES), namespaces="require")
+result["planted"] = os.path.exists(PACKAGES + "/planted.py")
+"""
+    scenario = f"VENV_HOME, PACKAGES = {home!r}, {packages!r}\n" + scenario
+    result = run_as_caller(PRELUDE + scenario, uid=CALLERS[caller], python=python)
+    if "skip" in result:
+        pytest.skip(result["skip"])
+    assert result["status"] == "ok", result["stderr"]
+    alive, started, read_only, secret, planted, shell = result["stdout"].splitlines()
+    assert alive == started == "canary alive", "the venv's packages and interpreter work in the sandbox"
+    assert read_only == "True", "the interpreter's directories are mounted read-only"
+    assert secret == "False", "nothing else of the host's /tmp is visible"
+    assert planted == "refused by the hook", "the audit hook refuses a Python-level write there"
+    assert shell == "read-only" and not result["planted"], "the mount refuses a native write"
+    with open(os.path.join(home, "secret.txt")) as f:
+        assert f.read() == "host secret"
 
 
 @pytest.mark.parametrize("caller", CALLERS)

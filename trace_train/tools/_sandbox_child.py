@@ -12,7 +12,10 @@ Process tree (everything below runs before any model-written code):
   the caller is not root. In the private mount namespace it makes every mount read-only (one
   ``mount_setattr(2)`` with ``AT_RECURSIVE``), then mounts fresh size-limited tmpfs file systems on
   ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory: the only writable places, private to
-  this run and freed by the kernel when its last process exits. When the code will run as the
+  this run and freed by the kernel when its last process exits. An interpreter directory below one of
+  them (a ``.venv`` or checkout under ``/tmp``) is held open before the tmpfs covers it and bind-mounted
+  back, read-only, at the same path; nothing else of the host's temporary directories is visible. When
+  the code will run as the
   unprivileged sandbox user (root caller), each directory on the way to ``sys.path`` that others cannot
   traverse (``/root`` holding a pyenv Python) is first covered with an empty tmpfs into which only the
   interpreter's own directories are bind-mounted back. Then B forks C and exits with C's code.
@@ -137,19 +140,58 @@ def _expose_interpreter():
             os.rmdir(stage)
 
 
-def _read_only_everywhere():
-    """Make every mount of this mount namespace read-only: ``mount_setattr(AT_RECURSIVE, RDONLY)``."""
+def _read_only(path="/"):
+    """Make every mount at and below ``path`` read-only: ``mount_setattr(AT_RECURSIVE, RDONLY)``."""
     attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr, MOUNT_ATTR_SIZE_VER0
-    _libc_call("syscall", ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), b"/",
+    _libc_call("syscall", ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), os.fsencode(path),
                ctypes.c_uint(AT_RECURSIVE), attr, ctypes.c_size_t(len(attr)))
 
 
+def _interpreter_under_private_tmp():
+    """The outermost interpreter directories (``sys.path``, prefixes, the executable's directory) that
+    lie strictly below one of ``PRIVATE_TMP``: a ``.venv`` or checkout under ``/tmp``, which the private
+    tmpfs would otherwise hide. A temporary directory itself is never listed (that would expose it)."""
+    needed = {os.path.realpath(p) for p in sys.path + [sys.prefix, sys.base_prefix] if os.path.isdir(p)}
+    needed.add(os.path.dirname(os.path.realpath(sys.executable)))
+    tmp = [os.path.realpath(p) for p in PRIVATE_TMP if os.path.isdir(p) and not os.path.islink(p)]
+    below = sorted(p for p in needed if any(p.startswith(t + os.sep) for t in tmp))
+    outermost = []
+    for path in below:
+        if not outermost or not path.startswith(outermost[-1] + os.sep):
+            outermost.append(path)
+    return outermost
+
+
+def _make_traversable_dirs(path):
+    """``mkdir -p path`` with every created directory mode 755, whatever the umask."""
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        _make_traversable_dirs(parent)
+    if not os.path.isdir(path):
+        os.mkdir(path)
+        os.chmod(path, 0o755)
+
+
 def _private_mounts(workdir, owner, size):
-    """Read-only root; fresh tmpfs (``size`` bytes each) on the temporary directories and ``workdir``."""
-    _read_only_everywhere()
+    """Read-only root; fresh tmpfs (``size`` bytes each) on the temporary directories and ``workdir``.
+
+    Interpreter directories below a temporary directory are held open (``O_PATH``) before the tmpfs
+    covers them, then bind-mounted back, read-only, from ``/proc/self/fd``: the interpreter stays
+    usable and nothing else of the host's ``/tmp`` is visible.
+    """
+    keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            for path in _interpreter_under_private_tmp()]
+    _read_only()
     for path in PRIVATE_TMP:
         if os.path.isdir(path) and not os.path.islink(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
+    for path, fd in keep:
+        try:
+            _make_traversable_dirs(path)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        finally:
+            os.close(fd)
+        _read_only(path)
     os.makedirs(workdir, exist_ok=True)  # inside the new /tmp when the working directory was there
     _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV,
            f"mode=700,size={size},uid={owner[0]},gid={owner[1]}")
@@ -386,9 +428,10 @@ def _resolve(path, dir_fd=None):
     return os.path.realpath(path)
 
 
-def install_guard(workdir, *private):
+def install_guard(workdir, *private, read_only=()):
     """Audit hook: no sockets, no sqlite3, no file modification (or directory opening) outside
-    ``workdir`` and the ``private`` temporary directories.
+    ``workdir`` and the ``private`` temporary directories, nor beneath the ``read_only`` directories
+    (the interpreter's, bound back inside a private temporary directory).
 
     Audit hooks cannot be removed once added. They see the socket and file operations made through
     Python's own APIs; native code (ctypes, C extensions, subprocesses) is not seen, which is why the
@@ -396,14 +439,17 @@ def install_guard(workdir, *private):
     outside the working directory is refused: no such descriptor can then be obtained from Python.
     """
     roots = [os.path.realpath(path) for path in (workdir, *private)]
+    excluded = [os.path.realpath(path) for path in read_only]
+
+    def beneath(path, tops):
+        return any(path == top or path.startswith(top + os.sep) for top in tops)
 
     def inside(path, dir_fd=None):
         try:
             resolved = _resolve(path, dir_fd)
         except OSError:
             return False
-        return resolved == os.devnull or any(resolved == root or resolved.startswith(root + os.sep)
-                                             for root in roots)
+        return resolved == os.devnull or (beneath(resolved, roots) and not beneath(resolved, excluded))
 
     def deny(what):
         raise PermissionError(f"sandbox: {what} is not permitted")
@@ -497,7 +543,9 @@ def _worker(request, report_fd, isolation):
         os.chdir(request["workdir"])
         _kernel_filters(request, isolation)
         sys.dont_write_bytecode = True
-        install_guard(request["workdir"], *_private_tmp(isolation))
+        private = _private_tmp(isolation)
+        install_guard(request["workdir"], *private,
+                      read_only=_interpreter_under_private_tmp() if private else ())
         isolation += ["rlimits", "audit-hook"]
         os.write(report_fd, json.dumps({"isolation": isolation}).encode() + b"\n")
         os.set_inheritable(report_fd, False)
