@@ -118,10 +118,16 @@ def _blocking_ancestor(path):
     return None
 
 
-def _expose_interpreter():
-    """Make ``sys.path`` reachable for an unprivileged user, in this process's own mount namespace."""
+def _interpreter_dirs():
+    """Real paths of the directories the interpreter needs: ``sys.path``, its prefixes, its executable's."""
     needed = {os.path.realpath(p) for p in sys.path + [sys.prefix, sys.base_prefix] if os.path.isdir(p)}
     needed.add(os.path.dirname(os.path.realpath(sys.executable)))
+    return needed
+
+
+def _expose_interpreter():
+    """Make ``sys.path`` reachable for an unprivileged user, in this process's own mount namespace."""
+    needed = _interpreter_dirs()
     covered = {}
     for path in sorted(needed):
         ancestor = _blocking_ancestor(path)
@@ -151,8 +157,7 @@ def _interpreter_under_private_tmp():
     """The outermost interpreter directories (``sys.path``, prefixes, the executable's directory) that
     lie strictly below one of ``PRIVATE_TMP``: a ``.venv`` or checkout under ``/tmp``, which the private
     tmpfs would otherwise hide. A temporary directory itself is never listed (that would expose it)."""
-    needed = {os.path.realpath(p) for p in sys.path + [sys.prefix, sys.base_prefix] if os.path.isdir(p)}
-    needed.add(os.path.dirname(os.path.realpath(sys.executable)))
+    needed = _interpreter_dirs()
     tmp = [os.path.realpath(p) for p in PRIVATE_TMP if os.path.isdir(p) and not os.path.islink(p)]
     below = sorted(p for p in needed if any(p.startswith(t + os.sep) for t in tmp))
     outermost = []
