@@ -49,8 +49,8 @@ def caller_files():
 """
 
 
-def _run(scenario, caller, *, deny_unshare=False):
-    result = run_as_caller(PRELUDE + scenario, uid=CALLERS[caller], deny_unshare=deny_unshare)
+def _run(scenario, caller, *, deny_unshare=False, python=sys.executable):
+    result = run_as_caller(PRELUDE + scenario, uid=CALLERS[caller], deny_unshare=deny_unshare, python=python)
     if "skip" in result:
         pytest.skip(result["skip"])
     if not deny_unshare and result.get("missing"):
@@ -156,8 +156,6 @@ def venv_under_tmp(request):
     """A virtual environment in a fresh directory under ``/tmp`` (owned by uid 1000; mode 711, or 700,
     which only its owner and root may traverse) that sees this interpreter's packages through a ``.pth``
     file, with a canary module of its own and a host file beside it."""
-    if os.geteuid() != 0:
-        pytest.skip("the venv's owner and the caller's uid are switched as root")
     home = tempfile.mkdtemp(prefix="trace-venv-test-", dir="/tmp")
     try:
         venv = os.path.join(home, ".venv")
@@ -174,7 +172,8 @@ def venv_under_tmp(request):
             f.write("host secret")
         for root, _, files in os.walk(home):
             for name in [root, *(os.path.join(root, n) for n in files)]:
-                os.lchown(name, 1000, 1000)
+                if os.geteuid() == 0:  # otherwise run_as_caller skips: switching callers needs root
+                    os.lchown(name, CALLERS["user"], CALLERS["user"])
         os.chmod(home, request.param)
         yield home, python, packages
     finally:
@@ -206,9 +205,7 @@ print("written" if shell.returncode == 0 else "read-only" if "Read-only file sys
 result["planted"] = os.path.exists(PACKAGES + "/planted.py")
 """
     scenario = f"VENV_HOME, PACKAGES = {home!r}, {packages!r}\n" + scenario
-    result = run_as_caller(PRELUDE + scenario, uid=CALLERS[caller], python=python)
-    if "skip" in result:
-        pytest.skip(result["skip"])
+    result = _run(scenario, caller, python=python)
     assert result["status"] == "ok", result["stderr"]
     alive, started, read_only, secret, planted, shell = result["stdout"].splitlines()
     assert alive == started == "canary alive", "the venv's packages and interpreter work in the sandbox"
