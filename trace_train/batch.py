@@ -19,9 +19,10 @@ from trace_theory import RolloutBudget, RolloutForest, budget_by_depth, effectiv
 
 from .envs.base import EndReason, Message
 
-__all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch"]
+__all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch", "ENV_FAILURES"]
 
-
+ENV_FAILURES = (EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT)
+"""End reasons of an infrastructure fault, not of the model's play (kept out of the loss by default)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class NodePayload:
     action_ids: tuple[int, ...]
     """Tokens the model generated (loss mask 1), the turn-end token included when it produced one."""
     action_logprobs: tuple[float, ...]
-    """Raw log-probability of each action token under the policy that generated it."""
+    """Log-probability of each action token under the distribution it was sampled from (``backends.base``)."""
     action: str
     """The action as text (what the environment was given)."""
     observation_ids: tuple[int, ...]
@@ -166,6 +167,29 @@ class RolloutBatch:
     predictions: np.ndarray
     """Predicted success probability of each node that was scored (roots, anchors), NaN elsewhere."""
     report: RolloutReport
+    kept: np.ndarray | None = None
+    """DAPO: the candidate prompts (ids in ``forest.prompt``) whose group mixed, the only ones the update
+    trains on (``StepRecord.kept``); None for every other policy (every prompt is trained)."""
+
+    def trained_nodes(self, *, train_env_failures: bool = False) -> np.ndarray:
+        """Boolean per node: whether the update trains the node's turn.
+
+        A turn is trained in the rollout that owns it (``forest.factual_leaf``), so it is left out when
+        that rollout is: under DAPO when its prompt is not in :attr:`kept` (a uniform group, as in the
+        simulator), and, unless ``train_env_failures``, when the rollout ended by an environment fault
+        (:data:`ENV_FAILURES`: its reward 0 says nothing about the model). Only the loss changes: the
+        advantages, predictor targets and budget accounting still see every rollout (a failed rollout's
+        reward 0 stays in its group's baseline).
+        """
+        f = self.forest
+        keep_leaf = np.ones(len(f), dtype=bool)
+        if self.kept is not None:
+            keep_leaf &= np.isin(f.prompt, np.asarray(self.kept, dtype=np.int64))
+        if not train_env_failures:
+            failed = [n for n in f.leaves.tolist() if self.nodes[n].end_reason in ENV_FAILURES]
+            keep_leaf[failed] = False
+        owner = f.factual_leaf
+        return np.where(owner >= 0, keep_leaf[np.maximum(owner, 0)], False)
 
     def context_ids(self, node: int) -> list[int]:
         """The exact token ids from the root's prompt through ``node``'s turn and observation."""

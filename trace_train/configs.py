@@ -131,6 +131,14 @@ class AlgorithmConfig:
     """Tree packing: tokens per micro-batch (rows x width, padding included), which sets the update's peak
     memory; a tree larger than this is split, its ancestors repeated as context. Default: the largest
     micro-batch of "leaf" (optim.micro_batch_size x rollout.limits.max_context_tokens), which holds any path."""
+    logprob_chunk_tokens: int = 1024
+    """Positions whose log-probabilities are computed together in the update (``trace_train.logprobs``): the
+    output layer's peak memory is about chunk x vocab x (s + 4) bytes (s: 2 in bf16, 4 in fp32) instead of
+    rows x width x vocab x (s + 8); 0 computes the full log-softmax (the reference)."""
+    train_env_failures: bool = False
+    """Train the turns of rollouts that ended by an environment error or time-out (end reasons env_error,
+    env_timeout) as failures. Default: left out of the loss (an infrastructure fault says nothing about the
+    model), still counted in ``env_failures`` and still in their group's advantage baseline."""
 
     def __post_init__(self):
         ADVANTAGES.check(self.advantage)
@@ -141,6 +149,9 @@ class AlgorithmConfig:
             raise ValueError(f"`pack_tokens` must be a positive integer or None, got {self.pack_tokens!r}")
         if self.shared_turn_weight not in SHARED_TURN_WEIGHTS:
             raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {self.shared_turn_weight!r}")
+        chunk = self.logprob_chunk_tokens
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+            raise ValueError(f"`logprob_chunk_tokens` must be a non-negative integer, got {chunk!r}")
 
 
 @dataclass(frozen=True)
@@ -248,6 +259,13 @@ class TrainConfig:
             raise ValueError("`checkpoint_every` and `keep_checkpoints` must be at least 1")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"`device` must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.rollout.top_p < 1.0:
+            raise ValueError(f"`rollout.top_p` = {self.rollout.top_p} is not supported by the trainer: the loss "
+                             "takes log-probabilities under softmax(logits / temperature), and nucleus sampling "
+                             "draws from a truncated distribution; use rollout.top_p=1 (temperature is supported)")
+        if self.rollout.temperature == 0.0:
+            raise ValueError("`rollout.temperature` = 0 (greedy decoding) gives no policy gradient: the trainer "
+                             "needs a temperature > 0")
         if not self.task.binary_rewards and get_policy(self.rollout.policy).dynamic_sampling:
             raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
                              f"with reward {self.task.env.get('reward')!r} gives graded ones")

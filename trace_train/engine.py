@@ -388,4 +388,5 @@ class _Run:
             seconds=seconds, **self.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(self.rollout_env_seconds, default=0.0),
         )
-        return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report)
+        return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report,
+                            kept=record.kept)

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from .batch import RolloutBatch
+from .logprobs import sampled_logprobs
 from .sequences import TrainingSequences, build_sequences, check_inputs, nodes_on_paths, path_tokens
 
 __all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
@@ -112,10 +113,13 @@ class PackedTrees:
         trained = self.sequence_ids[self.loss_mask > 0]
         return float(torch.unique(trained).numel())
 
-    def logprobs(self, model, *, attention: str = "auto") -> torch.Tensor:
-        """log pi of every token under ``model`` (0 where ``predictor`` is -1), shape (rows, width)."""
-        return tree_logprobs(model, self.input_ids, self.position_ids, self.visible_until, self.predictor,
-                             attention=attention)
+    def logprobs(self, model, *, attention: str = "auto", temperature: float = 1.0, chunk_tokens: int = 1024,
+                 trained_only: bool = False) -> torch.Tensor:
+        """log pi_T of every token under ``model`` (0 where ``predictor`` is -1), shape (rows, width); see
+        :meth:`trace_train.sequences.TrainingSequences.logprobs` for the other arguments."""
+        predictor = self.predictor.where(self.loss_mask > 0, -1) if trained_only else self.predictor
+        return tree_logprobs(model, self.input_ids, self.position_ids, self.visible_until, predictor,
+                             attention=attention, temperature=temperature, chunk_tokens=chunk_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -125,32 +129,34 @@ class PackedTrees:
 
 def build_training_batch(batch: RolloutBatch, advantages: np.ndarray, *, packing: str, pad_token_id: int,
                          shared_turn_weight: str = "leaves", micro_batch_size: int = 16,
-                         token_budget: int = 8192) -> PackedTrees | TrainingSequences:
+                         token_budget: int = 8192, train_env_failures: bool = False) -> PackedTrees | TrainingSequences:
     """The update's input: packed trees (``packing="tree"``) or one row per leaf (``"leaf"``, in
     micro-batches of ``micro_batch_size`` rows). Both have ``micro_batches()``, ``normaliser()``,
-    ``logprobs(model)``, ``forward_tokens`` and ``unique_tokens``."""
+    ``logprobs(model)``, ``forward_tokens`` and ``unique_tokens``. Both train only the turns of
+    ``batch.trained_nodes(train_env_failures=...)``: DAPO's kept groups, no environment faults."""
     if packing not in PACKINGS:
         raise ValueError(f"`packing` must be one of {PACKINGS}, got {packing!r}")
     if packing == "leaf":
         return build_sequences(batch, advantages, pad_token_id=pad_token_id, shared_turn_weight=shared_turn_weight,
-                               micro_batch_size=micro_batch_size)
+                               micro_batch_size=micro_batch_size, train_env_failures=train_env_failures)
     return pack_trees(batch, advantages, pad_token_id=pad_token_id, shared_turn_weight=shared_turn_weight,
-                      token_budget=token_budget)
+                      token_budget=token_budget, train_env_failures=train_env_failures)
 
 
 def training_batch_for(batch: RolloutBatch, advantages: np.ndarray, cfg, *, pad_token_id: int):
     """:func:`build_training_batch` with a ``TrainConfig``'s settings: ``algorithm.packing``,
     ``algorithm.shared_turn_weight``, ``optim.micro_batch_size`` and the token budget
     ``algorithm.pack_tokens`` (default: ``optim.micro_batch_size x rollout.max_context_tokens``, the
-    largest micro-batch of the leaf layout, which holds any path)."""
+    largest micro-batch of the leaf layout, which holds any path) and ``algorithm.train_env_failures``."""
     budget = cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.limits.max_context_tokens
     return build_training_batch(batch, advantages, packing=cfg.algorithm.packing, pad_token_id=pad_token_id,
                                 shared_turn_weight=cfg.algorithm.shared_turn_weight,
-                                micro_batch_size=cfg.optim.micro_batch_size, token_budget=budget)
+                                micro_batch_size=cfg.optim.micro_batch_size, token_budget=budget,
+                                train_env_failures=cfg.algorithm.train_env_failures)
 
 
 def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int, shared_turn_weight: str = "leaves",
-               token_budget: int = 8192) -> PackedTrees:
+               token_budget: int = 8192, train_env_failures: bool = False) -> PackedTrees:
     """Pack the forest's trees into rows and micro-batches of at most ``token_budget`` tokens.
 
     Trains the same tokens, with the same advantages, old log-probabilities and weights, as
@@ -161,7 +167,8 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
     if isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer)) or token_budget < 1:
         raise ValueError(f"`token_budget` must be a positive integer, got {token_budget!r}")
     tokens = path_tokens(batch)
-    chains = _trained_chains(forest, tokens.n_action)
+    in_loss = batch.trained_nodes(train_env_failures=train_env_failures)
+    chains = [c for c in _trained_chains(forest, tokens.n_action) if in_loss[c[0]]]
     leaves = np.array([c[-1] for c in chains], dtype=np.int64)
     order, size = _preorder(forest)
     pieces = []
@@ -344,8 +351,10 @@ def tree_attention_mask(visible_until: torch.Tensor) -> torch.Tensor:
 
 
 def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, visible_until: torch.Tensor,
-                  predictor: torch.Tensor, *, attention: str = "auto") -> torch.Tensor:
-    """log pi(token) for every packed token, from the logits at its ``predictor`` position (0 where -1).
+                  predictor: torch.Tensor, *, attention: str = "auto", temperature: float = 1.0,
+                  chunk_tokens: int = 1024) -> torch.Tensor:
+    """log pi_T(token) for every packed token, from the logits at its ``predictor`` position (0 where -1),
+    at ``temperature``, ``chunk_tokens`` positions at a time (:mod:`trace_train.logprobs`).
 
     ``attention``: "dense" (4-D mask; sdpa or eager), "flex" (FlexAttention block mask) or "auto"
     (flex on CUDA, dense elsewhere).
@@ -365,13 +374,13 @@ def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, vi
         mask = tree_attention_mask(until)
         if impl == "eager":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=param.dtype, device=device).masked_fill(~mask, torch.finfo(param.dtype).min)
-    with _attention_implementation(model, impl):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position).logits
-    logp = torch.log_softmax(logits.float(), dim=-1)
     pred = predictor.to(device)
-    rows = torch.arange(len(ids), device=device)[:, None]
-    out = logp[rows, pred.clamp_min(0), ids]
-    return torch.where(pred >= 0, out, torch.zeros_like(out))
+    r, t = (pred >= 0).nonzero(as_tuple=True)
+    with _attention_implementation(model, impl):
+        logp = sampled_logprobs(model, ids, r * ids.shape[1] + pred[r, t], ids[r, t], temperature=temperature,
+                                chunk_tokens=chunk_tokens, attention_mask=mask, position_ids=position)
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+    return out.index_put((r, t), logp)
 
 
 def _block_mask(until: torch.Tensor):

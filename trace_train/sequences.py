@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .batch import RolloutBatch
+from .logprobs import sampled_logprobs
 
 __all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens", "check_inputs",
            "nodes_on_paths", "token_logprobs"]
@@ -83,10 +84,16 @@ class TrainingSequences:
         """Total token weight (``token_mean``) or number of rows with a trained token (sequence means)."""
         return float(self.weights.sum()) if per_token else float((self.loss_mask.sum(1) > 0).sum())
 
-    def logprobs(self, model) -> torch.Tensor:
-        """log pi of every token under ``model`` (0 at position 0), on the model's device."""
+    def logprobs(self, model, *, temperature: float = 1.0, chunk_tokens: int = 1024,
+                 trained_only: bool = False) -> torch.Tensor:
+        """log pi_T of every token under ``model`` (0 at position 0 and padding), on the model's device:
+        the distribution softmax(logits / ``temperature``) the rollouts sampled from, in chunks of
+        ``chunk_tokens`` positions (:mod:`trace_train.logprobs`). ``trained_only``: only where
+        ``loss_mask`` is 1 (0 elsewhere), which is all the loss reads."""
         device = next(model.parameters()).device
-        return token_logprobs(model, self.input_ids.to(device), self.attention_mask.to(device))
+        only = self.loss_mask.to(device) > 0 if trained_only else None
+        return token_logprobs(model, self.input_ids.to(device), self.attention_mask.to(device),
+                              temperature=temperature, chunk_tokens=chunk_tokens, only=only)
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,8 @@ def nodes_on_paths(forest, leaves: np.ndarray) -> np.ndarray:
 
 
 def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int,
-                    shared_turn_weight: str = "leaves", micro_batch_size: int = 16) -> TrainingSequences:
+                    shared_turn_weight: str = "leaves", micro_batch_size: int = 16,
+                    train_env_failures: bool = False) -> TrainingSequences:
     """One padded sequence per leaf; see the module docstring for which tokens each one trains.
 
     Parameters
@@ -158,15 +166,19 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
     shared_turn_weight : {"leaves", "once"}
     micro_batch_size : int
         Rows per forward pass.
+    train_env_failures : bool
+        Train the turns of rollouts ended by an environment fault too (default: left out, as are DAPO's
+        uniform groups; :meth:`~trace_train.batch.RolloutBatch.trained_nodes`).
     """
     forest = batch.forest
     advantages, node_weight = check_inputs(forest, advantages, shared_turn_weight)
     if micro_batch_size < 1:
         raise ValueError(f"`micro_batch_size` must be at least 1, got {micro_batch_size}")
     rows = []
+    trained = batch.trained_nodes(train_env_failures=train_env_failures)
     for leaf in forest.leaves.tolist():
         traj = batch.trajectory(leaf)
-        owned = forest.factual_leaf[traj.node] == leaf
+        owned = (forest.factual_leaf[traj.node] == leaf) & trained[traj.node]
         train = (traj.loss_mask == 1) & owned
         if not train.any():
             continue  # a leaf whose own turns generated no token (nothing to train)
@@ -190,8 +202,17 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
     return TrainingSequences(input_ids, attention, loss_mask, adv, old, weight, leaves, micro_batch_size, unique)
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log pi(token_t | tokens_<t) for every position t >= 1 (position 0 gets 0), shape (batch, length)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(logp, (1, 0))
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+                   chunk_tokens: int = 1024, only: torch.Tensor | None = None) -> torch.Tensor:
+    """log pi_T(token_t | tokens_<t) for every real position t >= 1 (0 at position 0, on padding and where
+    ``only`` is False), shape (batch, length); see :func:`trace_train.logprobs.sampled_logprobs`."""
+    rows, width = input_ids.shape
+    want = attention_mask.bool().clone()
+    want[:, 0] = False
+    if only is not None:
+        want &= only.bool()
+    r, t = want.nonzero(as_tuple=True)
+    logp = sampled_logprobs(model, input_ids, r * width + t - 1, input_ids[r, t], temperature=temperature,
+                            chunk_tokens=chunk_tokens, attention_mask=attention_mask)
+    out = torch.zeros((rows, width), dtype=torch.float32, device=input_ids.device)
+    return out.index_put((r, t), logp)

@@ -212,11 +212,13 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
             (model(input_ids=ids).logits.sum() * 0.0).backward()
             continue
         part = parts[i]
-        logp = part.logprobs(model)
+        sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
+                       trained_only=True)  # the rollouts' distribution, in chunks (trace_train.logprobs)
+        logp = part.logprobs(model, **sampled)
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
-                ref_logp = part.logprobs(ref)
+                ref_logp = part.logprobs(ref, **sampled)
         seq_ids = part.sequence_ids.to(device) if part.sequence_ids is not None else None
         loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
                               part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,

@@ -10,8 +10,11 @@ the same semantics, so the rollout engine and the trainer never branch on which 
   when its decoded text (special tokens skipped) first contains one of ``Sampling.stop``; the token that
   stopped it is part of ``token_ids``. ``finish_reason`` is "stop" then, and "length" when it ran out
   of new tokens. ``stop_reason`` is the stop string or stop token id that matched (None for EOS).
-* **Log-probabilities** are those of the raw model distribution (temperature 1, no top-p), one per
-  generated token: what a policy-gradient trainer compares its own forward pass with.
+* **Log-probabilities** are those of the distribution each token was sampled from, one per generated
+  token: log softmax(logits / temperature), after top-p where ``top_p < 1`` (vLLM's
+  ``logprobs_mode="processed_logprobs"``); under greedy decoding (temperature 0) those of the raw
+  logits. The trainer's forward divides by the same temperature (``trace_train.logprobs``), so the
+  importance ratio compares one distribution with itself; it refuses ``top_p < 1``.
 * **Prefix cache accounting.** Every completion says how many of its prompt tokens were served from a
   cache instead of being computed; :class:`GenerationStats` sums these over the back end's lifetime.
 * **Weights.** :meth:`GenerationBackend.update_weights` loads a trainer's state dict (Hugging Face
@@ -92,7 +95,7 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Completion:
-    """One sample: its tokens, their raw log-probabilities, and why it ended."""
+    """One sample: its tokens, their log-probabilities under the sampling distribution, and why it ended."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]

@@ -1,7 +1,8 @@
 """Generation with plain transformers/PyTorch: the back end for machines without vLLM.
 
 The decoding loop is written out (no ``model.generate``) so that it has exactly the semantics of
-:mod:`.base`: per-sample seeds, raw log-probabilities, vLLM's stop rules and top-p rule. Prompts of a
+:mod:`.base`: per-sample seeds, log-probabilities of the sampling distribution (vLLM's
+``processed_logprobs``), vLLM's stop rules and top-p rule. Prompts of a
 batch are left-padded; the ``n`` samples of a request share one prefill whose key/value cache is copied
 to each sample, so ``n - 1`` of them report their prompt as served from cache. Nothing is cached across
 ``generate`` calls.
@@ -163,24 +164,31 @@ class _Decoder:
 
     def step(self, logits: torch.Tensor) -> torch.Tensor:
         """Choose the next token of every unfinished sample; returns the tokens to feed (pad when done)."""
-        raw = torch.log_softmax(logits, dim=-1)
-        chosen = self._choose(logits)
+        processed = self._process(logits)
+        recorded = torch.log_softmax(processed, dim=-1)  # the distribution the token is drawn from
+        chosen = self._choose(processed)
         feed = torch.full((len(self.tokens),), self.backend.pad_id, dtype=torch.long)
         for k, t in enumerate(chosen.tolist()):
             if self.finish[k] is not None:
                 continue
             self.tokens[k].append(t)
-            self.logprobs[k].append(float(raw[k, t]))
+            self.logprobs[k].append(float(recorded[k, t]))
             self.finish[k] = self._stop(k, t)
             feed[k] = t
         return feed.to(logits.device)
 
-    def _choose(self, logits: torch.Tensor) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor) -> torch.Tensor:
+        """vLLM's processed logits: divided by the temperature, then top-p (raw logits when greedy)."""
         if self.sampling.temperature == 0.0:
-            return logits.argmax(dim=-1).cpu()
+            return logits.cpu()
         logits = (logits / self.sampling.temperature).cpu()
         if self.sampling.top_p < 1.0:
             logits = _top_p(logits, self.sampling.top_p)
+        return logits
+
+    def _choose(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.sampling.temperature == 0.0:
+            return logits.argmax(dim=-1)
         probs = torch.softmax(logits, dim=-1)
         q = torch.empty_like(probs)
         for k, g in enumerate(self.generators):

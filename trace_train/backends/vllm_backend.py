@@ -94,7 +94,7 @@ class VLLMBackend:
                     "kv_cache_memory_bytes": kv_cache_memory_bytes}
         self.llm = LLM(
             model=model, dtype=dtype, seed=seed, enforce_eager=enforce_eager, enable_prefix_caching=True,
-            logprobs_mode="raw_logprobs", **{k: v for k, v in optional.items() if v is not None},
+            logprobs_mode="processed_logprobs", **{k: v for k, v in optional.items() if v is not None},
             **engine_kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()

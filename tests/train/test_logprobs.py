@@ -1,0 +1,94 @@
+"""Chunked log-probabilities of the sampled tokens: equal to the full log-softmax (values and gradients, at
+a temperature, in both layouts) and within the peak-memory bound of ``trace_train.logprobs``."""
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from tests.train.test_packing import fixed_batch, models  # noqa: F401  (the random Qwen3 pair)
+from trace_train.logprobs import sampled_logprobs
+from trace_train.packing import build_training_batch
+from trace_train.peak_memory import PeakMemory
+
+
+def _grads(model, fn):
+    model.zero_grad(set_to_none=True)
+    out = fn()
+    (out * torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape)).sum().backward()
+    return out.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("packing", ["leaf", "tree"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_equal_the_full_log_softmax(models, packing, temperature):
+    policy, _ = models
+    batch = fixed_batch()
+    seqs = build_training_batch(batch, np.ones(len(batch.forest)), packing=packing, pad_token_id=0,
+                                micro_batch_size=8, token_budget=4096)
+    full, g_full = _grads(policy, lambda: seqs.logprobs(policy, temperature=temperature, chunk_tokens=0))
+    for chunk in (1, 3, 1024):
+        got, g = _grads(policy, lambda: seqs.logprobs(policy, temperature=temperature, chunk_tokens=chunk))
+        torch.testing.assert_close(got, full, rtol=0, atol=2e-6)
+        assert g.keys() == g_full.keys()
+        for name in g_full:
+            torch.testing.assert_close(g[name], g_full[name], rtol=1e-4, atol=1e-6, msg=name)
+    # trained_only: the same values where the loss reads them, zero elsewhere
+    only = seqs.logprobs(policy, temperature=temperature, trained_only=True).detach()
+    mask = seqs.loss_mask > 0
+    torch.testing.assert_close(only[mask], full[mask], rtol=0, atol=2e-6)
+    assert (only[~mask] == 0).all()
+
+
+def test_the_temperature_is_that_of_the_sampling_distribution(models):
+    policy, _ = models
+    ids = torch.randint(2, 40, (2, 9))
+    r, t = torch.meshgrid(torch.arange(2), torch.arange(1, 9), indexing="ij")
+    src, tgt = (r * 9 + t - 1).reshape(-1), ids[:, 1:].reshape(-1)
+    with torch.no_grad():
+        logits = policy(input_ids=ids).logits[:, :-1].float()
+        want = torch.log_softmax(logits / 0.7, -1).gather(-1, ids[:, 1:, None]).reshape(-1)
+        got = sampled_logprobs(policy, ids, src, tgt, temperature=0.7, chunk_tokens=5)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="`temperature` must be a positive finite number"):
+        sampled_logprobs(policy, ids, src, tgt, temperature=0.0)
+    with pytest.raises(ValueError, match="`chunk_tokens` must be a non-negative integer"):
+        sampled_logprobs(policy, ids, src, tgt, chunk_tokens=-1)
+
+
+def _peak(model, ids, chunk):
+    rows, width = ids.shape
+    r, t = torch.meshgrid(torch.arange(rows), torch.arange(1, width), indexing="ij")
+    src, tgt = (r * width + t - 1).reshape(-1), ids[:, 1:].reshape(-1)
+    gc.collect()
+    with PeakMemory("cpu") as peak:
+        out = sampled_logprobs(model, ids, src, tgt, temperature=0.7, chunk_tokens=chunk)
+        out.sum().backward()
+        del out
+    model.zero_grad(set_to_none=True)
+    return peak.bytes
+
+
+def test_peak_memory_of_the_chunked_head_stays_under_the_stated_bound():
+    """At a 32k vocabulary and 1,024 positions the full log-softmax needs about 3 x 128 MB; the chunked one
+    stays under C V (s + 4) bytes plus the per-position terms (and 24 MB for the decoder and allocator)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    peak = PeakMemory("cpu")
+    if not peak.supported:
+        pytest.skip("no /proc/self/status on this platform: peak RSS is not measurable")
+    vocab, hidden, chunk = 32768, 32, 64
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config)
+    ids = torch.randint(0, vocab, (4, 257))
+    positions = ids.shape[0] * (ids.shape[1] - 1)
+    _peak(model, ids, chunk)  # warm up (first-call allocations, thread pools)
+    chunked = _peak(model, ids, chunk)
+    bound = chunk * vocab * (4 + 4) + positions * (8 + 4 * 2 * hidden) + 24 * 2**20
+    assert chunked <= bound, (chunked, bound)
+    full = _peak(model, ids, 0)
+    assert full > positions * vocab * 4 > 3 * bound  # the old computation: (rows, width, vocab) in float32

@@ -1,0 +1,128 @@
+"""Which rollouts the update trains, and under which distribution: DAPO's kept groups only, no environment
+faults (unless asked), and the rollouts' own temperature in the back ends' records and the trainer."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.train.test_packing import fixed_batch
+from trace_theory import compute_advantages
+from trace_train.backends.base import GenerationRequest, Sampling
+from trace_train.engine import RolloutConfig, RolloutEngine
+from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
+from trace_train.envs.base import EndReason
+from trace_train.packing import build_training_batch
+
+LAYOUTS = ["leaf", "tree"]
+LIMITS = EpisodeLimits(max_turns=3, max_turn_tokens=8, max_context_tokens=1024)
+
+
+def _trained_leaves(seqs) -> set:
+    if seqs.sequence_ids is not None:  # packed trees: the sequences that own a trained token
+        owners = torch.unique(seqs.sequence_ids[seqs.loss_mask > 0]).tolist()
+        return {int(seqs.leaves[i]) for i in owners}
+    return {int(leaf) for leaf, row in zip(seqs.leaves, seqs.loss_mask) if row.sum() > 0}
+
+
+@pytest.fixture(scope="module")
+def dapo_batch(tiny_dir):
+    from trace_train.backends.hf_backend import HFBackend
+
+    backend = HFBackend.from_pretrained(tiny_dir)
+    rows = make_rows(3, high=2, max_guesses=3, seed=1) + make_rows(3, high=64, max_guesses=1, seed=2) \
+        + make_rows(4, high=6, max_guesses=3, seed=3)
+    cfg = RolloutConfig(policy="dapo", pool_size=len(rows), roots=32, group_size=4, dapo_target=8, limits=LIMITS,
+                        seed=0)
+    return backend, RolloutEngine(backend, GuessNumberEnv, cfg).rollout(rows)
+
+
+@pytest.mark.parametrize("packing", LAYOUTS)
+def test_dapo_trains_only_its_mixed_groups(dapo_batch, packing):
+    """The driver's kept (mixed) groups reach the update; uniform groups are in neither the loss nor its
+    normaliser (the simulator's rule), while the report still counts every rollout spent."""
+    backend, batch = dapo_batch
+    f = batch.forest
+    reward_of = {int(p): f.reward[f.leaves[f.prompt[f.leaves] == p]] for p in np.unique(f.prompt)}
+    mixed = {p for p, r in reward_of.items() if 0 < r.mean() < 1}
+    assert batch.kept is not None and set(batch.kept.tolist()) == mixed
+    assert mixed and len(mixed) < len(reward_of), "the batch must hold mixed and uniform groups"
+    assert batch.report.rollouts == f.n_leaves  # budget accounting unchanged
+    adv = compute_advantages(f, "grpo")
+    seqs = build_training_batch(batch, adv, packing=packing, pad_token_id=backend.pad_id, token_budget=4096)
+    trained = _trained_leaves(seqs)
+    assert {int(f.prompt[leaf]) for leaf in trained} == mixed
+    want = sum(len(batch.nodes[n].action_ids) for n in range(len(f))
+               if f.parent[n] != -1 and int(f.prompt[n]) in mixed)
+    assert seqs.normaliser(True) == want  # token_mean divides by the mixed groups' tokens only
+    everything = dataclasses.replace(batch, kept=None)  # what the trainer did before
+    assert build_training_batch(everything, adv, packing=packing, pad_token_id=backend.pad_id,
+                                token_budget=4096).normaliser(True) > want
+
+
+@pytest.mark.parametrize("packing", LAYOUTS)
+def test_environment_faults_are_left_out_of_the_loss_unless_asked(packing):
+    batch = fixed_batch()
+    f = batch.forest
+    failed = int(f.leaves[0])
+    nodes = list(batch.nodes)
+    nodes[failed] = dataclasses.replace(nodes[failed], end_reason=EndReason.ENV_TIMEOUT)
+    nodes[int(f.leaves[1])] = dataclasses.replace(nodes[int(f.leaves[1])], end_reason=EndReason.DONE)
+    faulty = dataclasses.replace(batch, nodes=tuple(nodes))
+    adv = np.ones(len(f))
+    kw = dict(packing=packing, pad_token_id=0, token_budget=4096)
+    base = build_training_batch(batch, adv, **kw)
+    masked = build_training_batch(faulty, adv, **kw)
+    kept = build_training_batch(faulty, adv, train_env_failures=True, **kw)
+    assert failed in _trained_leaves(base) and failed in _trained_leaves(kept)
+    assert _trained_leaves(masked) == _trained_leaves(base) - {failed}
+    own = sum(len(batch.nodes[n].action_ids) * f.leaf_count[n] for n in np.flatnonzero(f.factual_leaf == failed))
+    assert own > 0 and masked.normaliser(True) == base.normaliser(True) - own == kept.normaliser(True) - own
+
+
+def test_recorded_logprobs_are_those_of_the_sampling_temperature(tiny_dir):
+    """HF back end at T = 0.7: its records equal the trainer's forward at T = 0.7 on the same tokens
+    (engine -> training batch -> ``logprobs(temperature=...)``), and differ from T = 1's."""
+    from trace_train.backends.hf_backend import HFBackend
+
+    backend = HFBackend.from_pretrained(tiny_dir)
+    cfg = RolloutConfig(policy="uniform_tree", roots=4, continuations_per_root=1, group_size=2, temperature=0.7,
+                        limits=LIMITS, seed=5)
+    batch = RolloutEngine(backend, GuessNumberEnv, cfg).rollout(make_rows(2, high=6, max_guesses=3, seed=1))
+    adv = compute_advantages(batch.forest, "trace")
+    for packing in LAYOUTS:
+        seqs = build_training_batch(batch, adv, packing=packing, pad_token_id=backend.pad_id, token_budget=4096)
+        mask = seqs.loss_mask > 0
+        with torch.no_grad():
+            at_t = seqs.logprobs(backend.model, temperature=0.7, chunk_tokens=7)
+            at_1 = seqs.logprobs(backend.model, temperature=1.0)
+        torch.testing.assert_close(at_t[mask], seqs.old_logprobs[mask], rtol=0, atol=1e-4)
+        assert (at_1[mask] - seqs.old_logprobs[mask]).abs().max() > 1e-2
+
+
+def test_the_trainer_refuses_top_p_and_greedy_rollouts():
+    from trace_train.configs import TrainConfig
+
+    with pytest.raises(ValueError, match="`rollout.top_p` = 0.9 is not supported by the trainer"):
+        TrainConfig(rollout=RolloutConfig(top_p=0.9))
+    with pytest.raises(ValueError, match="greedy decoding"):
+        TrainConfig(rollout=RolloutConfig(temperature=0.0))
+
+
+@pytest.mark.slow
+def test_vllm_records_the_processed_logprobs(vllm_backend, tiny_dir):
+    """vLLM (``logprobs_mode="processed_logprobs"``) at T = 0.7 agrees with the trainer's forward."""
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.sequences import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    prompt = tuple(vllm_backend.tokenizer.encode("Guess a number between 1 and 6."))
+    [samples] = vllm_backend.generate([GenerationRequest(prompt, n=3, seed=11)],
+                                      Sampling(temperature=0.7, max_new_tokens=8))
+    for c in samples:
+        ids = torch.tensor([prompt + c.token_ids])
+        with torch.no_grad():
+            logp = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.7)[0, len(prompt):]
+        np.testing.assert_allclose(c.logprobs, logp.numpy(), rtol=0, atol=2e-3)
