@@ -7,10 +7,23 @@ generation back end) and advantage A (the advantage of the turn that contains th
     rho = exp(log pi - log mu),
     L_pg(t) = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A),
 
-optionally plus a KL penalty to a reference policy, beta * KL(t), with the k1, k2 or k3 estimator of
-Schulman (k3 = exp(log ref - log pi) - (log ref - log pi) - 1, unbiased and non-negative). Only tokens
-with loss mask 1 count: the model's own tokens of the turn being trained. Prompt, history and
-observation (tool output) tokens have mask 0.
+optionally plus a KL penalty to a reference policy, beta * k(t), with one of Schulman's estimators.
+Only tokens with loss mask 1 count: the model's own tokens of the turn being trained. Prompt, history
+and observation (tool output) tokens have mask 0.
+
+**The KL estimators, by the gradient they give inside the loss.** With d = log ref - log pi at a token
+y ~ pi (on-policy: the ratio is 1), and g = grad log pi(y), the loss term's gradient is grad k(y), and
+
+    k1 = -d                 grad k1 = g                E_pi[g] = 0: no gradient in expectation
+    k2 = d^2 / 2            grad k2 = -d g             E_pi[-d g] = grad KL(pi || ref)
+    k3 = e^d - d - 1        grad k3 = (1 - e^d) g      E_pi[(1 - ref/pi) g] = -E_ref[g] = grad KL(ref || pi)
+
+(the expectations take y ~ pi as fixed samples, which is what a loss term does; sum over y and use
+E_pi[g] = sum_y grad pi(y) = 0). So ``k3``, the default (as in GRPO and verl's "low_var_kl"), pulls the
+policy toward the reference along the *reverse* KL, KL(ref || pi), not KL(pi || ref); ``k2`` is the one
+whose gradient is that of KL(pi || ref) (verl's "mse"; see verl's kl_penalty notes); ``k1`` is refused
+as a loss term (``kl_coef > 0``), since its expected gradient is zero, and stays available as the logged
+value. As *values* (the ``kl`` metric), k1 and k3 are unbiased estimates of KL(pi || ref), k2 is biased.
 
 **Shared prefixes.** A turn shared by several rollouts of a tree is one node of the forest and is
 trained exactly once: :func:`trace_train.sequences` (or any caller) must give each generated token a
@@ -19,9 +32,17 @@ mask of 1 in exactly one sequence. The aggregation below then weights every gene
 **Aggregation** (``aggregation=``), over the batch's masked tokens, as in verl:
 
 - ``"token_mean"``: sum of token losses / number of masked tokens (DAPO; every token counts equally);
-- ``"seq_mean_token_mean"``: mean over sequences of the per-sequence token mean (original GRPO);
+- ``"seq_mean_token_mean"``: mean over sequences of the per-sequence token mean;
 - ``"seq_mean_token_sum"``: mean over sequences of the per-sequence token sum (Dr. GRPO-style, with no
   length normalisation).
+
+A *sequence* here is what the trainer trains as one: the tokens a rollout owns (``sequence_ids``; one row
+of :mod:`trace_train.sequences`), weighted by ``token_weights``. For flat groups (GRPO, DAPO: no
+branching) that is each trajectory, and ``seq_mean_token_mean`` is the original GRPO loss. With branched
+trees it is not flat GRPO on root-to-leaf paths: a continuation's sequence holds only its own new turns
+(its shared prefix is trained in the rollout that owns it), and with ``shared_turn_weight="leaves"`` the
+per-sequence mean is a weighted mean with weights n_y. Only ``token_mean`` with ``"leaves"`` equals flat
+GRPO on the paths exactly (:mod:`trace_train.sequences`).
 """
 
 from __future__ import annotations
@@ -47,7 +68,9 @@ class PolicyLossConfig:
     kl_coef: float = 0.0
     """beta: weight of the KL penalty to the reference policy (0 disables it; no reference needed)."""
     kl_estimator: str = "k3"
-    """Per-token KL estimator: "k1" (log ratio), "k2" (half squared log ratio) or "k3"."""
+    """Per-token KL estimator: "k3" (gradient of KL(ref || pi) in the loss), "k2" (half squared log ratio:
+    gradient of KL(pi || ref)) or "k1" (log ratio; zero expected gradient, so only with kl_coef = 0); see
+    the module docstring."""
     aggregation: str = "token_mean"
     """How token losses are averaged; see the module docstring."""
 
@@ -60,6 +83,9 @@ class PolicyLossConfig:
             raise ValueError(f"`kl_coef` must be finite and >= 0, got {self.kl_coef!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"`kl_estimator` must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise ValueError("`kl_estimator` 'k1' has zero expected gradient inside the loss: use 'k2' (gradient of "
+                             "KL(pi||ref)) or 'k3' (gradient of KL(ref||pi)) with `kl_coef` > 0")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"`aggregation` must be one of {AGGREGATIONS}, got {self.aggregation!r}")
 
@@ -67,7 +93,9 @@ class PolicyLossConfig:
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi || ref) from samples of pi.
 
-    With d = log ref - log pi: k1 = -d, k2 = d^2 / 2, k3 = exp(d) - d - 1.
+    With d = log ref - log pi: k1 = -d, k2 = d^2 / 2, k3 = exp(d) - d - 1. As values k1 and k3 are
+    unbiased; as loss terms their gradients differ (module docstring: k2 gives grad KL(pi || ref), k3
+    grad KL(ref || pi), k1 nothing).
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"`estimator` must be one of {KL_ESTIMATORS}, got {estimator!r}")

@@ -121,3 +121,38 @@ def test_token_weights_count_a_token_as_several():
     assert float(weighted) == pytest.approx(float(expanded), rel=1e-12)
     with pytest.raises(ValueError, match=r"`token_weights` must be non-negative and shaped like `logprobs`"):
         policy_loss(logp, old, adv, mask, token_weights=-weights)
+
+
+def _expected_gradient(estimator: str, theta: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """E_{y ~ pi}[grad k(y)] exactly: the sum over the vocabulary of pi(y) times the loss term's gradient
+    at a sampled y (the sample, hence pi(y) as a weight, held fixed, as a loss term does)."""
+    total = torch.zeros_like(theta)
+    pi = torch.softmax(theta, -1).detach()
+    ref = torch.log_softmax(ref_logits, -1)
+    for y in range(theta.numel()):
+        t = theta.clone().requires_grad_(True)
+        k = kl_penalty(torch.log_softmax(t, -1)[y], ref[y], estimator)
+        (g,) = torch.autograd.grad(k, t)
+        total += pi[y] * g
+    return total
+
+
+def test_kl_estimators_have_the_documented_gradients_inside_the_loss():
+    """k2: grad KL(pi || ref); k3: grad KL(ref || pi); k1: zero (so it is refused as a loss term)."""
+    torch.manual_seed(0)
+    theta, ref_logits = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+
+    def grad_of(kl):
+        t = theta.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(kl(torch.log_softmax(t, -1), torch.log_softmax(ref_logits, -1)), t)
+        return g
+
+    forward = grad_of(lambda lp, lr: (lp.exp() * (lp - lr)).sum())   # KL(pi || ref)
+    reverse = grad_of(lambda lp, lr: (lr.exp() * (lr - lp)).sum())   # KL(ref || pi)
+    assert not torch.allclose(forward, reverse, atol=1e-3)
+    torch.testing.assert_close(_expected_gradient("k2", theta, ref_logits), forward)
+    torch.testing.assert_close(_expected_gradient("k3", theta, ref_logits), reverse)
+    torch.testing.assert_close(_expected_gradient("k1", theta, ref_logits), torch.zeros_like(theta))
+    with pytest.raises(ValueError, match="'k1' has zero expected gradient inside the loss"):
+        PolicyLossConfig(kl_coef=0.1, kl_estimator="k1")
+    PolicyLossConfig(kl_coef=0.0, kl_estimator="k1")  # as a logged value only: allowed
