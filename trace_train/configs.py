@@ -110,6 +110,10 @@ class BackendConfig:
     threads: int | None = None
     """Compute threads of torch and vLLM-CPU (``trace_train.threads``); None: ``OMP_NUM_THREADS`` if set,
     else the CPUs the process may use."""
+    sleep_during_update: bool = False
+    """vLLM: free its KV cache and offload its weights while the policy updates (vLLM's sleep mode, level 1;
+    ``trace_train.backends.vllm_backend``), for a generator that shares the GPU with training. CUDA only:
+    on other platforms (vllm-cpu) it does nothing. Off by default until a GPU run confirms it."""
 
 
 @dataclass(frozen=True)

