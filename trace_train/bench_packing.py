@@ -19,6 +19,13 @@ process's CPU time (which a busy shared machine disturbs less).
 
     python -m trace_train.bench_packing                 # about 5 min on 2 cores; results/bench_packing.json
     python -m trace_train.bench_packing --learning      # cpu_demo with leaf and with tree, seeds 0-2
+    python -m trace_train.bench_packing --logprob-memory  # the update's peak at a 152k vocabulary, chunked vs full
+
+``--logprob-memory``: one update (``_policy_update``, no KL reference) of a synthetic tree (a 1,024-token
+prefix and 2 continuations of 128 tokens, packed: 1,280 positions) on a tiny Qwen3 with Qwen3's
+vocabulary of 151,936 (hidden 64, 2 layers, untied output layer), with ``algorithm.logprob_chunk_tokens``
+= 0 (the full log-softmax) and chunks of 256 and 1,024 positions, each in a fresh process; prints the
+measured peak next to the output-layer term of ``trace_train.logprobs``'s formula.
 """
 
 from __future__ import annotations
@@ -215,6 +222,70 @@ def _measure(job: dict) -> dict:
             "peak_mb": mem.megabytes, "loss": stats["loss"], "grad_norm": stats["grad_norm"], "device": device}
 
 
+QWEN3_VOCAB = 151936
+
+
+def large_vocab_model(vocab: int = QWEN3_VOCAB, positions: int = 2048, device: str = "cpu"):
+    """A tiny Qwen3 (hidden 64, 2 layers, random weights) with a full-size vocabulary and its own output layer."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=positions,
+                         tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).to(device)
+
+
+def _measure_logprob_memory(job: dict) -> dict:
+    import torch
+
+    from trace_theory import compute_advantages
+
+    from .config import load_config
+    from .distributed import DistInfo
+    from .packing import training_batch_for
+    from .train import TrainConfig, _policy_update
+
+    torch.set_num_threads(job["threads"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = large_vocab_model(device=device)
+    batch = long_prefix_batch(job["prefix"], job["k"], job["generated"], vocab=QWEN3_VOCAB)
+    cfg = load_config(TrainConfig, "cpu_demo", ["algorithm.loss.kl_coef=0", "algorithm.pack_tokens=16384",
+                                                f"algorithm.logprob_chunk_tokens={job['chunk']}"])
+    seqs = training_batch_for(batch, compute_advantages(batch.forest, cfg.algorithm.advantage), cfg, pad_token_id=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    _policy_update(model, optimizer, seqs, cfg, DistInfo())  # warm-up: gradients allocated, first-call costs
+    with _PeakMemory(device == "cuda") as mem:
+        t0 = time.perf_counter()
+        _policy_update(model, optimizer, seqs, cfg, DistInfo())
+        seconds = time.perf_counter() - t0
+    positions = seqs.input_ids.numel()  # rows x width: what the full log-softmax covers
+    trained = int((seqs.loss_mask > 0).sum())  # what the chunked one computes (trained_only)
+    chunk = job["chunk"]
+    head = (min(chunk, trained) * QWEN3_VOCAB * 8) if chunk else positions * QWEN3_VOCAB * 12  # fp32: s = 4
+    return {"chunk_tokens": chunk, "positions": positions, "trained_positions": trained, "peak_mb": mem.megabytes,
+            "update_s": seconds, "output_layer_formula_mb": head / 2**20, "device": device}
+
+
+def logprob_memory(chunks=(0, 256, 1024), threads: int = 1, out: str = "results/bench_logprob_memory.json") -> dict:
+    """Peak memory of one update at Qwen3's vocabulary, full log-softmax (chunk 0) against chunks."""
+    rows = []
+    ctx = multiprocessing.get_context("spawn")
+    for chunk in chunks:
+        job = {"chunk": chunk, "threads": threads, "prefix": 1024, "k": 2, "generated": 128}
+        with ctx.Pool(1) as pool:
+            row = pool.apply(_measure_logprob_memory, (job,))
+        rows.append(row)
+        print(f"logprob_chunk_tokens={chunk:5d}  positions {row['positions']} (trained {row['trained_positions']})  peak {row['peak_mb']:7.0f} MB "
+              f"(output-layer formula {row['output_layer_formula_mb']:6.0f} MB)  update {row['update_s']:.2f} s",
+              flush=True)
+    result = {"vocab": QWEN3_VOCAB, "rows": rows, "load_average": os.getloadavg()}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1, default=float))
+    return result
+
+
 # ---------------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------------
@@ -320,7 +391,11 @@ def _parse(argv=None) -> tuple[BenchConfig, bool]:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", default=defaults.out)
     parser.add_argument("--learning", action="store_true", help="compare learning on cpu_demo instead")
+    parser.add_argument("--logprob-memory", action="store_true",
+                        help="peak memory of an update at a 152k vocabulary, chunked against full log-probs")
     args = parser.parse_args(argv)
+    if args.logprob_memory:
+        return None, "logprob_memory"
     config = BenchConfig(tuple(args.prefixes), tuple(args.continuations), args.continuation_tokens, not args.no_demo,
                          tuple(args.demo_budgets), args.repeats, args.threads, args.seed, args.out)
     return config, args.learning
@@ -331,7 +406,9 @@ if __name__ == "__main__":
         bench_config, run_learning = _parse()
     except ValueError as err:
         raise SystemExit(f"bench_packing: {err}") from None
-    if run_learning:
+    if run_learning == "logprob_memory":
+        logprob_memory()
+    elif run_learning:
         print(json.dumps(learning(), indent=1))
     else:
         main(bench_config)

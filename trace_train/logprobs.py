@@ -11,20 +11,22 @@ but its output layer is asked for no positions: a hook takes the hidden states a
 ``chunk_tokens`` positions at a time (a custom autograd function). The backward recomputes each chunk's
 logits from h and W instead of keeping them, so neither pass holds more than one chunk of logits.
 
-**Peak memory of the output layer** (beyond the hidden states, which the model holds anyway), with C =
-``chunk_tokens``, V the vocabulary, s the bytes of the compute dtype (2 for bf16, 4 for fp32):
+**Peak memory of the output layer** (beyond the hidden states, which the model holds anyway), with N
+the positions asked for (the trainer asks only for trained tokens: ``trained_only``), C =
+``chunk_tokens``, V the vocabulary and s the bytes of the compute dtype (2 for bf16, 4 for fp32):
 
-    chunked:  C V (s + 4) bytes     (one chunk's logits in the compute dtype and in float32; the
-                                     backward's softmax and logit gradient reuse the float32 buffer)
-              + N (8 + 4 s_h)  bytes (per position: lse, output; gathered rows of h and their gradient)
-    full:     P V (s + 8) bytes and as much again in the backward, P = rows x width positions
-              (the logits, their float32 copy and the saved float32 log-softmax)
+    chunked:  min(C, N) V (s + 4) bytes   one chunk's logits in the compute dtype and in float32 (the
+                                          backward's softmax and logit gradient reuse the float32 buffer)
+              + N (8 + 2 H s_h) bytes     per position: lse and output; gathered rows of h, their gradient
+    full:     P V (s + 8) bytes           P = rows x width positions, every one of them: the logits, their
+                                          float32 copy and the float32 log-softmax saved for the backward
 
-so with C = 1024 and Qwen3's V = 151,936 the chunked head needs at most 1024 x 151936 x 6 = 0.93 GB in
-bf16 (1.24 GB in fp32), whatever the micro-batch, where the full one needs 1.5 MB per position: 49 GB
-at 32k positions. The rest of an update's peak (weights, gradients, optimizer state, the decoder's
-activations: L layers x positions x H x a few) does not depend on V. ``bench_packing --logprob-memory``
-measures both; ``tests/train/test_logprobs.py`` checks values, gradients and the bound.
+With C = 1024 and Qwen3's V = 151,936 the chunked head needs at most 1024 x 151936 x 6 bytes = 0.93 GB in
+bf16 (1.24 GB in fp32), whatever the micro-batch, where the full one needs 1.5 MB per position (bf16):
+49 GB at 32k positions. The rest of an update's peak (weights, gradients, optimizer state, the decoder's
+activations: L layers x positions x H x a few) does not depend on V. ``python -m trace_train.bench_packing
+--logprob-memory`` measures both at V = 151,936; ``tests/train/test_logprobs.py`` checks values, gradients
+and the bound.
 
 **Weight gradient.** dW accumulates over chunks in W's dtype (float32 master weights: exact to rounding;
 bf16 weights: a sum of N / C bf16 partial products, as any chunked head gives).
