@@ -249,8 +249,9 @@ def _measure_logprob_memory(job: dict) -> dict:
 
     torch.set_num_threads(job["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = large_vocab_model(device=device)
-    batch = long_prefix_batch(job["prefix"], job["k"], job["generated"], vocab=QWEN3_VOCAB)
+    vocab = job.get("vocab", QWEN3_VOCAB)
+    model = large_vocab_model(vocab, device=device)
+    batch = long_prefix_batch(job["prefix"], job["k"], job["generated"], vocab=vocab)
     cfg = load_config(TrainConfig, "cpu_demo", ["algorithm.loss.kl_coef=0", "algorithm.pack_tokens=16384",
                                                 f"algorithm.logprob_chunk_tokens={job['chunk']}"])
     seqs = training_batch_for(batch, compute_advantages(batch.forest, cfg.algorithm.advantage), cfg, pad_token_id=0)
@@ -263,8 +264,8 @@ def _measure_logprob_memory(job: dict) -> dict:
     positions = seqs.input_ids.numel()  # rows x width: what the full log-softmax covers
     trained = int((seqs.loss_mask > 0).sum())  # what the chunked one computes (trained_only)
     chunk = job["chunk"]
-    head = (min(chunk, trained) * QWEN3_VOCAB * 8) if chunk else positions * QWEN3_VOCAB * 12  # fp32: s = 4
-    return {"chunk_tokens": chunk, "positions": positions, "trained_positions": trained, "peak_mb": mem.megabytes,
+    head = (min(chunk, trained) * vocab * 8) if chunk else positions * vocab * 12  # fp32: s = 4
+    return {"vocab": vocab, "chunk_tokens": chunk, "positions": positions, "trained_positions": trained, "peak_mb": mem.megabytes,
             "update_s": seconds, "output_layer_formula_mb": head / 2**20, "device": device}
 
 
