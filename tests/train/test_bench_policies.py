@@ -101,3 +101,16 @@ def test_runs_on_worker_processes_come_back_in_job_order(tmp_path):
 def test_a_best_rate_at_the_edge_of_the_grid_is_flagged():
     assert bench.at_grid_edge({"trace": 2e-3, "grpo": 1e-3, "dapo": 5e-4}, [5e-4, 1e-3, 2e-3]) == ["trace", "dapo"]
     assert bench.at_grid_edge({"trace": 1e-3}, [1e-3]) == []  # one rate: no sweep, nothing to widen
+
+
+def test_a_subset_of_policies_without_trace_reports_their_own_numbers(tmp_path, capsys):
+    """``--policies dapo``: the arm alone (e.g. rerun after a fix), no paired TRACE differences."""
+    for seed, gain in ((0, 0.1), (1, 0.3)):
+        folder = bench.run_dir(tmp_path, "mixed", "dapo", 1e-3, seed)
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(dict(_result("dapo", 1e-3, seed, gain), steps=5)))
+    assert bench.cli(["--policies", "dapo", "--lrs", "1e-3", "--shared-lr", "1e-3", "--seeds", "0", "1",
+                      "--steps", "5", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
+    assert summary["best"]["policies"]["dapo"]["gain"] == pytest.approx(0.2)
+    assert summary["best"]["trace_minus"] == {} and "no paired TRACE" in summary["best"]["conclusion"]
