@@ -14,7 +14,7 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
     assert {r["width"] for r in packing} == {299, 713} and not any(r["width_multiple_of_128"] for r in packing)
     assert all(r["dense_vs_leaf"]["grad"] <= gpu_check.TOLERANCE["float32"]["grad"] for r in packing)
     [steps] = result["training_steps"]
-    assert steps["matrix_entries_moved"] > 0.5 and steps["norm_entries_moved"] > 0.5
+    assert steps["matrix_entries_moved"] > 0.5 and steps["norm_entries_moved"] > 0.5  # fp32: every weight moves
     full, chunked = result["logprob_memory"]
     assert full["chunk_tokens"] == 0 and chunked["chunk_tokens"] > 0
     assert chunked["peak_mb"] < full["peak_mb"] / 2  # memory, not timing: the chunked head holds far less
