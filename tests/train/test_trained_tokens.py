@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.train.test_packing import fixed_batch
+from tests.train.test_sequences import tree_batch  # noqa: F401  (real branched rollouts of the tiny model)
 from trace_theory import compute_advantages
 from trace_train.backends.base import GenerationRequest, Sampling, generator_asleep
 from trace_train.engine import RolloutConfig, RolloutEngine
@@ -146,3 +147,40 @@ def test_vllm_records_the_processed_logprobs_and_sleeps_only_where_supported(tin
             raw = token_logprobs(model, ids, torch.ones_like(ids), temperature=1.0)[0, len(prompt):]
         np.testing.assert_allclose(c.logprobs, logp.numpy(), rtol=0, atol=2e-3)
         assert np.abs(np.asarray(c.logprobs) - raw.numpy()).max() > 1e-2
+
+
+def _seq_mean_losses(batch, adv):
+    """(ours, flat GRPO on root-to-leaf paths) under seq_mean_token_mean, with logp = 0.9 x old logp."""
+    from trace_train.loss import PolicyLossConfig, policy_loss
+    from trace_train.sequences import build_sequences
+
+    cfg = PolicyLossConfig(aggregation="seq_mean_token_mean")
+    seqs = build_sequences(batch, adv, pad_token_id=0, shared_turn_weight="leaves")
+    old = seqs.old_logprobs.double()
+    ours, _ = policy_loss(0.9 * old, old, seqs.advantages.double(), seqs.loss_mask.double(), cfg,
+                          token_weights=seqs.weights.double())
+    rows = [batch.trajectory(int(leaf)) for leaf in batch.forest.leaves]
+    width = max(len(r.token_ids) for r in rows)
+    old, a, mask = (torch.zeros(len(rows), width, dtype=torch.float64) for _ in range(3))
+    for i, traj in enumerate(rows):
+        n = len(traj.token_ids)
+        old[i, :n] = torch.from_numpy(traj.logprobs.astype(np.float32).astype(np.float64))
+        a[i, :n] = torch.from_numpy(adv[traj.node].astype(np.float32).astype(np.float64))
+        mask[i, :n] = torch.from_numpy(traj.loss_mask.astype(np.float64))
+    flat, _ = policy_loss(0.9 * old, old, a, mask, cfg)
+    return float(ours), float(flat)
+
+
+def test_seq_mean_token_mean_is_grpo_on_flat_groups_and_documented_otherwise(tiny_dir, tree_batch):
+    """As loss.py documents: flat groups (GRPO) give the original GRPO loss exactly; branched trees do not
+    give flat GRPO on the paths (a continuation's sequence holds only its own turns)."""
+    from trace_train.backends.hf_backend import HFBackend
+
+    backend = HFBackend.from_pretrained(tiny_dir)
+    cfg = RolloutConfig(policy="grpo", roots=8, group_size=4, limits=LIMITS, seed=2)
+    flat_batch = RolloutEngine(backend, GuessNumberEnv, cfg).rollout(make_rows(4, high=6, max_guesses=3, seed=1))
+    ours, flat = _seq_mean_losses(flat_batch, compute_advantages(flat_batch.forest, "grpo"))
+    assert ours == pytest.approx(flat, rel=1e-9) and flat != 0.0
+    _, branched = tree_batch
+    ours, flat = _seq_mean_losses(branched, compute_advantages(branched.forest, "grpo"))
+    assert ours != pytest.approx(flat, rel=1e-3)
