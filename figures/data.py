@@ -19,6 +19,11 @@ COLUMNS = ("experiment", "arm", "seed", "budget", "metric", "value", "stderr")
 """Leading columns of every tidy table."""
 NUMERIC = ("seed", "value", "stderr")
 SUMMARY_KEYS = {"claim": str, "result": str, "held": bool, "headline": dict, "details": dict}
+MAX_DEPTH = 32
+"""The deepest nesting a results JSON file may have (trace-sim writes at most 5 levels)."""
+CONFIG_NUMBERS = ("seeds", "warmup", "batches", "roots", "continuations", "pool", "lr", "steps", "z_limit",
+                  "group_size", "tuning_seeds")
+"""Config fields that figures compute with: each must be a finite number where a figure reads it."""
 
 
 class ResultsError(Exception):
@@ -52,8 +57,8 @@ class Results:
             if not path.is_file():
                 raise self._missing(path, experiment)
             try:
-                data = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                data = strict_json(path.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as error:
                 raise ResultsError(path, f"not readable JSON ({_first_line(error)})") from None
             if not isinstance(data, dict):
                 raise ResultsError(path, f"expected a JSON object, found {type(data).__name__}")
@@ -80,6 +85,10 @@ class Results:
         for key in keys:
             if key not in data:
                 raise ResultsError(self.path(experiment, "config.json"), f"no `{key}` field")
+            value = data[key]
+            if key in CONFIG_NUMBERS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ResultsError(self.path(experiment, "config.json"),
+                                   f"`{key}` must be a number, found {value!r:.40}")
         return data
 
     def table(self, experiment: str, *, metrics=(), columns=()) -> pd.DataFrame:
@@ -123,6 +132,32 @@ def _check_shared_columns(path: Path, table: pd.DataFrame) -> None:
     for column in NUMERIC:
         if not (pd.api.types.is_numeric_dtype(table[column]) or table[column].isna().all()):
             raise ResultsError(path, f"column `{column}` is not numeric")
+        infinite = np.isinf(table[column].to_numpy(dtype=float))
+        if infinite.any():  # trace-sim never writes inf; a NaN (an empty cell) is a missing value
+            row = int(np.flatnonzero(infinite)[0]) + 2
+            raise ResultsError(path, f"line {row}: column `{column}` holds an infinite value")
+
+
+
+def strict_json(text: str):
+    """``json.loads(text)`` as trace-sim writes JSON: a ValueError for NaN or Infinity (it writes null),
+    for nesting deeper than :data:`MAX_DEPTH` and for what ``json.loads`` itself refuses."""
+    def refuse(constant):
+        raise ValueError(f"holds {constant}, which trace-sim never writes (a missing number is null)")
+
+    try:
+        data = json.loads(text, parse_constant=refuse)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level + 1)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    if deepest > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    return data
 
 
 def _first_line(error: Exception) -> str:

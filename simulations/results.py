@@ -49,9 +49,10 @@ def parse_override(text: str) -> tuple[str, object]:
     if not sep or not key.strip().isidentifier():
         raise ValueError(f"--set takes key=value, got {text!r}")
     try:
-        return key.strip(), ast.literal_eval(raw.strip())
-    except (ValueError, SyntaxError):
-        raise ValueError(f"--set {text!r}: the value must be a Python literal (quote strings)") from None
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        raise ValueError(f"--set {text[:80]!r}: the value must be a Python literal (quote strings)") from None
+    return key.strip(), check_literal(value, f"--set {key.strip()}")
 
 
 def config_json(config) -> dict:
@@ -81,17 +82,62 @@ def _write_json(path: Path, data: dict) -> None:
 _SUMMARY_KEYS = ("experiment", "claim", "result", "held", "headline")
 
 
+MAX_DEPTH = 32
+"""The deepest nesting a results JSON file may have (what is written here nests at most 5 levels)."""
+
+
+def _refuse_constant(constant: str):
+    raise ValueError(f"holds {constant}, which trace-sim never writes (a missing number is null)")
+
+
 def _read_json_file(path: Path) -> dict:
-    """A JSON object from ``path``; a ValueError naming the file (and line) when it is not one."""
+    """A JSON object from ``path`` as this module writes them; a ValueError naming the file (and line)
+    when it is not one: invalid JSON, NaN or Infinity (written as null here), nesting deeper than
+    :data:`MAX_DEPTH`."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), parse_constant=_refuse_constant)
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error})") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as error:  # the constants above, an integer with too many digits
+        raise ValueError(f"{path}: {error}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if _depth(data) > MAX_DEPTH:
+        raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels")
     return data
+
+
+def _depth(value) -> int:
+    """Nesting depth of JSON data (lists and dicts), with an explicit stack."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level + 1)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def check_literal(value, where: str):
+    """``value`` (a parsed Python literal) if every number in it is finite, else a ValueError naming
+    ``where``: ``1e999`` is a float that passes ``x > 0``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where}: numbers must be finite, got {item}")
+        if isinstance(item, complex):
+            raise ValueError(f"{where}: complex numbers are not config values")
+        if isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return value
 
 
 def is_finished(folder: Path) -> bool:

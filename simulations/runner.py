@@ -16,6 +16,7 @@ dry; DAPO trains on its mixed groups only. Turns are counted for equal-token vie
 from __future__ import annotations
 
 import ast
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -87,9 +88,11 @@ def _settings(text: str, arm: str) -> tuple[tuple[str, object], ...]:
         key, sep, raw = item.partition("=")
         try:
             value = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
             value = None
             sep = ""
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"arm {arm!r}: setting {key.strip()!r} must be a finite number, got {value}")
         if not sep or not key.strip().isidentifier():
             raise ValueError(f"arm {arm!r}: a setting is written key=literal, got {item!r}")
         out.append((key.strip(), value))

@@ -16,16 +16,56 @@ What the template says is learned once, from renders with a sentinel assistant m
 that the model did not generate (just the newline when it stopped on ``<|im_end|>``, all of it when its
 turn was cut), then the observation message and the next generation prompt. All of these tokens carry
 loss mask 0.
+
+Hostile text. Message content is data (tool results, scraped corpora), never chat structure:
+
+* it is cleaned once (:func:`clean_text`): lone surrogates, which a tokenizer cannot encode, become
+  U+FFFD and surrogate pairs are joined;
+* an observation's content is tokenised apart from the template's own text, with special-token strings
+  read as plain text (``split_special_tokens``), so a tool result holding ``<|im_end|>`` cannot close
+  the turn or forge a new one; the template's frame around the content keeps its special tokens;
+* the markers used to find where the message starts are chosen per call so that they do not occur in
+  the content, and must occur exactly once in the rendering: content cannot collide with them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ChatFormat"]
+__all__ = ["ChatFormat", "clean_text"]
 
 _SENTINEL = "\x00TRACE-ASSISTANT\x00"
 _PROBE = [{"role": "user", "content": "probe"}]
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode: lone surrogates become U+FFFD, surrogate pairs one character.
+
+    Scraped text and JSON with ``\\ud800`` escapes hold lone surrogates, which UTF-8 (and so every
+    tokenizer) refuses. Other text is returned unchanged; a non-string is a TypeError.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"message content must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _marker(base: str, *texts: str) -> str:
+    """``base`` with a counter appended: the first variant that occurs in none of ``texts``."""
+    n = 0
+    while any(f"{base}{n}\x00" in t for t in texts):
+        n += 1
+    return f"{base}{n}\x00"
+
+
+def _after_once(text: str, marker: str, what: str) -> str:
+    """The text after the single occurrence of ``marker`` in ``text`` (a ValueError otherwise)."""
+    if text.count(marker) != 1:
+        raise ValueError(f"the chat template does not render the {what} verbatim exactly once")
+    return text[text.index(marker) + len(marker):]
 
 
 class ChatFormat:
@@ -51,12 +91,17 @@ class ChatFormat:
                              "cannot tell where a turn ends")
         self.turn_end_ids: tuple[int, ...] = tuple(self.encode(turn_end))
         self._turn_end_text = turn_end
+        self._frames: dict[tuple, tuple[str, str, list[int], list[int]]] = {}
 
     # -----------------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` alone (no BOS or other added tokens)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of ``text`` alone (no BOS or other added tokens); special-token strings are parsed."""
+        return self.tokenizer.encode(clean_text(text), add_special_tokens=False)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text: ``<|im_end|>`` in it is characters, not the special token."""
+        return self.tokenizer.encode(clean_text(text), add_special_tokens=False, split_special_tokens=True)
 
     def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -75,6 +120,7 @@ class ChatFormat:
         """Token ids of the opening messages followed by the generation prompt."""
         if not messages:
             raise ValueError("`messages` must hold at least one message")
+        messages = [{**m, "content": clean_text(m["content"])} if "content" in m else m for m in messages]
         return self.encode(self._render(messages, generation_prompt=True))
 
     def closing_ids(self, action_ids: Sequence[int]) -> list[int]:
@@ -84,15 +130,43 @@ class ChatFormat:
         return list(self.turn_end_ids)
 
     def observation_ids(self, action_ids: Sequence[int], message: Mapping[str, str]) -> list[int]:
-        """Tokens between an action and the next one: closing tokens, the message, the generation prompt."""
-        rendered = self._render(
-            _PROBE + [{"role": "assistant", "content": _SENTINEL}, dict(message)], generation_prompt=True
-        )
-        tail = rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL):]
+        """Tokens between an action and the next one: closing tokens, the message, the generation prompt.
+
+        The message's content is tokenised as plain text inside the template's frame (the text the
+        template puts before and after the content of such a message, learned once per role). A
+        ValueError when the template renders this content other than inside that frame.
+        """
+        message = {**message, "content": clean_text(message.get("content", ""))}
+        before, after, before_ids, after_ids = self._frame(message)
+        body = self._message_text(message)
+        if not (body.startswith(before) and body.endswith(after) and len(body) >= len(before) + len(after)):
+            raise ValueError(f"the chat template renders a {message.get('role')!r} message's content "
+                             "outside the frame it renders for other content")
+        middle = body[len(before):len(body) - len(after)]
+        return self.closing_ids(action_ids) + before_ids + self.encode_plain(middle) + after_ids
+
+    def _message_text(self, message: Mapping[str, str]) -> str:
+        """What the template renders for ``message`` after a closed assistant turn, up to the next turn."""
+        marker = _marker(_SENTINEL[:-1], *(v for v in message.values() if isinstance(v, str)))
+        rendered = self._render(_PROBE + [{"role": "assistant", "content": marker}, dict(message)],
+                                generation_prompt=True)
+        tail = _after_once(rendered, marker, "assistant message")
         if not tail.startswith(self._turn_end_text):
             raise ValueError("the chat template renders the end of an assistant turn differently "
                              "before a new message")
-        return self.closing_ids(action_ids) + self.encode(tail[len(self._turn_end_text):])
+        return tail[len(self._turn_end_text):]
+
+    def _frame(self, message: Mapping[str, str]) -> tuple[str, str, list[int], list[int]]:
+        """Text (and its tokens) the template puts before and after the content of messages with the
+        other fields of ``message`` (its role, ...); learned from a placeholder content, cached."""
+        key = tuple(sorted((k, v) for k, v in message.items() if k != "content" and isinstance(v, str)))
+        if key not in self._frames:
+            placeholder = _marker("\x00TRACE-CONTENT", *(v for _, v in key))
+            body = self._message_text({**dict(key), "content": placeholder})
+            after = _after_once(body, placeholder, "message content")
+            before = body[:len(body) - len(after) - len(placeholder)]
+            self._frames[key] = (before, after, self.encode(before), self.encode(after))
+        return self._frames[key]
 
     def action_text(self, action_ids: Sequence[int]) -> str:
         """The text of an action, as the environment sees it (special tokens such as the turn end dropped)."""

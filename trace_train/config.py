@@ -10,6 +10,13 @@
 
 Any mistake (an unknown key, with the closest known one suggested; a value of the wrong type; an
 impossible combination) is a ``ValueError`` naming the key, raised before anything expensive happens.
+
+Config text is bounded before it is built (:func:`safe_load`): YAML aliases may be used, but the document
+they expand to may hold at most :data:`MAX_YAML_NODES` values and nest at most :data:`MAX_YAML_DEPTH`
+levels (a "billion laughs" file of a few lines would otherwise expand to 10^9 values when it is walked),
+and a recursive alias is refused. Numbers must be usable: an integer field takes a 64-bit integer, a
+float field a finite number (``.nan`` and ``.inf`` pass every ``x > 0`` check in the wrong direction or
+none at all).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import difflib
 import inspect
 import hashlib
 import json
+import math
 import textwrap
 import types
 import typing
@@ -28,10 +36,67 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-__all__ = ["PRESET_DIR", "available_presets", "load_config", "config_from_dict", "config_to_dict", "fingerprint",
+__all__ = ["PRESET_DIR", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "safe_load", "available_presets", "load_config", "config_from_dict", "config_to_dict", "fingerprint",
            "describe", "field_docs"]
 
 PRESET_DIR = Path(__file__).parent / "presets"
+MAX_YAML_NODES = 100_000
+"""The most values (scalars, lists, mappings) a config document may expand to, aliases expanded."""
+MAX_YAML_DEPTH = 64
+"""The deepest nesting a config document may have (the presets nest 3 levels)."""
+_INT64 = 2**63
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing documents that expand too far (see the module docstring)."""
+
+    def construct_document(self, node):
+        _check_expansion(node)
+        return super().construct_document(node)
+
+
+def _check_expansion(root) -> None:
+    """Expanded size and depth of a composed YAML graph, in linear time (shared nodes counted once per
+    use, computed once); a ValueError past the limits or on a recursive alias."""
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth) once expanded
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        if closing:
+            open_nodes.discard(id(node))
+            size = 1 + sum(sizes[id(c)][0] for c in children)
+            depth = 1 + max((sizes[id(c)][1] for c in children), default=0)
+            if size > MAX_YAML_NODES:
+                raise ValueError(f"the document expands to more than {MAX_YAML_NODES} values "
+                                 "(aliases expanded)")
+            if depth > MAX_YAML_DEPTH:
+                raise ValueError(f"the document nests deeper than {MAX_YAML_DEPTH} levels")
+            sizes[id(node)] = (size, depth)
+        elif id(node) not in sizes:
+            if id(node) in open_nodes:
+                raise ValueError("a recursive alias (a value that contains itself)")
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in children)
+
+
+def safe_load(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)``, bounded (see the module docstring); any problem is one ValueError that
+    starts with ``where`` (a file name, or the override being read)."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f"{where}, line {mark.line + 1}" if mark is not None else where
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{at}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels") from None
+    except ValueError as err:  # the bounds above, or int() refusing a number with too many digits
+        raise ValueError(f"{where}: not valid YAML: {str(err).splitlines()[0]}") from None
 
 
 def available_presets() -> list[str]:
@@ -45,14 +110,10 @@ def _read_preset(preset: str | Path) -> dict:
     if not path.exists():
         raise ValueError(f"no preset {str(preset)!r}; presets: {', '.join(available_presets())} (or a path to a .yaml file)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"{where}: not valid YAML: {problem}") from None
+        text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: cannot read the config file: {err}") from None
+    data = safe_load(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset must be a mapping at the top level")
     return data
@@ -62,10 +123,7 @@ def _apply_override(data: dict, override: str) -> None:
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"override {override!r} must look like dotted.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
-        raise ValueError(f"override {override!r}: cannot read the value: {err}") from None
+    value = safe_load(raw, f"override {override[:80]!r}") if raw.strip() else ""
     node = data
     parts = key.strip().split(".")
     for part in parts[:-1]:
@@ -130,11 +188,20 @@ def _coerce(value: Any, tp, where: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"`{where}` must be an integer, got {value!r}")
+        if not -_INT64 <= value < _INT64:
+            raise ValueError(f"`{where}` must be a 64-bit integer (|value| < 2**63), got one with "
+                             f"{len(str(abs(value)))} digits")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"`{where}` must be a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the largest float
+            number = math.inf
+        if not math.isfinite(number):
+            raise ValueError(f"`{where}` must be a finite number, got {_short(value)}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ValueError(f"`{where}` must be a string, got {value!r}")
@@ -142,6 +209,11 @@ def _coerce(value: Any, tp, where: str) -> Any:
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ValueError(f"`{where}` must be a {_type_name(tp)}, got {value!r}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def config_from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):

@@ -37,7 +37,11 @@ left padding (rare flips of near-tied samples; log-probabilities agree to about 
 
 **Failures end one rollout, never the batch.** An environment call that raises ends its rollout with
 end reason ``env_error``, one that runs past ``RolloutConfig.env_timeout_s`` with ``env_timeout``; both
-score 0 and are counted in the report's ``end_reasons``. A timed-out call cannot be interrupted (it is a
+score 0 and are counted in the report's ``end_reasons``. So does an observation that cannot be formatted
+or tokenised (not text, or a template that will not frame it) and a reward that is not a finite number:
+what an environment returns is data, checked in the main thread but charged to its own rollout. Its text
+enters once through :func:`~trace_train.chat.clean_text` (lone surrogates replaced), so what is stored is
+what was tokenised. A timed-out call cannot be interrupted (it is a
 thread): its worker stays busy until it returns and its environment is discarded, so environments must
 bound their own tool calls (the sandbox does). ``RolloutConfig.raise_env_errors`` turns both into
 exceptions, for debugging.
@@ -51,6 +55,7 @@ cores only add switching. A rule of thumb: ``env_workers`` ~ rollouts x (environ
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -59,6 +64,7 @@ from typing import Any, Callable
 
 from .backends.base import Completion, GenerationRequest, request_stream
 from .batch import NodePayload
+from .chat import clean_text
 from .envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
 
 __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "grow"]
@@ -208,6 +214,14 @@ def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool)
     state = calls("snapshot", w.env.snapshot)
     done = verify or (result is not None and result.done)
     return result, state, calls("verify", w.env.verify) if done else None
+
+
+def _reward(value) -> float:
+    """``value`` as a finite float (a ValueError naming it otherwise: NaN would poison the batch)."""
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"verify() returned a non-finite reward {reward}")
+    return reward
 
 
 def _env_verify(calls: _Calls):
@@ -381,21 +395,29 @@ class _Grower:
             return False
         turn = w.turns[-1]
         if kind is _env_verify:
-            turn.reward = float(future.result())
+            try:
+                turn.reward = _reward(future.result())
+            except (TypeError, ValueError) as error:
+                self._fail(w, EndReason.ENV_ERROR, f"verify(): {error}", error)
             return False
         result, turn.snapshot, reward = future.result()
-        if result is not None:
-            message = {"role": result.role, "content": result.observation}
-            turn.observation, turn.messages = result.observation, turn.messages + (message,)
-            if result.done:
-                turn.end = EndReason.DONE
-            elif w.depth >= self.cfg.limits.max_turns:
-                turn.end = EndReason.MAX_TURNS
-        if turn.end is not None:
-            turn.reward = float(reward)
+        try:  # what the environment returned is data: any fault in it ends this rollout only
+            if result is not None:
+                observation = clean_text(result.observation)
+                message = {"role": result.role, "content": observation}
+                turn.observation, turn.messages = observation, turn.messages + (message,)
+                if result.done:
+                    turn.end = EndReason.DONE
+                elif w.depth >= self.cfg.limits.max_turns:
+                    turn.end = EndReason.MAX_TURNS
+            if turn.end is not None:
+                turn.reward = _reward(reward)
+                return False
+            action_ids = tuple(turn.completion.token_ids)
+            obs_ids = tuple(self.chat.observation_ids(action_ids, turn.messages[-1]))
+        except Exception as error:  # noqa: BLE001 - formatting or tokenising this observation failed
+            self._fail(w, EndReason.ENV_ERROR, f"observation: {type(error).__name__}: {error}", error)
             return False
-        action_ids = tuple(turn.completion.token_ids)
-        obs_ids = tuple(self.chat.observation_ids(action_ids, turn.messages[-1]))
         if len(w.context) + len(action_ids) + len(obs_ids) >= self.cfg.limits.max_context_tokens:
             turn.end = EndReason.CONTEXT
             calls = _Calls(w, self.timeline)

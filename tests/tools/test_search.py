@@ -124,7 +124,7 @@ def test_server_speaks_the_search_r1_protocol(server_url):
     ("payload", "message"),
     [
         ({"queries": "tidal"}, '"queries" must be a list of strings'),
-        ({"queries": ["x"], "topk": -2}, '"topk" must be a positive integer, got -2'),
+        ({"queries": ["x"], "topk": -2}, '"topk" must be an integer from 1 to 100, got -2'),
         ({"queries": ["x"], "return_scores": "yes"}, '"return_scores" must be true or false'),
         ([1, 2], "the request must be a JSON object"),
     ],
@@ -226,5 +226,5 @@ def test_inputs_are_validated(bm25):
         HttpRetriever("localhost:8000")
     with pytest.raises(ValueError, match="`topk` must be a positive integer"):
         SearchTool(bm25, topk=0)
-    with pytest.raises(ValueError, match="`default_topk` must be a positive integer"):
+    with pytest.raises(ValueError, match="`default_topk` must be an integer from 1 to 100"):
         make_server(bm25, default_topk=0)

@@ -18,8 +18,10 @@ from contextlib import contextmanager
 import pytest
 
 from trace_train.data.qa import demo_paths
-from trace_train.tools.retrieval_server import MAX_REQUEST_BYTES, make_server, serve_in_background
-from trace_train.tools.search import BM25Retriever, HttpRetriever, RetrieverError, SearchTool
+from trace_train.tools.retrieval_server import (MAX_HITS, MAX_REQUEST_BYTES, MAX_TOPK, make_server,
+                                                serve_in_background)
+from trace_train.tools.search import (MAX_QUERY_TERMS, BM25Retriever, HttpRetriever, RetrieverError, SearchTool,
+                                      load_corpus)
 
 CORPUS, _ = demo_paths()
 
@@ -195,6 +197,9 @@ MALFORMED = {
     "not an object": _post(b'["a"]'),
     "queries not strings": _post(b'{"queries": [1]}'),
     "float topk": _post(b'{"queries": ["a"], "topk": 1e10}'),
+    "uncapped topk": _post(b'{"queries": ["a"], "topk": 1000000}'),
+    "zero topk": _post(b'{"queries": ["a"], "topk": 0}'),
+    "too many passages in all": _post(json.dumps({"queries": ["a"] * 101, "topk": 100}).encode()),
     "garbage request line": b"POST /retrieve garbage HTTP/1.1\r\n\r\n",
     "over-long header": b"POST /retrieve HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n",
 }
@@ -225,3 +230,38 @@ def test_a_failing_retriever_is_a_500_not_a_traceback(capfd):
         server.server_close()
     assert answer.startswith(b"HTTP/1.0 500") and b"retrieval failed: MemoryError: index evicted" in answer
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_server_caps_topk_and_the_passages_of_one_request():
+    assert (MAX_TOPK, MAX_HITS) == (100, 10_000)
+    with pytest.raises(ValueError, match="`default_topk` must be an integer from 1 to 100"):
+        make_server(BM25Retriever.from_jsonl(CORPUS), default_topk=MAX_TOPK + 1)
+
+
+def test_a_deeply_nested_corpus_line_is_an_error_naming_the_line(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "title": "t", "text": "x"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=r"corpus.jsonl:2: JSON nested deeper than 32 levels"):
+        load_corpus(corpus)
+    corpus.write_text('{"id": "1", "text": ' + "[" * 20 + "1" + "]" * 20 + "}\n" + '{"x": "' + "y" * 10_000 + '"}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:2: a passage needs an \"id\", got .{200}\.\.\.$"):
+        load_corpus(corpus)
+
+
+def test_repeating_a_query_word_changes_neither_its_score_nor_its_cost():
+    bm25 = BM25Retriever.from_jsonl(CORPUS)
+    [once] = bm25.search(["tidal clock"], topk=3)
+    [repeated] = bm25.search([" ".join(["tidal clock"] * 50_000)], topk=3)
+    assert once and [(h.passage.id, h.score) for h in repeated] == [(h.passage.id, h.score) for h in once]
+    many = " ".join(sorted(bm25._index.vocab_dict))  # every term of the corpus at once
+    assert len(bm25._index.vocab_dict) > MAX_QUERY_TERMS
+    [capped] = bm25.search([many], topk=3)
+    first = " ".join(list(dict.fromkeys(bm25_tokens(many)))[:MAX_QUERY_TERMS])
+    assert [(h.passage.id, h.score) for h in capped] == [(h.passage.id, h.score) for h in
+                                                         bm25.search([first], topk=3)[0]]
+
+
+def bm25_tokens(text):
+    import bm25s
+
+    return bm25s.tokenize([text], stopwords="en", return_ids=False, show_progress=False)[0]

@@ -89,8 +89,8 @@ def test_every_shipped_preset_is_a_valid_training_config():
 
 @pytest.mark.parametrize("override, message", [
     ("rollout.roots=0", "rollout: `roots` must be at least 1 (M bare rollouts per step), got 0"),
-    ("optim.lr=inf", "optim: `lr` must be a positive finite number, got inf"),
-    ("optim.lr=nan", "optim: `lr` must be a positive finite number, got nan"),
+    ("optim.lr=inf", "`optim.lr` must be a finite number, got inf"),
+    ("optim.lr=nan", "`optim.lr` must be a finite number, got nan"),
     ("rollout.pool_size=0", "rollout: `pool_size` must be a positive integer, got 0"),
     ("rollout.max_turns=3", "config key 'rollout.max_turns' is now 'rollout.limits.max_turns'"),
     ("rollout.limits.max_turns=0", "rollout.limits: `max_turns` must be a positive integer, got 0"),

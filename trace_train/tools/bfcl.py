@@ -33,6 +33,16 @@ Python: the checker's ``eval`` fails on it with a SyntaxError before anything ru
 failed call. A legitimate call string evaluates to the same call before and after canonicalisation, so
 the official verdict on legitimate calls is unchanged (tests compare with the raw checker).
 
+The file system is bounded. BFCL's ``GorillaFileSystem`` lets one step make any number of calls, so a
+model can nest directories thousands deep (``mkdir``/``cd`` pairs: the snapshot's deep copy, ``find``,
+``du`` and the checker's recursive ``==`` then exceed the recursion limit), ``cp`` a directory into
+itself (a cycle: ``find`` never ends) or ``cp`` shared subtrees into exponentially many paths. After a
+call that adds entries (:data:`_FS_GROWING`), the tree reached from the root, walked without recursion
+and counting every path, must hold at most :data:`MAX_FS_ENTRIES` entries nested at most
+:data:`MAX_FS_DEPTH` levels (BFCL's scenarios: at most 125 entries, 5 levels); a call that breaks this
+is undone, answered with an error, and recorded as :data:`REFUSED_CALL`, so the checker's replay does not
+build the tree either. Every call within the bounds behaves exactly as in BFCL.
+
 The paper's 80/20 train/test split is stored in ``bfcl_split.json`` (see :func:`make_bfcl_split`).
 """
 
@@ -83,6 +93,13 @@ REFUSED_CALL = "!refused-call"
 # thread shares. Their calls (and checks of tasks that use them) run one at a time, and the state is put back.
 _PROCESS_STATE_CLASSES = frozenset({"MathAPI"})
 _PROCESS_STATE_LOCK = threading.RLock()
+MAX_FS_ENTRIES = 10_000
+"""The most files and directories the file system may hold, counting every path to them."""
+MAX_FS_DEPTH = 32
+"""The deepest the file system's directories may nest (the root is level 1)."""
+_FS_CLASS = "GorillaFileSystem"
+_FS_GROWING = frozenset({"mkdir", "touch", "echo", "cp", "mv"})
+"""The file-system methods that add entries; the bounds are checked after each of their calls."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,8 +212,14 @@ class BfclBackend:
             raise ValueError("`call_strings` must be a sequence of str")
         methods = _method_owners(self._instances)
         admitted = [admit_call(call, methods) for call in call_strings]
-        self._calls[-1].append([call.record for call in admitted])
-        return [self._execute_one(call, methods) for call in admitted]
+        step: list[str] = []
+        self._calls[-1].append(step)
+        results = []
+        for call in admitted:
+            result, record = self._execute_one(call, methods)
+            results.append(result)
+            step.append(record)
+        return results
 
     def next_turn(self) -> None:
         """Close the current turn; later calls belong to the next one."""
@@ -222,16 +245,45 @@ class BfclBackend:
         self._instances = copy.deepcopy(snapshot.instances)
         self._calls = [[list(step) for step in turn] for turn in snapshot.calls]
 
-    def _execute_one(self, call: AdmittedCall | RefusedCall, methods: dict[str, str]) -> str:
+    def _execute_one(self, call: AdmittedCall | RefusedCall, methods: dict[str, str]) -> tuple[str, str]:
+        """The call's observation and what is recorded for the checker."""
         if isinstance(call, RefusedCall):
-            return call.error
+            return call.error, call.record
         owner = methods[call.name]
+        bounded = owner == _FS_CLASS and call.name in _FS_GROWING
+        before = copy.deepcopy(self._instances[owner]) if bounded else None
         try:  # BFCL turns every failure, of the call or of formatting its result, into this observation
             with process_state_guard((owner,)):
                 result = getattr(self._instances[owner], call.name)(*call.args, **dict(call.kwargs))
-                return _format_result(result)
+                observation = _format_result(result)
         except Exception as error:
-            return f"Error during execution: {error}"
+            observation = f"Error during execution: {error}"
+        problem = file_system_problem(self._instances[owner]) if bounded else None
+        if problem is not None:
+            self._instances[owner] = before
+            return f"Error during execution: {call.name} refused: {problem}", REFUSED_CALL
+        return observation, call.record
+
+
+def file_system_problem(fs: Any) -> str | None:
+    """Why a ``GorillaFileSystem`` is past the bounds (see the module docstring), or None.
+
+    Walks every path from the root with an explicit stack and stops at the first path past a bound, so
+    it takes at most ``MAX_FS_ENTRIES`` steps whatever the tree (a cycle is an endless path)."""
+    entries, stack = 0, [(getattr(fs, "root", None), 1)]
+    while stack:
+        item, level = stack.pop()
+        if item is None:
+            continue
+        entries += 1
+        if entries > MAX_FS_ENTRIES:
+            return f"the file system may hold at most {MAX_FS_ENTRIES} entries (every path counted)"
+        if level > MAX_FS_DEPTH:
+            return f"directories may nest at most {MAX_FS_DEPTH} levels"
+        contents = getattr(item, "contents", None)
+        if isinstance(contents, dict):
+            stack.extend((child, level + 1) for child in contents.values())
+    return None
 
 
 @contextmanager

@@ -5,7 +5,8 @@ protocol), so a model trained against it can later be pointed at a dense Wikiped
 Each returned document is ``{"id", "contents", "title", "text"}``. A missing or null ``topk`` means the
 server's default. Bad requests get HTTP 400 with ``{"error": message}`` (a missing, non-numeric or
 oversized ``Content-Length``, a body shorter than announced or not sent within ``request_timeout``
-seconds, invalid UTF-8 or JSON, nesting deeper than ``bounded_json.MAX_DEPTH``, wrong fields); a request
+seconds, invalid UTF-8 or JSON, nesting deeper than ``bounded_json.MAX_DEPTH``, wrong fields, a ``topk``
+above :data:`MAX_TOPK`, more than :data:`MAX_HITS` passages asked in all); a request
 line or headers that ``http.server`` cannot parse get its own 400, 414 or 431; other paths get 404; a
 retriever that fails gets 500. Nothing a client sends prints a traceback: an error the handler did not
 foresee is logged as one line.
@@ -28,6 +29,11 @@ from trace_train.tools import bounded_json
 from trace_train.tools.search import BM25Retriever, Retriever
 
 MAX_REQUEST_BYTES = 1 << 20
+MAX_TOPK = 100
+"""The most passages one query may ask for (Search-R1 asks for 3)."""
+MAX_HITS = 10_000
+"""The most passages one request may ask for, ``len(queries) * topk``: bounds the answer's size (a 1 MiB
+request of one-letter queries would otherwise ask for gigabytes)."""
 
 
 def make_server(
@@ -39,8 +45,8 @@ def make_server(
     ``request_timeout`` bounds each socket read of a connection, so a client that stops sending frees
     its thread.
     """
-    if not isinstance(default_topk, int) or isinstance(default_topk, bool) or default_topk < 1:
-        raise ValueError(f"`default_topk` must be a positive integer, got {default_topk!r}")
+    if not isinstance(default_topk, int) or isinstance(default_topk, bool) or not 1 <= default_topk <= MAX_TOPK:
+        raise ValueError(f"`default_topk` must be an integer from 1 to {MAX_TOPK}, got {default_topk!r}")
     timeout = request_timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"`request_timeout` must be a positive number of seconds, got {request_timeout!r}")
@@ -120,9 +126,12 @@ def _validate(request, default_topk: int) -> tuple[list[str], int, bool]:
     queries = request.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise ValueError('"queries" must be a list of strings')
-    topk = request.get("topk") or default_topk
-    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-        raise ValueError(f'"topk" must be a positive integer, got {topk!r}')
+    topk = request.get("topk")
+    topk = default_topk if topk is None else topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f'"topk" must be an integer from 1 to {MAX_TOPK}, got {str(topk)[:32]}')
+    if len(queries) * topk > MAX_HITS:
+        raise ValueError(f'{len(queries)} queries of "topk" {topk} ask for more than {MAX_HITS} passages')
     scores = request.get("return_scores", False)
     if not isinstance(scores, bool):
         raise ValueError('"return_scores" must be true or false')

@@ -8,6 +8,10 @@ format (``Doc 1(Title: "...") text``), and turns every failure into an ``Error: 
 Corpus files are JSONL, one passage per line, either ``{"id", "title", "text"}`` or Search-R1's
 ``{"id", "contents"}`` where ``contents`` is ``'"Title"\\ntext'`` (the wiki-18 layout).
 
+Hostile data is bounded: a corpus line nesting deeper than ``bounded_json.MAX_DEPTH`` is an error naming
+its line, and a BM25 query is scored on its distinct terms (first :data:`MAX_QUERY_TERMS` of them), so
+repeating a word neither multiplies its score nor the time a query takes.
+
 The Search-R1 retrieval protocol: ``POST /retrieve`` with ``{"queries": [str, ...], "topk": int,
 "return_scores": bool}``; the answer is ``{"result": [[{"document": {"id", "contents", ...}, "score":
 float}, ...], ...]}``, one list per query (with ``return_scores`` false each entry is the document
@@ -28,6 +32,9 @@ import bm25s
 from . import bounded_json
 from .http_client import Endpoint, HttpFailure, post_json
 
+MAX_QUERY_TERMS = 64
+"""Distinct terms of one query that BM25 scores (Search-R1's queries have about 10)."""
+
 
 @dataclass(frozen=True)
 class Passage:
@@ -46,7 +53,7 @@ class Passage:
     def from_record(cls, record: dict[str, Any]) -> Passage:
         """Build from ``{"id", "title", "text"}`` or ``{"id", "contents"}``."""
         if not isinstance(record, dict) or "id" not in record:
-            raise ValueError(f'a passage needs an "id", got {record!r}')
+            raise ValueError(f'a passage needs an "id", got {_short(record)}')
         if "contents" in record and "text" not in record:
             title, _, text = str(record["contents"]).partition("\n")
             return cls(str(record["id"]), title.strip().strip('"'), text)
@@ -76,8 +83,8 @@ def load_corpus(path: str | os.PathLike) -> list[Passage]:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    passages.append(Passage.from_record(json.loads(line)))
-                except (json.JSONDecodeError, ValueError) as error:
+                    passages.append(Passage.from_record(bounded_json.loads(line)))
+                except ValueError as error:
                     raise ValueError(f"{path}:{number}: {error}") from None
     ids = [passage.id for passage in passages]
     if len(set(ids)) != len(ids):
@@ -108,7 +115,7 @@ class BM25Retriever:
     def search(self, queries: Sequence[str], *, topk: int = 3) -> list[list[SearchHit]]:
         queries = _check_queries(queries, topk)
         tokens = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
-        known = [[t for t in query if t in self._index.vocab_dict] for query in tokens]
+        known = [_distinct(t for t in query if t in self._index.vocab_dict) for query in tokens]
         results: list[list[SearchHit]] = [[] for _ in queries]
         asked = [i for i, query in enumerate(known) if query]
         if asked:
@@ -204,6 +211,16 @@ def _cut(text: str, max_bytes: int | None) -> str:
     if max_bytes is None or len(encoded) <= max_bytes:
         return text
     return encoded[:max_bytes].decode("utf-8", errors="ignore") + " [truncated]"
+
+
+def _distinct(terms) -> list[str]:
+    """The first :data:`MAX_QUERY_TERMS` distinct ``terms``, in order."""
+    return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_queries(queries: Sequence[str], topk: int) -> list[str]:
