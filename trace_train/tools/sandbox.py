@@ -50,8 +50,8 @@ from pathlib import Path
 
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _NAMESPACE_MODES = ("auto", "require", "off")
-_REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
-                     "private-tmp", "private-proc", "seccomp")
+_REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
+                     "read-only-filesystem", "private-tmp", "private-proc", "seccomp")
 
 
 class IsolationWarning(RuntimeWarning):
