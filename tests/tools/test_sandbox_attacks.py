@@ -526,3 +526,28 @@ except OSError as error:
     assert result["status"] == "ok", result["stderr"]
     made, code = result["stdout"].split()
     assert code == "ENOSPC" and int(made) <= 64, "1 MiB of scratch allows 64 inodes"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_the_callers_terminals_are_unreachable(caller):
+    scenario = """
+master, slave = os.openpty()  # a terminal of the caller's, as a login on another pty would be
+sandboxed(f'''
+import os
+tty = {os.ttyname(slave)!r}
+print(os.path.exists(tty), os.path.exists("/dev/tty"), os.path.exists("/dev/ptmx"), os.path.isdir("/dev/pts"))
+for path in (tty, "/dev/tty", "/dev/ptmx"):
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NOCTTY))
+        print("opened", path)
+    except OSError as error:
+        print("refused", error.errno)
+print(os.isatty(0), os.isatty(1), os.isatty(2))
+''', namespaces="require")
+"""
+    result = _run(scenario, caller)
+    assert result["status"] == "ok", result["stderr"]
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "False False False False", "no terminal device is visible"
+    assert all(line.startswith("refused") for line in lines[1:4]), lines
+    assert lines[4] == "False False False"

@@ -62,6 +62,7 @@ MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 SYS_MOUNT_SETATTR, SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 442, 444, 445, 446
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the code sees (with namespaces)
 NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
                     "read-only-filesystem", "private-tmp", "private-proc")
 # System calls refused with EPERM by the seccomp filter, per machine: socket (every family, which also
@@ -189,6 +190,26 @@ def _make_traversable_dirs(path):
         os.chmod(path, 0o755)
 
 
+def _private_dev(devices):
+    """A minimal read-only ``/dev``: the ``devices`` (held open as ``(name, O_PATH fd)`` before it
+    covers the host's) bound back, ``fd``/``stdin``/``stdout``/``stderr`` links and an empty ``shm``
+    (a private tmpfs is mounted there next). No terminal (``/dev/tty``, ``/dev/pts``, ``/dev/ptmx``)
+    and no other device of the host is reachable."""
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64")
+    for name, fd in devices:
+        try:
+            with open(f"/dev/{name}", "x"):
+                pass
+            _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+        finally:
+            os.close(fd)
+    for index, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{index}", f"/dev/{name}")
+    os.symlink("/proc/self/fd", "/dev/fd")
+    os.mkdir("/dev/shm")
+    _read_only("/dev")
+
+
 def _tmpfs_bounds(size):
     """tmpfs options bounding bytes (``size``) and inodes (one per 16 KiB of ``size``, at least 64)."""
     return f"size={size},nr_inodes={max(64, size // 16384)}"
@@ -203,7 +224,9 @@ def _private_mounts(workdir, owner, size):
     """
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
             for path in _interpreter_under_private_tmp()]
+    devices = [(name, os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)) for name in DEVICES]
     _read_only()
+    _private_dev(devices)
     for path in PRIVATE_TMP:
         if os.path.isdir(path) and not os.path.islink(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_tmpfs_bounds(size)}")
