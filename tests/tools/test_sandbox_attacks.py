@@ -218,6 +218,35 @@ result["planted"] = os.path.exists(PACKAGES + "/planted.py")
 
 
 @pytest.mark.parametrize("caller", CALLERS)
+def test_an_interpreter_reached_through_a_symlink_under_tmp_keeps_its_packages(caller, venv_under_tmp):
+    # The venv lives under /var/lib (outside every private temporary directory); the caller starts
+    # it as /tmp/<link>/.venv/bin/python, so sys.prefix and sys.path name the link.
+    home, _, _ = venv_under_tmp
+    real = tempfile.mkdtemp(prefix="trace-venv-real-", dir="/var/lib")
+    link = tempfile.mktemp(prefix="trace-venv-link-", dir="/tmp")
+    try:
+        os.chmod(real, 0o755)
+        shutil.move(os.path.join(home, ".venv"), os.path.join(real, ".venv"))
+        os.symlink(real, link)
+        scenario = """
+sandboxed('''
+import sys, subprocess
+import trace_canary
+print(trace_canary.ALIVE, sys.prefix.startswith("/tmp/"))
+print(subprocess.run([sys.executable, "-c", "import trace_canary; print(trace_canary.ALIVE)"],
+                     capture_output=True, text=True).stdout.strip())
+''', namespaces="require")
+"""
+        result = _run(scenario, caller, python=os.path.join(link, ".venv", "bin", "python"))
+        assert result["status"] == "ok", result["stderr"]
+        assert result["stdout"].splitlines() == ["canary alive True", "canary alive"]
+    finally:
+        shutil.rmtree(real, ignore_errors=True)
+        if os.path.islink(link):
+            os.unlink(link)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
 def test_host_processes_are_invisible_in_proc(caller):
     scenario = """
 sandboxed('''

@@ -180,6 +180,24 @@ def _interpreter_under_private_tmp():
     return outermost
 
 
+def _interpreter_links_under_private_tmp():
+    """``(path, target)`` of every symbolic link below one of ``PRIVATE_TMP`` on the way to an
+    interpreter directory as the interpreter names it (``sys.path``, prefixes, executable, unresolved):
+    ``/tmp/env -> /opt/env`` makes ``sys.prefix`` ``/tmp/env``, which the private tmpfs would hide. The
+    links are made again, with the same targets, in the private tmpfs."""
+    tmp = [p for p in PRIVATE_TMP if os.path.isdir(p) and not os.path.islink(p)]
+    named = [os.path.abspath(p) for p in sys.path + [sys.prefix, sys.base_prefix, sys.executable] if p]
+    links = {}
+    for path in named:
+        parts = path.split(os.sep)[1:]
+        for depth in range(1, len(parts) + 1):
+            prefix = os.sep + os.path.join(*parts[:depth])
+            if any(prefix.startswith(t + os.sep) for t in tmp) and os.path.islink(prefix):
+                links.setdefault(prefix, os.readlink(prefix))
+                break  # what lies beyond is reached through the link
+    return sorted(links.items())
+
+
 def _make_traversable_dirs(path):
     """``mkdir -p path`` with every created directory mode 755, whatever the umask."""
     parent = os.path.dirname(path)
@@ -225,11 +243,15 @@ def _private_mounts(workdir, owner, size):
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
             for path in _interpreter_under_private_tmp()]
     devices = [(name, os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)) for name in DEVICES]
+    links = _interpreter_links_under_private_tmp()
     _read_only()
     _private_dev(devices)
     for path in PRIVATE_TMP:
         if os.path.isdir(path) and not os.path.islink(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_tmpfs_bounds(size)}")
+    for path, target in links:  # the interpreter reached through a symlink under /tmp
+        _make_traversable_dirs(os.path.dirname(path))
+        os.symlink(target, path)
     for path, fd in keep:
         try:
             _make_traversable_dirs(path)
