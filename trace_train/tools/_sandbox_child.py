@@ -8,10 +8,11 @@ session and writes one JSON object to its stdin:
 Process tree (everything below runs before any model-written code):
 
 - B, this script: reads the request, then (unless namespaces are off) calls ``unshare(2)`` for new
-  network, PID and mount namespaces, plus a user namespace that maps the caller's own uid and gid when
+  network, PID, IPC and mount namespaces, plus a user namespace that maps the caller's own uid and gid when
   the caller is not root. In the private mount namespace it makes every mount read-only (one
   ``mount_setattr(2)`` with ``AT_RECURSIVE``), then mounts fresh size-limited tmpfs file systems on
-  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory: the only writable places, private to
+  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory (bytes and inodes capped), over a
+  minimal read-only ``/dev`` (``DEVICES``, no terminal): the only writable places, private to
   this run and freed by the kernel when its last process exits. An interpreter directory below one of
   them (a ``.venv`` or checkout under ``/tmp``) is held open before the tmpfs covers it and bind-mounted
   back, read-only, at the same path; nothing else of the host's temporary directories is visible. When
@@ -23,7 +24,9 @@ Process tree (everything below runs before any model-written code):
   of the new PID namespace over the host's, forks G, moves itself out of the process group that the
   caller kills at the wall-clock limit, reaps every orphan until G exits, then kills whatever is left
   (orphaned descendants become its children) and exits with G's exit code (128 + signal number when G
-  died from a signal). With a PID namespace the kernel also kills every process left in it.
+  died from a signal). At the wall-clock deadline (an interval timer) it kills every descendant and
+  exits, so code that left the caller's process group or session dies too. With a PID namespace the
+  kernel also kills every process left in it when C exits.
 - G: sets the resource limits (soft = hard), becomes the sandbox user when started as root, drops every
   capability (the user namespace gave B all of them inside it), sets ``no_new_privs``, applies a
   Landlock domain (writes only under the working directory and the private temporary directories, no
