@@ -1,7 +1,10 @@
 """Run a scenario as the sandbox's caller, root or an ordinary user, in a forked-off interpreter.
 
-The tests run as root (here and in CI), but the sandbox's normal caller on a cluster is an ordinary
-user. ``run_as_caller(scenario, uid=1000)`` starts this file as a script, which (as root) enters a
+The tests run as root (here and in CI) or as an ordinary user (a newcomer's ``make test``); the
+sandbox's normal caller on a cluster is an ordinary user. Run by an ordinary user, ``uid=1000`` means
+that user (whatever its uid): the script enters a user namespace mapping only its own ids (for the
+mount namespace that holds the home), drops that namespace's capabilities and runs the scenario as an
+ordinary process of that user; ``uid=0`` is skipped (a root caller needs a root test process). ``run_as_caller(scenario, uid=1000)`` starts this file as a script, which (as root) enters a
 private mount namespace, mounts a tmpfs "home" owned by ``uid`` (files there stand for the caller's own
 files: outside ``/tmp``, so the sandbox sees them, read-only), makes the interpreter reachable for
 ``uid`` the way the sandbox does for ``nobody``, optionally makes the kernel refuse ``unshare(2)`` with
@@ -23,7 +26,9 @@ def run_as_caller(scenario: str, *, uid: int, deny_unshare: bool = False, timeou
     """Run ``scenario`` as ``uid`` with the interpreter ``python`` and return its ``result``
     (``{"skip": why}`` when impossible here)."""
     if os.geteuid() != 0:
-        return {"skip": "switching the sandbox's caller to another uid needs a root test process"}
+        if uid == 0:
+            return {"skip": "a root caller needs a root test process (run the tests as root to check it)"}
+        uid = os.geteuid()  # an ordinary user's test run: the caller is that user
     request = json.dumps({"scenario": scenario, "uid": uid, "deny_unshare": deny_unshare})
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
@@ -49,20 +54,29 @@ def _become_caller(uid: int, deny_unshare: bool) -> str:
     parent = _home_parent()
     if parent is None:
         raise OSError(0, f"none of {HOME_PARENTS} is free to hold the caller's home")
-    child._libc_call("unshare", child.CLONE_NEWNS)
+    ordinary, gid = os.geteuid() != 0, os.getgid()  # (unmapped ids read as 65534 until mapped)
+    if ordinary:  # a user namespace mapping only our own ids, for the mount namespace of the home
+        child._libc_call("unshare", child.CLONE_NEWUSER | child.CLONE_NEWNS)
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    else:
+        child._libc_call("unshare", child.CLONE_NEWNS)
     child._mount(None, "/", None, child.MS_REC | child.MS_PRIVATE)
     child._mount("tmpfs", parent, "tmpfs", child.MS_NOSUID | child.MS_NODEV, "mode=755,size=16m")
     home = os.path.join(parent, "caller")
     os.mkdir(home, 0o755)
-    os.chown(home, uid, uid)
-    if uid != 0:
+    os.chown(home, uid, gid if ordinary else uid)
+    if ordinary:  # the namespace's capabilities go: from here on an ordinary process of that user
+        child._drop_capabilities()
+    elif uid != 0:
         child._expose_interpreter()
     if deny_unshare:
         machine = os.uname().machine
         if machine not in UNSHARE:
             raise OSError(0, f"no unshare(2) number known for {machine}")
         child.apply_seccomp(child.seccomp_filter([UNSHARE[machine]]))
-    if uid != 0:
+    if uid != 0 and not ordinary:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)

@@ -192,7 +192,8 @@ def test_limits_cannot_be_lifted_from_inside():
         "    except (ValueError, OSError) as e:\n"
         "        print(name, 'refused')\n"
         "print(resource.getrlimit(resource.RLIMIT_AS))\n"
-        "try:\n    os.setuid(0)\n    print('root')\nexcept PermissionError:\n    print('setuid refused')\n"
+        "try:\n    os.setuid(0)\n    print('root')\nexcept OSError:  # EPERM, or EINVAL where 0 is unmapped\n"
+        "    print('setuid refused')\n"
         "import sys\ntry:\n    sys.addaudithook(lambda *a: None)\n"
         "    print('hook added, guard still there')\n"
         "except Exception:\n    pass\n"
@@ -204,8 +205,7 @@ def test_limits_cannot_be_lifted_from_inside():
         f"{name} refused" for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE")
     ]
     assert lines[4] == f"({700 << 20}, {700 << 20})"
-    if ROOT:
-        assert "setuid refused" in lines
+    assert "setuid refused" in lines
     assert lines[-1] == "socket refused"
 
 

@@ -218,6 +218,38 @@ result["planted"] = os.path.exists(PACKAGES + "/planted.py")
 
 
 @pytest.mark.parametrize("caller", CALLERS)
+def test_an_interpreter_reached_through_a_symlink_under_tmp_keeps_its_packages(caller, venv_under_tmp):
+    # The venv lives under /var/lib (outside every private temporary directory); the caller starts
+    # it as /tmp/<link>/.venv/bin/python, so sys.prefix and sys.path name the link.
+    home, _, _ = venv_under_tmp
+    outside = [d for d in ("/var/lib", os.path.expanduser("~")) if os.access(d, os.W_OK | os.X_OK)]
+    if not outside:
+        pytest.skip("needs a writable directory outside /tmp (/var/lib or $HOME) to hold the venv")
+    real = tempfile.mkdtemp(prefix="trace-venv-real-", dir=outside[0])
+    link = tempfile.mktemp(prefix="trace-venv-link-", dir="/tmp")
+    try:
+        os.chmod(real, 0o755)
+        shutil.move(os.path.join(home, ".venv"), os.path.join(real, ".venv"))
+        os.symlink(real, link)
+        scenario = """
+sandboxed('''
+import sys, subprocess
+import trace_canary
+print(trace_canary.ALIVE, sys.prefix.startswith("/tmp/"))
+print(subprocess.run([sys.executable, "-c", "import trace_canary; print(trace_canary.ALIVE)"],
+                     capture_output=True, text=True).stdout.strip())
+''', namespaces="require")
+"""
+        result = _run(scenario, caller, python=os.path.join(link, ".venv", "bin", "python"))
+        assert result["status"] == "ok", result["stderr"]
+        assert result["stdout"].splitlines() == ["canary alive True", "canary alive"]
+    finally:
+        shutil.rmtree(real, ignore_errors=True)
+        if os.path.islink(link):
+            os.unlink(link)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
 def test_host_processes_are_invisible_in_proc(caller):
     scenario = """
 sandboxed('''
@@ -443,3 +475,111 @@ result["statuses"] = statuses
     result = _run(scenario, "user")
     assert result["statuses"] == ["cpu_limit", "memory_limit", "file_size_limit", "timeout"]
     assert result["stdout"] == "refused\n"
+
+
+SHARED_KERNEL_STATE = """
+sandboxed('''
+import ctypes, errno, fcntl, os, termios
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": dict(shmget=29, msgget=68, semget=64, mq_open=240, add_key=248, keyctl=250, memfd_create=319),
+      "aarch64": dict(shmget=194, msgget=186, semget=190, mq_open=180, add_key=217, keyctl=219,
+                      memfd_create=279)}[os.uname().machine]
+calls = dict(shmget=(0, 1 << 20, 0o1600), msgget=(0, 0o1600), semget=(0, 1, 0o1600),
+             mq_open=(b"q", os.O_CREAT | os.O_RDWR, 0o600, None),
+             add_key=(b"user", b"k", b"v", 1, -3),  # into the session keyring
+             keyctl=(0, -3, 0),  # KEYCTL_GET_KEYRING_ID of the session keyring
+             memfd_create=(b"m", 0))
+for name, args in calls.items():
+    print(name, libc.syscall(NR[name], *args), errno.errorcode.get(ctypes.get_errno()))
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"x")
+    print("TIOCSTI allowed")
+except OSError as error:
+    print("TIOCSTI", errno.errorcode[error.errno])
+''', namespaces=MODE)
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_ipc_keyrings_memfd_and_terminal_injection_are_refused(caller):
+    result = _run("MODE = 'require'" + SHARED_KERNEL_STATE, caller)
+    assert result["status"] == "ok", result["stderr"]
+    lines = result["stdout"].splitlines()
+    assert lines[:-1] == [f"{name} -1 EPERM" for name in
+                          ("shmget", "msgget", "semget", "mq_open", "add_key", "keyctl", "memfd_create")]
+    assert lines[-1] == "TIOCSTI EPERM"
+    assert "ipc-namespace" in result["isolation"]
+
+
+LEAVES_ITS_GROUP = """
+import time
+marker = f"{time.time() % 1000:.6f}"
+sandboxed(f'''
+import os
+os.setsid()  # the worker itself leaves the process group that the caller kills at the deadline
+print("left", flush=True)
+os.execv("/bin/sleep", ["sleep", "{marker}"])
+''', namespaces=MODE, wall_seconds=3)
+time.sleep(1.5)
+left = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+            left.append(pid)
+    except OSError:
+        pass
+result["left"] = left
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("deny_unshare", [False, True], ids=["namespaces", "no-namespaces"])
+def test_code_that_leaves_the_callers_process_group_dies_at_the_wall_clock(caller, deny_unshare):
+    mode = "auto" if deny_unshare else "require"
+    result = _run(f"MODE = {mode!r}" + LEAVES_ITS_GROUP, caller, deny_unshare=deny_unshare)
+    assert result["status"] == "timeout" and result["stdout"] == "left\n", result
+    assert result["left"] == [], "the code outlived its call"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_private_temporary_directories_bound_their_inodes(caller):
+    scenario = """
+sandboxed('''
+import errno, os
+made = 0
+try:
+    for made in range(100000):
+        open(f"/tmp/f{made}", "w").close()
+except OSError as error:
+    print(made, errno.errorcode[error.errno])
+''', namespaces="require", scratch_bytes=1 << 20, wall_seconds=30)
+"""
+    result = _run(scenario, caller)
+    assert result["status"] == "ok", result["stderr"]
+    made, code = result["stdout"].split()
+    assert code == "ENOSPC" and int(made) <= 64, "1 MiB of scratch allows 64 inodes"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_the_callers_terminals_are_unreachable(caller):
+    scenario = """
+master, slave = os.openpty()  # a terminal of the caller's, as a login on another pty would be
+sandboxed(f'''
+import os
+tty = {os.ttyname(slave)!r}
+print(os.path.exists(tty), os.path.exists("/dev/tty"), os.path.exists("/dev/ptmx"), os.path.isdir("/dev/pts"))
+for path in (tty, "/dev/tty", "/dev/ptmx"):
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NOCTTY))
+        print("opened", path)
+    except OSError as error:
+        print("refused", error.errno)
+print(os.isatty(0), os.isatty(1), os.isatty(2))
+''', namespaces="require")
+"""
+    result = _run(scenario, caller)
+    assert result["status"] == "ok", result["stderr"]
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "False False False False", "no terminal device is visible"
+    assert all(line.startswith("refused") for line in lines[1:4]), lines
+    assert lines[4] == "False False False"

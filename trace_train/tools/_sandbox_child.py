@@ -8,10 +8,11 @@ session and writes one JSON object to its stdin:
 Process tree (everything below runs before any model-written code):
 
 - B, this script: reads the request, then (unless namespaces are off) calls ``unshare(2)`` for new
-  network, PID and mount namespaces, plus a user namespace that maps the caller's own uid and gid when
+  network, PID, IPC and mount namespaces, plus a user namespace that maps the caller's own uid and gid when
   the caller is not root. In the private mount namespace it makes every mount read-only (one
   ``mount_setattr(2)`` with ``AT_RECURSIVE``), then mounts fresh size-limited tmpfs file systems on
-  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory: the only writable places, private to
+  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory (bytes and inodes capped), over a
+  minimal read-only ``/dev`` (``DEVICES``, no terminal): the only writable places, private to
   this run and freed by the kernel when its last process exits. An interpreter directory below one of
   them (a ``.venv`` or checkout under ``/tmp``) is held open before the tmpfs covers it and bind-mounted
   back, read-only, at the same path; nothing else of the host's temporary directories is visible. When
@@ -23,7 +24,9 @@ Process tree (everything below runs before any model-written code):
   of the new PID namespace over the host's, forks G, moves itself out of the process group that the
   caller kills at the wall-clock limit, reaps every orphan until G exits, then kills whatever is left
   (orphaned descendants become its children) and exits with G's exit code (128 + signal number when G
-  died from a signal). With a PID namespace the kernel also kills every process left in it.
+  died from a signal). At the wall-clock deadline (an interval timer) it kills every descendant and
+  exits, so code that left the caller's process group or session dies too. With a PID namespace the
+  kernel also kills every process left in it when C exits.
 - G: sets the resource limits (soft = hard), becomes the sandbox user when started as root, drops every
   capability (the user namespace gave B all of them inside it), sets ``no_new_privs``, applies a
   Landlock domain (writes only under the working directory and the private temporary directories, no
@@ -52,6 +55,7 @@ import time
 import traceback
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -61,13 +65,25 @@ MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 SYS_MOUNT_SETATTR, SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 442, 444, 445, 446
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
-                    "private-tmp", "private-proc")
+DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the code sees (with namespaces)
+NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
+                    "read-only-filesystem", "private-tmp", "private-proc")
 # System calls refused with EPERM by the seccomp filter, per machine: socket (every family, which also
-# keeps the host's pathname Unix sockets out of reach), ptrace, process_vm_readv/writev, io_uring.
+# keeps the host's pathname Unix sockets out of reach), ptrace, process_vm_readv/writev, io_uring;
+# SysV IPC (shm*, sem*, msg*) and POSIX message queues (mq_*), so no segment or queue is shared with
+# another call or the caller's processes even without an IPC namespace; the kernel keyrings (add_key,
+# request_key, keyctl: the caller's session keyring holds Kerberos/AFS tokens); memfd_create (memory
+# outside RLIMIT_AS and outside the size-capped tmpfs).
 SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-SECCOMP_DENIED = {"x86_64": (41, 101, 310, 311, 425, 426, 427),
-                  "aarch64": (198, 117, 270, 271, 425, 426, 427)}
+SECCOMP_DENIED = {"x86_64": (41, 101, 310, 311, 425, 426, 427,
+                             29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71,
+                             240, 241, 242, 243, 244, 245, 248, 249, 250, 319),
+                  "aarch64": (198, 117, 270, 271, 425, 426, 427,
+                              194, 195, 196, 197, 190, 191, 192, 193, 186, 187, 188, 189,
+                              180, 181, 182, 183, 184, 185, 217, 218, 219, 279)}
+# ioctl(2) requests refused on any descriptor: TIOCSTI (push input into a terminal) and TIOCLINUX.
+SECCOMP_IOCTL = {"x86_64": 16, "aarch64": 29}
+DENIED_IOCTLS = (0x5412, 0x541C)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # Audit events that modify the path in their first argument; the last argument is the dir_fd, if any.
 PATH_EVENTS = {
@@ -167,6 +183,24 @@ def _interpreter_under_private_tmp():
     return outermost
 
 
+def _interpreter_links_under_private_tmp():
+    """``(path, target)`` of every symbolic link below one of ``PRIVATE_TMP`` on the way to an
+    interpreter directory as the interpreter names it (``sys.path``, prefixes, executable, unresolved):
+    ``/tmp/env -> /opt/env`` makes ``sys.prefix`` ``/tmp/env``, which the private tmpfs would hide. The
+    links are made again, with the same targets, in the private tmpfs."""
+    tmp = [p for p in PRIVATE_TMP if os.path.isdir(p) and not os.path.islink(p)]
+    named = [os.path.abspath(p) for p in sys.path + [sys.prefix, sys.base_prefix, sys.executable] if p]
+    links = {}
+    for path in named:
+        parts = path.split(os.sep)[1:]
+        for depth in range(1, len(parts) + 1):
+            prefix = os.sep + os.path.join(*parts[:depth])
+            if any(prefix.startswith(t + os.sep) for t in tmp) and os.path.islink(prefix):
+                links.setdefault(prefix, os.readlink(prefix))
+                break  # what lies beyond is reached through the link
+    return sorted(links.items())
+
+
 def _make_traversable_dirs(path):
     """``mkdir -p path`` with every created directory mode 755, whatever the umask."""
     parent = os.path.dirname(path)
@@ -175,6 +209,31 @@ def _make_traversable_dirs(path):
     if not os.path.isdir(path):
         os.mkdir(path)
         os.chmod(path, 0o755)
+
+
+def _private_dev(devices):
+    """A minimal read-only ``/dev``: the ``devices`` (held open as ``(name, O_PATH fd)`` before it
+    covers the host's) bound back, ``fd``/``stdin``/``stdout``/``stderr`` links and an empty ``shm``
+    (a private tmpfs is mounted there next). No terminal (``/dev/tty``, ``/dev/pts``, ``/dev/ptmx``)
+    and no other device of the host is reachable."""
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64")
+    for name, fd in devices:
+        try:
+            with open(f"/dev/{name}", "x"):
+                pass
+            _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+        finally:
+            os.close(fd)
+    for index, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{index}", f"/dev/{name}")
+    os.symlink("/proc/self/fd", "/dev/fd")
+    os.mkdir("/dev/shm")
+    _read_only("/dev")
+
+
+def _tmpfs_bounds(size):
+    """tmpfs options bounding bytes (``size``) and inodes (one per 16 KiB of ``size``, at least 64)."""
+    return f"size={size},nr_inodes={max(64, size // 16384)}"
 
 
 def _private_mounts(workdir, owner, size):
@@ -186,10 +245,16 @@ def _private_mounts(workdir, owner, size):
     """
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
             for path in _interpreter_under_private_tmp()]
+    devices = [(name, os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)) for name in DEVICES]
+    links = _interpreter_links_under_private_tmp()
     _read_only()
+    _private_dev(devices)
     for path in PRIVATE_TMP:
         if os.path.isdir(path) and not os.path.islink(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_tmpfs_bounds(size)}")
+    for path, target in links:  # the interpreter reached through a symlink under /tmp
+        _make_traversable_dirs(os.path.dirname(path))
+        os.symlink(target, path)
     for path, fd in keep:
         try:
             _make_traversable_dirs(path)
@@ -199,7 +264,7 @@ def _private_mounts(workdir, owner, size):
         _read_only(path)
     os.makedirs(workdir, exist_ok=True)  # inside the new /tmp when the working directory was there
     _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV,
-           f"mode=700,size={size},uid={owner[0]},gid={owner[1]}")
+           f"mode=700,{_tmpfs_bounds(size)},uid={owner[0]},gid={owner[1]}")
 
 
 def _enter_namespaces(request):
@@ -208,13 +273,13 @@ def _enter_namespaces(request):
         return []
     uid, gid = os.getuid(), os.getgid()
     owner = request["drop_to"] or (uid, gid)
-    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWUSER if uid != 0 else 0)
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNS | (CLONE_NEWUSER if uid != 0 else 0)
     try:
         _libc_call("unshare", flags)
     except OSError as error:
         return _degraded(request, f"unshare: {error.strerror}", [])
     layers = ["user-namespace"] if uid != 0 else []
-    layers += ["network-namespace", "pid-namespace", "mount-namespace"]
+    layers += ["network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace"]
     try:
         if uid != 0:  # map our own ids, so that files keep their owner and nothing else is mapped
             maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
@@ -272,6 +337,11 @@ def _kill_descendants():
             time.sleep(0.001)
 
 
+def _deadline(signum, frame):
+    _kill_descendants()
+    os._exit(128 + signal.SIGKILL)
+
+
 def _reaper(request, report_fd, isolation):
     _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1)
     if "pid-namespace" in isolation:
@@ -283,6 +353,11 @@ def _reaper(request, report_fd, isolation):
     worker = os.fork()
     if worker == 0:
         _worker(request, report_fd, isolation)
+    # The wall clock, enforced inside the run too: code that left the caller's process group (setsid)
+    # is not reached by the caller's kill, so at the deadline this process kills every descendant
+    # and exits; with a PID namespace the kernel then kills whatever is left in it.
+    signal.signal(signal.SIGALRM, _deadline)
+    signal.setitimer(signal.ITIMER_REAL, request["limits"]["wall_seconds"])
     # Leave the process group that the caller kills at the wall-clock limit, so as to outlive the
     # worker and kill what it left behind (in another session, say) even without a PID namespace.
     os.setpgid(0, 0)
@@ -360,6 +435,10 @@ def seccomp_filter(denied, machine=None):
         program += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
     for number in denied:
         program += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
+    # ioctl: refuse the requests in DENIED_IOCTLS (the low 32 bits of args[1], at offset 24)
+    program += [(jeq, 0, 1 + 2 * len(DENIED_IOCTLS), SECCOMP_IOCTL[machine]), (load, 0, 0, 24)]
+    for request in DENIED_IOCTLS:
+        program += [(jeq, 0, 1, request), (ret, 0, 0, eperm)]
     program.append((ret, 0, 0, allow))
     return b"".join(struct.pack("HBBI", *instruction) for instruction in program)
 

@@ -12,7 +12,8 @@ non-root callers; ``_sandbox_child.py`` describes the process tree. In short:
 
 - Kernel namespaces (``namespaces="auto"`` or ``"require"``): new network namespace (no network, not
   even the host's loopback), PID namespace whose init reaps and kills everything the code started and
-  whose own ``/proc`` hides the host's processes, mount namespace in which every mount is read-only except
+  whose own ``/proc`` hides the host's processes (its init also kills everything at the wall clock),
+  IPC namespace, mount namespace with a minimal ``/dev`` (no terminal) in which every mount is read-only except
   fresh size-limited tmpfs file systems on the working directory, ``/tmp``, ``/var/tmp`` and
   ``/dev/shm`` (private to the call, gone when it ends), and, for a non-root caller, an unprivileged user
   namespace (its capabilities are dropped before the code runs). With ``"auto"`` a kernel that refuses
@@ -21,7 +22,8 @@ non-root callers; ``_sandbox_child.py`` describes the process tree. In short:
 - Kernel filters, with or without namespaces: resource limits (soft = hard) on CPU time, address space,
   file size, open files, core files and processes; ``no_new_privs``; a seccomp filter refusing
   ``socket(2)`` (every family, so the host's pathname Unix sockets too), ``ptrace(2)``,
-  ``process_vm_readv/writev`` and io_uring; a Landlock domain where the kernel has it (ABI >= 6):
+  ``process_vm_readv/writev``, io_uring, SysV IPC, POSIX queues, keyrings, ``memfd_create``,
+  ``TIOCSTI``/``TIOCLINUX``; a Landlock domain where the kernel has it (ABI >= 6):
   writes only beneath the working directory and the private temporary directories, no signals or
   ptrace to processes outside the run, no TCP. A root caller runs the code as ``sandbox_uid``.
 - Parent (this module): wall-clock timeout (SIGKILL to the process group), output cap, a minimal fixed
@@ -50,8 +52,8 @@ from pathlib import Path
 
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _NAMESPACE_MODES = ("auto", "require", "off")
-_REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem",
-                     "private-tmp", "private-proc", "seccomp")
+_REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
+                     "read-only-filesystem", "private-tmp", "private-proc", "seccomp")
 
 
 class IsolationWarning(RuntimeWarning):
