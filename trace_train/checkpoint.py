@@ -62,10 +62,10 @@ _FILES = ("policy.pt", "optimizer.pt", "extra.pt", "rng.pt")
 def _safe_globals() -> list:
     """What ``weights_only`` loading may rebuild besides tensors and containers: NumPy arrays (the
     predictor's weights, NumPy's random state). Each only allocates data; none runs user code."""
-    from numpy._core.multiarray import _reconstruct
+    from numpy._core.multiarray import _reconstruct, scalar
 
     dtypes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGSUV"}
-    return [_reconstruct, np.ndarray, np.dtype, bytes, *sorted(dtypes, key=lambda t: t.__name__)]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, bytes, *sorted(dtypes, key=lambda t: t.__name__)]
 
 
 class CheckpointError(ValueError):
