@@ -124,3 +124,20 @@ def test_a_signal_ends_the_run_in_one_line_with_a_checkpoint_and_the_resume_comm
     assert lines[-1].endswith("to resume: trace-train " + " ".join(args))
     assert (run_dir / "checkpoints" / f"step_{step:08d}").is_dir()
     assert not (run_dir / "checkpoints" / ".step_").exists()
+
+
+def test_a_full_disk_while_writing_the_config_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    import errno
+
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == "config.yaml":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    code = cli(_args(tmp_path / "run"))
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1
+    assert f"{tmp_path / 'run' / 'config.yaml'}: no space left on the device" in err and "free there" in err
