@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import math
 import shlex
 import signal
@@ -555,13 +557,17 @@ def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
 
 
 # Fields that do not change what a run computes: a run may be resumed with other values of these.
+_ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
 _NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir",
-                       "max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
+                       *_ADDED_SINKS)
 
 
 def resume_fingerprint(cfg: TrainConfig) -> str:
-    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks)."""
-    return fingerprint(dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT}))
+    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
+    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, so older runs still resume."""
+    plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT})
+    data = {k: v for k, v in config_to_dict(plain).items() if k not in _ADDED_SINKS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> None:
