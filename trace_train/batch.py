@@ -138,6 +138,9 @@ class RolloutReport:
     """The longest time one rollout spent in its environment: the least any schedule can take."""
     continuations_by_round: tuple[int, ...] = ()
     """Continuations placed in each expansion round (``rollout.expansion_rounds``)."""
+    env_error_sample: str | None = None
+    """The call's first environment failure (end reason, rollout, exception type and message, then the
+    traceback of an ``env_error``); None when every environment call succeeded."""
 
     @property
     def computed_prompt_tokens(self) -> int:

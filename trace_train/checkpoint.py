@@ -20,15 +20,27 @@ older ones, newest first, and skips (with a warning naming the file) any whose f
 truncated or cannot be unpickled, e.g. after a disk filled up or a file was damaged. Every error names
 the file it failed on.
 
-Checkpoints are pickles (``torch.load(weights_only=False)`` for the optimiser, extra and random states):
-loading one runs code it contains. Load only checkpoints that you or your own runs wrote.
+Loading never runs code a file contains: every file is read with ``torch.load(weights_only=True)``,
+which rebuilds only tensors and plain containers, plus an allow-list of the NumPy pieces a NumPy array
+needs (``_SAFE_GLOBALS``: an array, its dtype and the function that allocates an empty one). A file that
+asks for anything else (a planted pickle whose ``__reduce__`` would call ``os.system``) is refused with
+a :class:`CheckpointError` naming the file and the global it asked for, before anything of it runs.
+
+Partial checkpoints (the temporary ``.step_*`` directories and ``.latest.*`` files of a write that was
+killed) are never read, and :func:`clean_partial_checkpoints` removes them; the trainer calls it at
+start-up while it holds the run directory's lock (``trace_train.files.RunLock``), so it can never remove
+a live run's write. A full disk (``ENOSPC``, ``EDQUOT``) during a write raises
+``trace_train.files.OutOfSpaceError`` naming the file and the free space, and leaves the previous
+checkpoint and ``latest`` untouched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 import tempfile
 import warnings
@@ -39,10 +51,21 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from .files import reporting_full_disk
+
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_latest_checkpoint",
-           "latest_checkpoint", "capture_rng", "restore_rng"]
+           "latest_checkpoint", "capture_rng", "restore_rng", "clean_partial_checkpoints"]
 
 _FILES = ("policy.pt", "optimizer.pt", "extra.pt", "rng.pt")
+
+
+def _safe_globals() -> list:
+    """What ``weights_only`` loading may rebuild besides tensors and containers: NumPy arrays (the
+    predictor's weights, NumPy's random state). Each only allocates data; none runs user code."""
+    from numpy._core.multiarray import _reconstruct, scalar
+
+    dtypes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGSUV"}
+    return [_reconstruct, scalar, np.ndarray, np.dtype, bytes, *sorted(dtypes, key=lambda t: t.__name__)]
 
 
 class CheckpointError(ValueError):
@@ -90,12 +113,30 @@ def restore_rng(state: Mapping[str, Any], generators: Mapping[str, np.random.Gen
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with reporting_full_disk(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def clean_partial_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Remove what interrupted writes left in ``run_dir/checkpoints`` (``.step_*`` directories,
+    ``.latest.*`` files); returns what was removed. Call only while holding the run's lock."""
+    root = Path(run_dir) / "checkpoints"
+    removed = sorted([*root.glob(".step_*"), *root.glob(".latest.*")])
+    for path in removed:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return removed
 
 
 def save_checkpoint(
@@ -115,18 +156,24 @@ def save_checkpoint(
     if not (isinstance(keep, int) and keep >= 1):
         raise ValueError(f"`keep` must be a positive integer, got {keep!r}")
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:08d}."))
+    with reporting_full_disk(final, "writing checkpoint"):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:08d}."))
     try:
-        torch.save({k: v.detach().cpu() for k, v in policy.items()}, tmp / "policy.pt")
+        def save(obj, name):
+            with reporting_full_disk(final / name, "writing checkpoint"):
+                torch.save(obj, tmp / name)
+
+        save({k: v.detach().cpu() for k, v in policy.items()}, "policy.pt")
         if optimizer is not None:
-            torch.save(dict(optimizer), tmp / "optimizer.pt")
-        torch.save(dict(extra or {}), tmp / "extra.pt")
-        torch.save(capture_rng(generators), tmp / "rng.pt")
+            save(dict(optimizer), "optimizer.pt")
+        save(dict(extra or {}), "extra.pt")
+        save(capture_rng(generators), "rng.pt")
         sizes = {name: (tmp / name).stat().st_size for name in _FILES if (tmp / name).exists()}
-        (tmp / "trainer_state.json").write_text(
-            json.dumps({"step": step, "config_fingerprint": config_fingerprint, "file_bytes": sizes}))
+        with reporting_full_disk(final / "trainer_state.json", "writing checkpoint"):
+            (tmp / "trainer_state.json").write_text(
+                json.dumps({"step": step, "config_fingerprint": config_fingerprint, "file_bytes": sizes}))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -174,14 +221,14 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
         if actual != size:
             found = "missing" if actual is None else f"{actual} bytes"
             raise CheckpointError(f"{file}: {found}, but {size} bytes were written (truncated or damaged)")
-    rng = _load(path / "rng.pt", weights_only=False)
-    optimizer = _load(path / "optimizer.pt", weights_only=False) if (path / "optimizer.pt").exists() else None
+    rng = _load(path / "rng.pt")
+    optimizer = _load(path / "optimizer.pt") if (path / "optimizer.pt").exists() else None
     checkpoint = Checkpoint(
         step=step,
         path=path,
-        policy=_load(path / "policy.pt", weights_only=True),
+        policy=_load(path / "policy.pt"),
         optimizer=optimizer,
-        extra=_load(path / "extra.pt", weights_only=False),
+        extra=_load(path / "extra.pt"),
         rng=rng,
         config_fingerprint=meta.get("config_fingerprint"),
     )
@@ -190,15 +237,27 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
     return checkpoint
 
 
-def _load(file: Path, *, weights_only: bool):
-    """``torch.load`` with errors that name the file."""
+def _load(file: Path):
+    """``torch.load(weights_only=True)`` (plus ``_safe_globals``) with errors that name the file."""
     if not file.exists():
         raise CheckpointError(f"{file}: missing")
     try:
-        return torch.load(file, weights_only=weights_only, map_location="cpu")
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(file, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        if found:
+            raise CheckpointError(f"{file}: refused: it asks for {found.group(1)}, which a checkpoint never holds; "
+                                  "loading it could run code (not written by trace-train, or planted)") from None
+        reason = re.search(r"(?:WeightsUnpickler error|Trying to load): (.*)", str(err))
+        raise CheckpointError(f"{file}: cannot be loaded (UnpicklingError: "
+                              f"{reason.group(1) if reason else _first_line(err)})") from None
     except Exception as err:  # torch raises many types here (pickle, zip, EOF, runtime)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise CheckpointError(f"{file}: cannot be loaded ({type(err).__name__}: {first})") from None
+        raise CheckpointError(f"{file}: cannot be loaded ({type(err).__name__}: {_first_line(err)})") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else ""
 
 
 def load_latest_checkpoint(run_dir: str | os.PathLike, *, generators: Mapping[str, np.random.Generator] = {},

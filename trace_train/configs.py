@@ -251,6 +251,17 @@ class TrainConfig:
     """Also log to run_dir/tensorboard."""
     wandb_project: str | None = None
     """Also log to this Weights & Biases project."""
+    max_env_failure_share: float = 0.5
+    """Stop the run (after a checkpoint, exit 1) at a step where more than this share of rollouts ended
+    in env_error or env_timeout: the environment, its verifier or its reward function raised. The message
+    names the first exception; its traceback is written to run_dir/env_errors/step_N.txt. 1 never stops."""
+    env_failure_warn_share: float = 0.05
+    """Warn (one line, and the traceback file) at every step where more than this share of rollouts failed."""
+    log_every: int = 1
+    """Print a one-line summary of the metrics every this many steps (reward, eval success, effective
+    ratio, contrast yield, tokens, seconds); 0 prints none."""
+    quiet: bool = False
+    """No progress bar and no metrics lines (warnings and errors still print); also ``--quiet``."""
 
     # Keys renamed when RolloutSettings became the engine's RolloutConfig: old name -> new name.
     RENAMED: ClassVar[dict[str, str]] = {f"rollout.{k}": f"rollout.limits.{k}"
@@ -273,6 +284,11 @@ class TrainConfig:
         if not self.task.binary_rewards and get_policy(self.rollout.policy).dynamic_sampling:
             raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
                              f"with reward {self.task.env.get('reward')!r} gives graded ones")
+        if not (0 <= self.env_failure_warn_share <= self.max_env_failure_share <= 1):
+            raise ValueError("`env_failure_warn_share` and `max_env_failure_share` must satisfy 0 <= warn <= max <= 1, "
+                             f"got {self.env_failure_warn_share!r} and {self.max_env_failure_share!r}")
+        if self.log_every < 0:
+            raise ValueError(f"`log_every` must be >= 0, got {self.log_every}")
 
     @property
     def fits_predictor(self) -> bool:

@@ -274,6 +274,7 @@ class _Run:
         self.start = time.perf_counter()
         self.timeline = Timeline()
         self.rollout_env_seconds: list[float] = []
+        self.env_error_sample: str | None = None  # the first env_error/env_timeout (set by the scheduler)
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
 
     # ---- tree bookkeeping -------------------------------------------------------------------------
@@ -387,6 +388,7 @@ class _Run:
             rounds=record.rounds, end_reasons=dict(sorted(self.end_reasons.items())),
             seconds=seconds, **self.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(self.rollout_env_seconds, default=0.0),
+            env_error_sample=self.env_error_sample,
         )
         return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report,
                             kept=record.kept)

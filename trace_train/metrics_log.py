@@ -3,7 +3,10 @@
 One JSON object per line, ``{"step": N, "time": seconds since the run started, <name>: value, ...}``,
 flushed after every line so that a crash loses nothing already logged. On resume from step N, lines of
 later steps (written after that checkpoint, before the crash) are dropped first, so the file reads as if
-the run had never stopped. The names are documented in the README's metric glossary.
+the run had never stopped. A damaged line (not a JSON object with a step) is skipped with a warning
+naming the file and line, so it never blocks a resume; a torn last line (a crash mid-write) is dropped
+quietly. A full disk while writing raises ``trace_train.files.OutOfSpaceError`` naming the file. The
+names are documented in the README's metric glossary.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
+
+from .files import reporting_full_disk
 
 __all__ = ["MetricsLogger", "read_metrics"]
 
@@ -36,7 +42,8 @@ class MetricsLogger:
         self.path = self.run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             kept = [row for row in read_metrics(self.path) if row["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+            with reporting_full_disk(self.path):
+                self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
         elif resume_step is None and self.path.exists():
             self.path.unlink()  # a fresh run starts a fresh file
         self._start = time.monotonic()
@@ -59,8 +66,9 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         row = {"step": int(step), "time": round(time.monotonic() - self._start, 3)}
         row.update({k: _plain(v) for k, v in metrics.items()})
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        with reporting_full_disk(self.path):
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
         if self._tb is not None:
             for name, value in row.items():
                 if name != "step" and isinstance(value, (int, float)):
@@ -83,14 +91,17 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a ``metrics.jsonl``; a torn last line (a crash mid-write) is ignored."""
+    """All rows of a ``metrics.jsonl``: a torn last line (a crash mid-write) is ignored; any other line
+    that is not a JSON object with an integer ``step`` is skipped with a warning naming file and line."""
     rows = []
-    lines = Path(path).read_text().splitlines()
+    lines = Path(path).read_text(errors="replace").splitlines()
     for i, line in enumerate(lines):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
+            rows.append(row)
+        elif i < len(lines) - 1 or row is not None:
+            warnings.warn(f"{path}: line {i + 1} is damaged (not a JSON object with a step); skipped", stacklevel=2)
     return rows

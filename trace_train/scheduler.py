@@ -37,7 +37,8 @@ left padding (rare flips of near-tied samples; log-probabilities agree to about 
 
 **Failures end one rollout, never the batch.** An environment call that raises ends its rollout with
 end reason ``env_error``, one that runs past ``RolloutConfig.env_timeout_s`` with ``env_timeout``; both
-score 0 and are counted in the report's ``end_reasons``. So does an observation that cannot be formatted
+score 0 and are counted in the report's ``end_reasons``; the first failure's message and traceback is the
+report's ``env_error_sample``. So does an observation that cannot be formatted
 or tokenised (not text, or a template that will not frame it) and a reward that is not a finite number:
 what an environment returns is data, checked in the main thread but charged to its own rollout. Its text
 enters once through :func:`~trace_train.chat.clean_text` (lone surrogates replaced), so what is stored is
@@ -58,6 +59,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -430,6 +432,9 @@ class _Grower:
     def _fail(self, w: _Walker, reason: EndReason, message: str, error: BaseException | None = None) -> None:
         if self.cfg.raise_env_errors:
             raise EnvFailure(f"environment of rollout {w.index} (from node {w.start}): {message}") from error
+        if getattr(self.run_, "env_error_sample", None) is None:  # the first failure of the call, for the trainer's report
+            trace = "".join(traceback.format_exception(error)) if error is not None else ""
+            self.run_.env_error_sample = f"{reason.value} in rollout {w.index} (from node {w.start}): {message}\n{trace}"
         turn = w.turns[-1]
         turn.end, turn.reward, turn.snapshot, turn.observation_ids = reason, 0.0, None, ()
         turn.messages = turn.messages[:1]

@@ -16,15 +16,24 @@ One step of ``main`` is the algorithm, one line each (the machinery lives in the
 :func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/`` and, at the end, ``hf/`` (the trained policy as a Hugging Face model). Starting a run whose directory has a checkpoint resumes it (same config required);
-a non-finite loss stops the run with a checkpoint of the last good step and a one-line message.
+a non-finite loss stops the run with a checkpoint of the last good step and a one-line message. One run
+per directory (``run.lock``); Ctrl-C and SIGTERM end after the step under way, with a checkpoint of it
+and one line giving the command that resumes (exit 130 / 143); a step where more than
+``max_env_failure_share`` of rollouts failed in their environment stops the run the same way (exit 1),
+its first traceback in ``env_errors/`` (``trace_train/README.md``, "Run directories").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import math
+import shlex
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,10 +48,10 @@ from trace_theory import compute_advantages, contrast_yield, node_targets, root_
 
 from .backends.base import generator_asleep
 from .batch import History, RolloutBatch
-from .checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
-from .config import config_to_dict, describe, fingerprint, load_config
+from .checkpoint import Checkpoint, clean_partial_checkpoints, load_latest_checkpoint, save_checkpoint
+from .config import config_to_dict, describe, fingerprint, load_config  # noqa: F401
 from .configs import TrainConfig
-from .files import writable_dir
+from .files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
                           max_over_ranks, merge_metrics)
 from .engine import RolloutEngine
@@ -54,11 +63,24 @@ from .predictor import HashedSuccessPredictor
 from .packing import training_batch_for
 from .tasks import Task, build_task
 
-__all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "cli"]
+__all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
+           "RunInterrupted", "cli"]
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the run stopped after checkpointing the last good step."""
+
+
+class EnvFailureError(RuntimeError):
+    """Too many rollouts of a step ended in an environment failure; the run stopped after a checkpoint."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM ended the run; ``signum`` says which, the message what was saved."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.signum = signum
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -277,6 +299,9 @@ class Run:
     sampler: PromptSampler
     logger: MetricsLogger | None
     start_step: int = 0
+    lock: RunLock | None = None
+    saved_step: int | None = None
+    """The step of the newest checkpoint on disk (None: none yet)."""
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
 
     def checkpoint(self, step: int) -> Path | None:
@@ -285,6 +310,7 @@ class Run:
         weights = full_state_dict(self.policy, self.info)
         if not self.info.is_main:
             return None
+        self.saved_step = step
         return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=self.optimizer.state_dict(),
                                extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
                                keep=self.cfg.keep_checkpoints)
@@ -298,7 +324,7 @@ class Run:
         self.predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
         self.sampler.load_state(ckpt.extra["sampler"])
         self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = ckpt.extra["engine_costs"]
-        self.start_step = ckpt.step
+        self.start_step = self.saved_step = ckpt.step
         _sync_weights(self)
 
     def evaluate(self, step: int) -> dict:
@@ -320,6 +346,25 @@ def build_run(cfg: TrainConfig) -> Run:
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
     run_dir = writable_dir(cfg.run_dir, "`run_dir`")
+    lock = _lock_run_dir(run_dir, info)
+    try:
+        return _build_run(cfg, info, run_dir, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
+    """One run per directory (rank 0 holds ``run.lock``); then remove what killed checkpoint writes left."""
+    if not info.is_main:
+        return None
+    lock = RunLock(run_dir).acquire()
+    clean_partial_checkpoints(run_dir)
+    return lock
+
+
+def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None) -> Run:
     _check_or_write_config(cfg, run_dir, info)
 
     task = build_task(cfg.task, seed=cfg.seed)
@@ -351,10 +396,12 @@ def build_run(cfg: TrainConfig) -> Run:
     sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
                             world_size=info.world_size)
     run = Run(cfg, info, task, policy, tokenizer, ref, optimizer, backend, engine, eval_engine,
-              HashedSuccessPredictor(cfg.predictor), sampler, logger=None)
+              HashedSuccessPredictor(cfg.predictor), sampler, logger=None, lock=lock)
     ckpt = load_latest_checkpoint(run_dir)
     if ckpt is not None:
         run.resume(ckpt)
+        if info.is_main:
+            print(f"trace-train: resuming from step {ckpt.step} of {run_dir}", file=sys.stderr)
     if info.is_main:
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
@@ -371,10 +418,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) training; returns the last step's metrics."""
     run = build_run(cfg)
     metrics: dict[str, Any] = {}
+    stop = _StopOnSignal(run)
     try:
         if run.start_step == 0:
             run.log(0, run.evaluate(0))
-        for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps):
+        for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
             batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
@@ -388,17 +436,102 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             metrics = _step_metrics(batch, update, fit.result(), t1 - t0, time.perf_counter() - t1, run.info)
             metrics.update(run.evaluate(step + 1))
             run.log(step + 1, metrics)
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                run.checkpoint(step + 1)
+            _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
     finally:
+        stop.restore()
         run.workers.shutdown(wait=True)
         if run.logger is not None:
             run.logger.close()
+        if run.lock is not None:
+            run.lock.release()
     _export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
     if run.info.is_main:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
     return metrics
+
+
+def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "_StopOnSignal") -> None:
+    """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal."""
+    cfg = run.cfg
+    if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
+        from tqdm.auto import tqdm
+
+        tqdm.write(_metrics_line(step, cfg.steps, metrics), file=sys.stdout)
+    failed = _check_env_failures(run, step, batch, metrics)
+    stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
+    if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        run.checkpoint(step)
+    if failed:
+        raise EnvFailureError(failed + f"; stopped with a checkpoint of step {step}")
+    if stopping:
+        raise RunInterrupted(stop.signum, f"saved a checkpoint of step {step}")
+
+
+def _metrics_line(step: int, steps: int, m: dict) -> str:
+    """``step 3/20  reward 0.41  eval 0.52  eff 0.63  yield/1k 12.5  tokens 1234  4.1 s``."""
+    parts = [f"step {step}/{steps}", f"reward {m.get('reward_mean', float('nan')):.3f}"]
+    if "eval_success" in m:
+        parts.append(f"eval {m['eval_success']:.3f}")
+    parts += [f"eff {m.get('effective_ratio', float('nan')):.2f}",
+              f"mixed/1k {m.get('mixed_prompts_per_1k_rollouts', float('nan')):.1f}",
+              f"tokens {int(m.get('generated_tokens', 0))}",
+              f"{m.get('rollout_seconds', 0.0) + m.get('train_seconds', 0.0):.1f} s"]
+    if m.get("env_failures"):
+        parts.append(f"env failures {int(m['env_failures'])}")
+    return "  ".join(parts)
+
+
+def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict) -> str | None:
+    """Warn above ``env_failure_warn_share``; above ``max_env_failure_share`` return the stop message.
+    The first failure's traceback of this rank goes to ``run_dir/env_errors/step_N.txt``."""
+    cfg = run.cfg
+    share = metrics.get("env_failures", 0.0) / max(metrics.get("rollouts", 0.0), 1.0)
+    if share <= cfg.env_failure_warn_share or not run.info.is_main:
+        return None if share <= cfg.max_env_failure_share else "env failures on another rank"
+    sample = batch.report.env_error_sample
+    where = "(the failures ran on other ranks)"
+    first = ""
+    if sample:
+        path = Path(cfg.run_dir) / "env_errors" / f"step_{step:08d}.txt"
+        with reporting_full_disk(path):
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(sample)
+        lines = [ln for ln in sample.strip().splitlines() if ln.strip()]
+        first, where = lines[-1].strip() if len(lines) > 1 else lines[0], f"traceback in {path}"
+    text = (f"step {step}: {int(metrics['env_failures'])} of {int(metrics['rollouts'])} rollouts ({share:.0%}) ended "
+            f"in an environment failure: {first}; {where}")
+    if share > cfg.max_env_failure_share:
+        return text + f" (more than max_env_failure_share={cfg.max_env_failure_share})"
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"trace-train: warning: {text}", file=sys.stderr)
+    return None
+
+
+class _StopOnSignal:
+    """SIGINT and SIGTERM ask the run to stop after the current step (with a checkpoint of it); a second
+    signal stops it at once (the newest checkpoint on disk is kept). Installed in the main thread only."""
+
+    def __init__(self, run: Run):
+        self.run, self.requested, self.signum, self._previous = run, False, 0, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            saved = self.run.saved_step
+            raise RunInterrupted(signum, "nothing saved since the start" if saved is None else
+                                 f"nothing saved since step {saved} (its checkpoint is kept)")
+        self.requested, self.signum = True, signum
+        if self.run.info.is_main:
+            print("trace-train: stopping after this step (signal again to stop at once)", file=sys.stderr)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
 
 def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -> dict:
@@ -428,12 +561,17 @@ def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
 
 
 # Fields that do not change what a run computes: a run may be resumed with other values of these.
-_NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir")
+_ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
+_NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir",
+                       *_ADDED_SINKS)
 
 
 def resume_fingerprint(cfg: TrainConfig) -> str:
-    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks)."""
-    return fingerprint(dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT}))
+    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
+    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, so older runs still resume."""
+    plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT})
+    data = {k: v for k, v in config_to_dict(plain).items() if k not in _ADDED_SINKS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> None:
@@ -444,17 +582,35 @@ def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> N
     """
     stored = run_dir / "config.yaml"
     if stored.exists():
-        try:
-            previous = load_config(TrainConfig, stored)
-        except ValueError as err:
-            raise ValueError(f"{run_dir} holds a config.yaml that cannot be read as a trace-train config "
-                             f"({err}); use another run_dir") from None
-        if resume_fingerprint(previous) != resume_fingerprint(cfg):
-            differs = _differing_fields(config_to_dict(previous), config_to_dict(cfg))
+        differs = _differing_fields(_stored_config(stored), config_to_dict(cfg))
+        if differs:
             raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
                              "use another run_dir (only steps, checkpointing and logging may change)")
     if info.is_main:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        with reporting_full_disk(stored):
+            stored.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def _stored_config(path: Path) -> dict:
+    """A stored ``config.yaml`` as plain data over the defaults: nothing in it is resolved or imported
+    (a planted ``task.name: file.py:attr`` is compared as a string, never run)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{path.parent} holds a config.yaml that cannot be read ({type(err).__name__}); "
+                         "use another run_dir") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.parent} holds a config.yaml that is not a mapping; use another run_dir")
+    return _merged(config_to_dict(TrainConfig()), data)
+
+
+def _merged(defaults: dict, data: dict) -> dict:
+    out = dict(defaults)
+    for key, value in data.items():
+        sub = defaults.get(key)
+        is_section = isinstance(sub, dict) and isinstance(value, dict) and key not in ("env", "rows")
+        out[key] = _merged(sub, value) if is_section else value
+    return out
 
 
 def _differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -526,8 +682,8 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
     return merge_metrics(scalars, report.rollouts, info, sums=counts)
 
 
-def _progress(steps, info: DistInfo, start: int, total: int):
-    if not info.is_main:
+def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):
+    if not info.is_main or quiet:
         return steps
     from tqdm.auto import tqdm
 
@@ -547,10 +703,11 @@ def cli(argv=None) -> int:
         epilog="config fields (set in a YAML file or as dotted.key=value):\n\n" + describe(TrainConfig))
     parser.add_argument("--config", help=f"a preset ({', '.join(available_presets())}) or a YAML file")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no per-step metrics lines")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
+        cfg = load_config(TrainConfig, args.config, [*args.overrides, *(["quiet=true"] if args.quiet else [])])
     except ValueError as err:
         print(f"trace-train: {err}", file=sys.stderr)
         return 2
@@ -559,9 +716,17 @@ def cli(argv=None) -> int:
         return 0
     try:
         main(cfg)
-    except (ValueError, NonFiniteLossError) as err:
+    except (ValueError, NonFiniteLossError, EnvFailureError, OutOfSpaceError) as err:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
+    except RunInterrupted as stop:
+        resume = shlex.join(["trace-train", *(sys.argv[1:] if argv is None else argv)])
+        name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
+        print(f"trace-train: stopped by {name}; {stop}; to resume: {resume}", file=sys.stderr)
+        return 128 + stop.signum
+    except KeyboardInterrupt:  # before the run started (loading, building)
+        print("trace-train: stopped by Ctrl-C before the first step; nothing saved", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -105,6 +105,84 @@ def test_metrics_log_resume_and_torn_lines(tmp_path):
         log.log(4, {"loss": 0.2})
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["loss"] == 0.2
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(ValueError, match=r"line 2 is not JSON"):
-        read_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_a_damaged_metrics_line_is_skipped_with_a_warning_and_does_not_block_a_resume(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\nnot json\n[3]\n{"step": 2}\n{"step": 3}\n')
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: line 2 is damaged") as caught:
+        assert read_metrics(path) == [{"step": 1}, {"step": 2}, {"step": 3}]
+    assert any("line 3 is damaged" in str(w.message) for w in caught)
+    with pytest.warns(UserWarning, match="line 2"):
+        with MetricsLogger(tmp_path, resume_step=2, tensorboard=False) as log:
+            log.log(3, {"loss": 0.1})
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+
+
+def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tmp_path):
+    """A file whose unpickling would call os.system (here: touch a file) is refused by name, unrun."""
+    import json
+    import os
+
+    from trace_train.checkpoint import CheckpointError, load_latest_checkpoint
+
+    model, _ = small_training_state()
+    ckpt = save_checkpoint(tmp_path, 1, policy=model.state_dict(), extra={"a": 1})
+    marker = tmp_path / "pwned"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    for name in ("extra.pt", "rng.pt", "policy.pt"):
+        torch.save({"x": Planted()}, ckpt / name)
+    meta = json.loads((ckpt / "trainer_state.json").read_text())
+    meta["file_bytes"] = {n: (ckpt / n).stat().st_size for n in meta["file_bytes"]}
+    (ckpt / "trainer_state.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"rng\.pt: refused: it asks for \S*system.*could run code"):
+        load_checkpoint(ckpt)
+    with pytest.warns(UserWarning, match="refused"), pytest.raises(CheckpointError, match="no intact checkpoint"):
+        load_latest_checkpoint(tmp_path)
+    assert not marker.exists()
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_naming_the_file_and_keeps_the_last_one(tmp_path, monkeypatch):
+    import errno
+
+    from trace_train import checkpoint
+    from trace_train.files import OutOfSpaceError
+
+    model, _ = small_training_state()
+    save_checkpoint(tmp_path, 1, policy=model.state_dict())
+    real_save = torch.save
+
+    def full(obj, file, *a, **k):
+        if str(file).endswith("extra.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, file, *a, **k)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(OutOfSpaceError) as err:
+        save_checkpoint(tmp_path, 2, policy=model.state_dict())
+    message = str(err.value)
+    assert "step_00000002/extra.pt" in message and "no space left" in message and "free there" in message
+    assert len(message.splitlines()) == 1
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+    assert load_checkpoint(latest_checkpoint(tmp_path), restore_random_state=False).step == 1
+    assert not any(p.name.startswith(".") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_partial_checkpoints_are_cleaned_and_never_loaded(tmp_path):
+    from trace_train.checkpoint import clean_partial_checkpoints, load_latest_checkpoint
+
+    model, _ = small_training_state()
+    save_checkpoint(tmp_path, 1, policy=model.state_dict())
+    root = tmp_path / "checkpoints"
+    partial = root / ".step_00000002.abc123"  # what a SIGTERM during save_checkpoint leaves
+    partial.mkdir()
+    (partial / "policy.pt").write_bytes(b"half")
+    (root / ".latest.xyz").write_text("step_00000002\n")
+    assert load_latest_checkpoint(tmp_path, restore_random_state=False).step == 1
+    assert clean_partial_checkpoints(tmp_path) == [root / ".latest.xyz", partial]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001"]
