@@ -137,6 +137,9 @@ class RolloutReport:
     """The longest time one rollout spent in its environment: the least any schedule can take."""
     continuations_by_round: tuple[int, ...] = ()
     """Continuations placed in each expansion round (``rollout.expansion_rounds``)."""
+    phase_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Wall seconds of the call's phases: ``predict`` (V~ and kappa), ``bare_generation`` (planting the
+    roots' rollouts), ``expansion_generation`` (every later round: continuations, top-ups)."""
 
     @property
     def computed_prompt_tokens(self) -> int:
