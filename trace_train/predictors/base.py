@@ -76,13 +76,21 @@ class PosteriorPredictor:
 
     # The model: supplied by each kind ---------------------------------------------------------------
 
-    def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
-        """p(history) from the model alone, without prompt posteriors, in [EPS, 1 - EPS]."""
+    def _encode(self, histories: Sequence[HistoryLike]) -> Any:
+        """The model's input for these histories (features, keys), computed once per call or fit."""
         raise NotImplementedError
 
-    def _fit(self, histories: list, y: np.ndarray, w: np.ndarray) -> None:
+    def _probability(self, encoded: Any) -> np.ndarray:
+        """p of encoded histories, in [EPS, 1 - EPS]."""
+        raise NotImplementedError
+
+    def _fit(self, encoded: Any, y: np.ndarray, w: np.ndarray) -> None:
         """One online fit on targets ``y`` with weights ``w`` (normalised to sum 1)."""
         raise NotImplementedError
+
+    def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
+        """p(history) from the model alone, without prompt posteriors, in [EPS, 1 - EPS]."""
+        return self._probability(self._encode(list(histories)))
 
     def _model_state(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -162,14 +170,15 @@ class PosteriorPredictor:
             raise ValueError("`targets` must lie in [0, 1]")
         if not (np.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
             raise ValueError("`weights` must be finite, non-negative and not all zero")
-        before = self.model_probability(histories)
+        encoded = self._encode(histories)
+        before = self._probability(encoded)
         metrics = {
             "predictor_examples": float(len(y)),
             "predictor_brier": brier_score(before, y),
             "predictor_ece": expected_calibration_error(before, y),
         }
-        self._fit(histories, y, w / w.sum())
-        metrics["predictor_brier_after"] = brier_score(self.model_probability(histories), y)
+        self._fit(encoded, y, w / w.sum())
+        metrics["predictor_brier_after"] = brier_score(self._probability(encoded), y)
         return metrics
 
     # Checkpoints -----------------------------------------------------------------------------------

@@ -75,15 +75,15 @@ class HashedSuccessPredictor(PosteriorPredictor):
             (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(histories), self._dim)
         )
 
-    def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
-        return np.clip(expit(self.features(histories) @ self.weights + self.bias), EPS, 1 - EPS)
+    _encode = features
 
-    def _fit(self, histories: list, y: np.ndarray, w: np.ndarray) -> None:
-        X = self.features(histories)
+    def _probability(self, X: sp.csr_matrix) -> np.ndarray:
+        return np.clip(expit(X @ self.weights + self.bias), EPS, 1 - EPS)
+
+    def _fit(self, X: sp.csr_matrix, y: np.ndarray, w: np.ndarray) -> None:
         if self.config.fit == "adam":
             self._adam(X, np.arange(self._dim), y, w)
             return
-        X.sum_duplicates()
         active = np.unique(X.indices)  # the features present: lazy Adam moves only these (and the bias)
         local = sp.csr_matrix((X.data, np.searchsorted(active, X.indices), X.indptr), shape=(X.shape[0], active.size))
         self._adam(local, active, y, w)

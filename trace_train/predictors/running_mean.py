@@ -31,20 +31,22 @@ class RunningMeanPredictor(PosteriorPredictor):
     def _key(h: HistoryLike) -> str:
         return f"{family_of(h)}|{min(int(h.depth), MAX_DEPTH)}"
 
-    def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
+    def _encode(self, histories: Sequence[HistoryLike]) -> list[str]:
+        return [self._key(h) for h in histories]
+
+    def _probability(self, keys: list[str]) -> np.ndarray:
         k0 = self.config.prior_strength
         g = (self.total[0] + 0.5) / (self.total[1] + 1.0)
-        sums = np.array([self.sums.get(self._key(h), np.zeros(2)) for h in histories]).reshape(-1, 2)
+        sums = np.array([self.sums.get(k, np.zeros(2)) for k in keys]).reshape(-1, 2)
         return np.clip((sums[:, 0] + k0 * g) / (sums[:, 1] + k0), EPS, 1 - EPS)
 
-    def _fit(self, histories: list, y: np.ndarray, w: np.ndarray) -> None:
+    def _fit(self, keys: list[str], y: np.ndarray, w: np.ndarray) -> None:
         decay = self.config.mean_decay
         w = w * len(y)
         for key in self.sums:
             self.sums[key] = self.sums[key] * decay
         self.total = self.total * decay + np.array([w @ y, w.sum()])
-        for h, yi, wi in zip(histories, y.tolist(), w.tolist()):
-            key = self._key(h)
+        for key, yi, wi in zip(keys, y.tolist(), w.tolist()):
             self.sums[key] = self.sums.get(key, np.zeros(2)) + np.array([wi * yi, wi])
 
     def _model_state(self) -> dict[str, Any]:
