@@ -1,7 +1,7 @@
 """Success predictors measured online on real rollouts: Brier, ECE and AUC at roots and anchors, and fit cost.
 
-    python -m trace_train.bench_predictor                      # collect 40 TRACE steps of cpu_demo's mixed games, replay
-    python -m trace_train.bench_predictor --steps 60 --kinds ngram running_mean ngram_adam200
+    python -m trace_train.bench_predictor                      # collect 80 TRACE steps of cpu_demo's mixed games (~2 min), replay
+    python -m trace_train.bench_predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50
 
 **Collect** (once; cached in ``--out``/stream.pkl): the ``cpu_demo`` preset on the mixed-difficulty games
 (``bench_policies``'s ``--task mixed``) with TRACE, recording what each step's predictor fit received
@@ -87,9 +87,9 @@ def collect(out: Path, steps: int, seed: int = 0) -> list[dict]:
 
 def parse_kind(spec: str):
     """``NAME`` or ``NAME:field=value,...`` -> a fresh predictor of that kind."""
-    from .config import load_config  # noqa: F401  (the yaml parser used for values)
-    from .predictor import PredictorConfig, build_predictor
     import yaml
+
+    from .predictor import PredictorConfig, build_predictor
 
     spec = SHORTHANDS.get(spec, spec)
     name, _, rest = spec.partition(":")
@@ -144,7 +144,7 @@ def table(results: list[dict]) -> str:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/bench_predictor"))
     parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram_adam200", "ngram"])
