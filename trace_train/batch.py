@@ -141,6 +141,9 @@ class RolloutReport:
     env_error_sample: str | None = None
     """The call's first environment failure (end reason, rollout, exception type and message, then the
     traceback of an ``env_error``); None when every environment call succeeded."""
+    phase_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Wall seconds of the call's phases: ``predict`` (V~ and kappa), ``bare_generation`` (planting the
+    roots' rollouts), ``expansion_generation`` (every later round: continuations, top-ups)."""
 
     @property
     def computed_prompt_tokens(self) -> int:

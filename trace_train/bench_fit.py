@@ -1,12 +1,21 @@
-"""What fitting the success predictor costs a step: GRPO with and without the fit, on the CPU demo.
+"""What a TRACE step costs next to a GRPO step, and what fitting the success predictor costs a step.
 
-    python -m trace_train.bench_fit                    # grpo, 8 steps each way, about 2 min on 2 cores
-    python -m trace_train.bench_fit --policy trace     # TRACE always fits (it allocates by V~)
+    python -m trace_train.bench_fit --compare                      # TRACE (lazy and dense fit) vs GRPO, 4 pairs
+    python -m trace_train.bench_fit --compare --backend vllm       # the same on vLLM (CPU or GPU)
+    python -m trace_train.bench_fit                                # grpo with and without the fit, 8 steps each
+    python -m trace_train.bench_fit --policy trace                 # TRACE always fits (it allocates by V~)
 
-Each run is the ``cpu_demo`` preset without evaluation; ``log_predictor=true`` makes a policy that does
-not read V~ fit it anyway (what every policy did before the fit became conditional). Reported: the mean
-``rollout_seconds`` and ``train_seconds`` (advantages, predictor fit, policy update, weight sync) per
-step, leaving out the first step (warm-up). Timings depend on the machine's load: note ``uptime``.
+``--compare``: interleaved pairs (trace with ``predictor.fit=lazy_adam``, trace with ``predictor.fit=adam``,
+the dense fit of before, then grpo; one after another, so load drifts hit all three alike) of ``cpu_demo``
+runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
+(``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
+time (rollout + train), its phases (``trace_train.train._step_metrics``' timing breakdown) and the
+generated tokens per step, leaving out the first step (warm-up); reported: each policy's mean over pairs,
+the ratio to GRPO (mean of the per-pair ratios ± its standard error) and the load average.
+
+Without ``--compare``: each run is the ``cpu_demo`` preset without evaluation; ``log_predictor=true``
+makes a policy that does not read V~ fit it anyway. Reported: the mean ``rollout_seconds`` and
+``train_seconds`` per step, leaving out the first step. Timings depend on the machine's load: note ``uptime``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,13 @@ from .config import load_config
 from .metrics_log import read_metrics
 from .train import TrainConfig, main as train
 
+MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TASKS["mixed"]
+PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "expansion_generation_seconds",
+          "prepare_seconds", "update_seconds", "sync_seconds", "fit_wait_seconds", "predictor_fit_seconds",
+          "predictor_fit_cpu_seconds")
+ARMS = {"trace": ["rollout.policy=trace"], "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
+        "grpo": ["rollout.policy=grpo"]}
+
 
 def measure(policy: str, steps: int, fit: bool, root: Path) -> dict:
     run_dir = root / f"{policy}-fit{int(fit)}"
@@ -36,11 +52,62 @@ def measure(policy: str, steps: int, fit: bool, root: Path) -> dict:
             "train_seconds": float(np.mean([r["train_seconds"] for r in rows]))}
 
 
-def main(argv=None) -> list[dict]:
+def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str, root: Path) -> dict:
+    """One run of an arm of ``--compare``: mean step seconds and phases over steps 2..steps."""
+    run_dir = root / f"{arm}-{pair}"
+    cfg = load_config(TrainConfig, "cpu_demo", [
+        f"run_dir={run_dir}", f"seed={pair}", f"steps={steps}", "eval.every=0", "tensorboard=false",
+        f"checkpoint_every={steps}", f"task.rows={MIXED_ROWS}", f"rollout.token_budget={token_budget}",
+        f"backend.kind={backend}", "backend.threads=1", *ARMS[arm]])
+    train(cfg)
+    rows = read_metrics(run_dir / "metrics.jsonl")[1:]  # less the warm-up step (no evaluation rows)
+    out = {"arm": arm, "pair": pair,
+           "step_seconds": float(np.mean([r["rollout_seconds"] + r["train_seconds"] for r in rows])),
+           "generated_tokens": float(np.mean([r["generated_tokens"] for r in rows]))}
+    out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASES})
+    return out
+
+
+def compare(pairs: int, steps: int, token_budget: int, backend: str) -> dict:
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(pairs):
+            for arm in ARMS:
+                results.append(measure_arm(arm, pair, steps, token_budget, backend, Path(tmp)))
+                print(json.dumps(results[-1]), flush=True)
+    by = {arm: [r for r in results if r["arm"] == arm] for arm in ARMS}
+    grpo = np.array([r["step_seconds"] for r in by["grpo"]])
+    lines = ["| arm | step s | ratio to GRPO (± SE) | tokens / step | predict | allocation | bare gen | expansion gen "
+             "| update | sync | fit wait | fit (wall) | fit CPU-s |", "|---" * 13 + "|"]
+    summary = {"backend": backend, "pairs": pairs, "steps": steps, "token_budget": token_budget}
+    for arm, rows in by.items():
+        ratio = np.array([r["step_seconds"] for r in rows]) / grpo
+        mean = {k: float(np.mean([r[k] for r in rows])) for k in ("step_seconds", "generated_tokens", *PHASES)}
+        se = float(ratio.std(ddof=1) / np.sqrt(len(ratio))) if len(ratio) > 1 else float("nan")
+        summary[arm] = {**mean, "ratio_to_grpo": float(ratio.mean()), "ratio_se": se}
+        lines.append(f"| {arm} | {mean['step_seconds']:.3f} | {ratio.mean():.2f} ± {se:.2f} | "
+                     f"{mean['generated_tokens']:.0f} | " + " | ".join(
+                         f"{mean[k]:.3f}" for k in ("predict_seconds", "allocation_seconds", "bare_generation_seconds",
+                                                    "expansion_generation_seconds", "update_seconds", "sync_seconds",
+                                                    "fit_wait_seconds", "predictor_fit_seconds",
+                                                    "predictor_fit_cpu_seconds")) + " |")
+    summary["load_average"] = os.getloadavg()
+    print("\n".join(lines))
+    print(f"load average: {summary['load_average']}")
+    return summary
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="grpo")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--compare", action="store_true", help="TRACE against GRPO at equal tokens (docstring)")
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step (--compare)")
+    parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare(args.pairs, args.steps, args.token_budget, args.backend)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for fit in (True, False):

@@ -86,7 +86,7 @@ def demo_batch(policy: str, run_dir: str, seed: int):
     from .distributed import DistInfo
     from .engine import RolloutEngine
     from .envs.tooling import chat_format
-    from .predictor import HashedSuccessPredictor
+    from .predictor import build_predictor
     from .tasks import build_task
     from .configs import TrainConfig
     from .train import PromptSampler, _build_backend, _load_policy, _model_path, _step_seed
@@ -101,7 +101,7 @@ def demo_batch(policy: str, run_dir: str, seed: int):
         cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards),
                            chat=chat)
     pool = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed).next_pool()
-    batch = engine.rollout(pool, predictor=HashedSuccessPredictor(cfg.predictor), seed=_step_seed(cfg.seed, 0, 0))
+    batch = engine.rollout(pool, predictor=build_predictor(cfg.predictor), seed=_step_seed(cfg.seed, 0, 0))
     nodes = tuple(dataclasses.replace(p, snapshot=None) for p in batch.nodes)
     return dataclasses.replace(batch, nodes=nodes, rows={}), path
 

@@ -275,6 +275,7 @@ class _Run:
         self.timeline = Timeline()
         self.rollout_env_seconds: list[float] = []
         self.env_error_sample: str | None = None  # the first env_error/env_timeout (set by the scheduler)
+        self.phase_seconds = dict.fromkeys(("predict", "bare_generation", "expansion_generation"), 0.0)
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
 
     # ---- tree bookkeeping -------------------------------------------------------------------------
@@ -320,8 +321,10 @@ class _Run:
     def _predict(self, histories: list[History], concentration: bool) -> Prediction:
         if not histories:
             return Prediction(np.zeros(0), np.zeros(0) if concentration else None)
+        t0 = time.perf_counter()
         v = np.asarray(self.predictor(histories), dtype=float)
         kappa = np.asarray(self.predictor.concentration(histories), dtype=float) if concentration else None
+        self.phase_seconds["predict"] += time.perf_counter() - t0
         return Prediction(v, kappa)
 
     # ---- the driver's questions (trace_theory.step.World) -----------------------------------------
@@ -335,13 +338,17 @@ class _Run:
     def plant(self, prompts: np.ndarray, counts: np.ndarray) -> RolloutForest:
         roots = self._add_roots(prompts.tolist())
         starts = [(root, "bare", int(k)) for root, k in zip(roots, counts)]
+        t0 = time.perf_counter()
         if starts:
             self._grow(starts)
+        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
     def grow(self, starts: Starts) -> RolloutForest:
+        t0 = time.perf_counter()
         if len(starts):
             self._grow(starts.tuples())
+        self.phase_seconds["expansion_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
     def _prompt_of(self, node: int) -> int:
@@ -388,7 +395,7 @@ class _Run:
             rounds=record.rounds, end_reasons=dict(sorted(self.end_reasons.items())),
             seconds=seconds, **self.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(self.rollout_env_seconds, default=0.0),
-            env_error_sample=self.env_error_sample,
+            env_error_sample=self.env_error_sample, phase_seconds=dict(self.phase_seconds),
         )
         return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report,
                             kept=record.kept)

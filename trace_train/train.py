@@ -59,7 +59,7 @@ from .threads import set_compute_threads
 from .envs.tooling import chat_format
 from .loss import policy_loss
 from .metrics_log import MetricsLogger
-from .predictor import HashedSuccessPredictor
+from .predictor import PosteriorPredictor, build_predictor, predictor_from_state_dict
 from .packing import training_batch_for
 from .tasks import Task, build_task
 
@@ -182,16 +182,19 @@ def _histories(batch: RolloutBatch, nodes) -> list[History]:
                     tuple(batch.context_ids(n))) for n in nodes]
 
 
-def _update_predictor(predictor: HashedSuccessPredictor, batch: RolloutBatch, value_target: str) -> dict:
+def _update_predictor(predictor: PosteriorPredictor, batch: RolloutBatch, value_target: str) -> dict:
     """Fit V~ to the recursive targets of every non-terminal node; add the roots' outcomes (the factual
-    rewards of the rollouts sampled at each root, ``trace_theory.root_outcomes``) to the prompts' posteriors."""
+    rewards of the rollouts sampled at each root, ``trace_theory.root_outcomes``) to the prompts' posteriors.
+    Also returns the fit's wall and CPU (this thread's) seconds."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     f = batch.forest
     nodes = np.flatnonzero(~f.is_leaf)
     values, weights = node_targets(f, value_target)
     metrics = predictor.update(_histories(batch, nodes), values[nodes], weights[nodes])
     roots, m, s = root_outcomes(f)
     predictor.observe(_histories(batch, roots), s, m - s)
-    return metrics
+    return {**metrics, "predictor_fit_seconds": time.perf_counter() - t0,
+            "predictor_fit_cpu_seconds": time.thread_time() - c0}
 
 
 class _PredictorFit:
@@ -295,7 +298,7 @@ class Run:
     backend: Any
     engine: RolloutEngine
     eval_engine: RolloutEngine | None
-    predictor: HashedSuccessPredictor
+    predictor: PosteriorPredictor
     sampler: PromptSampler
     logger: MetricsLogger | None
     start_step: int = 0
@@ -321,7 +324,7 @@ class Run:
                              "(only steps, checkpointing and logging may change)")
         _load_policy_weights(self.policy, ckpt.policy, self.info)
         self.optimizer.load_state_dict(ckpt.optimizer)
-        self.predictor = HashedSuccessPredictor.from_state_dict(ckpt.extra["predictor"])
+        self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
         self.sampler.load_state(ckpt.extra["sampler"])
         self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = ckpt.extra["engine_costs"]
         self.start_step = self.saved_step = ckpt.step
@@ -396,7 +399,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
                             world_size=info.world_size)
     run = Run(cfg, info, task, policy, tokenizer, ref, optimizer, backend, engine, eval_engine,
-              HashedSuccessPredictor(cfg.predictor), sampler, logger=None, lock=lock)
+              build_predictor(cfg.predictor), sampler, logger=None, lock=lock)
     ckpt = load_latest_checkpoint(run_dir)
     if ckpt is not None:
         run.resume(ckpt)
@@ -431,9 +434,15 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             fit = _PredictorFit(run.workers, run, batch)                         # predictor update (background)
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=_pad_id(run.tokenizer))
+            t2 = time.perf_counter()
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
+            t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
-            metrics = _step_metrics(batch, update, fit.result(), t1 - t0, time.perf_counter() - t1, run.info)
+            t4 = time.perf_counter()
+            fitted = fit.result()
+            times = {"prepare_seconds": t2 - t1, "update_seconds": t3 - t2, "sync_seconds": t4 - t3,
+                     "fit_wait_seconds": time.perf_counter() - t4}
+            metrics = _step_metrics(batch, {**update, **times}, fitted, t1 - t0, time.perf_counter() - t1, run.info)
             metrics.update(run.evaluate(step + 1))
             run.log(step + 1, metrics)
             _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
@@ -670,6 +679,8 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
         "generation_seconds": report.generation_seconds,
         "env_seconds": report.env_seconds,
         "generator_idle_share": report.generator_idle_share,
+        **{f"{k}_seconds": v for k, v in report.phase_seconds.items()},  # + allocation, forest building, envs' resets:
+        "allocation_seconds": max(report.seconds - sum(report.phase_seconds.values()), 0.0),  # what the phases leave
         "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
         **{k: float(v) for k, v in update.items()},
         **{k: float(v) for k, v in predictor_metrics.items()},

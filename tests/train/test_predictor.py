@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from trace_train.predictor import HashedSuccessPredictor, PredictorConfig, prompt_key
+from trace_train.predictor import (PREDICTORS, HashedSuccessPredictor, PredictorConfig, RunningMeanPredictor,
+                                   build_predictor, family_of, predictor_from_state_dict, prompt_key)
 
 
 @dataclass(frozen=True)
@@ -15,10 +16,11 @@ class Hist:
     token_ids: tuple
     depth: int = 0
     messages: tuple = field(default=())
+    row: dict = field(default_factory=dict)
 
 
-def make(tokens, depth=0, prompt="p"):
-    return Hist(tuple(tokens), depth, ({"role": "user", "content": prompt},))
+def make(tokens, depth=0, prompt="p", row=None):
+    return Hist(tuple(tokens), depth, ({"role": "user", "content": prompt},), row or {})
 
 
 def test_learns_which_histories_succeed_and_is_calibrated():
@@ -97,6 +99,9 @@ def test_state_dict_round_trip_is_exact():
         (dict(l2=-1.0), r"`l2` must be >= 0, got -1.0"),
         (dict(prior_strength=0.0), r"`prior_strength` must be positive, got 0.0"),
         (dict(history_decay=1.5), r"`history_decay` must lie in \(0, 1\], got 1.5"),
+        (dict(kind="probe"), r"unknown predictor kind 'probe'; known: ngram, running_mean"),
+        (dict(fit="sgd"), r"`fit` must be one of lazy_adam, adam, got 'sgd'"),
+        (dict(mean_decay=0.0), r"`mean_decay` must lie in \(0, 1\], got 0.0"),
     ],
 )
 def test_config_errors(kwargs, message):
@@ -115,3 +120,104 @@ def test_update_and_observe_errors():
         pred.update(h, [0.5], [0.0])
     with pytest.raises(ValueError, match=r"`successes` and `failures` must be non-negative"):
         pred.observe(h, [-1], [0])
+
+
+def _stream(seed, n=60, vocab=400):
+    rng = np.random.default_rng(seed)
+    hists = [make(rng.integers(0, vocab, 10).tolist(), depth=int(rng.integers(0, 3)), prompt=str(i % 7),
+                  row={"target": int(i), "high": int(2 + 60 * (i % 2)), "max_guesses": 3}) for i in range(n)]
+    return hists, rng.random(n), rng.random(n) + 0.1
+
+
+def test_lazy_adam_moves_only_the_features_present_and_matches_dense_adam_on_them():
+    """Lazy Adam is dense Adam restricted to the batch's features: on a fresh predictor (every absent
+    feature has zero weight and moments, so dense Adam leaves it at zero too) the two fits agree; after
+    that, lazy Adam leaves the weights and moments of absent features exactly as they were."""
+    cfg = dict(n_buckets=1024, steps_per_update=30)
+    lazy, dense = (HashedSuccessPredictor(PredictorConfig(fit=fit, **cfg)) for fit in ("lazy_adam", "adam"))
+    hists, y, w = _stream(0)
+    lazy.update(hists, y, w)
+    dense.update(hists, y, w)
+    np.testing.assert_allclose(lazy.weights, dense.weights, rtol=0, atol=1e-12)
+    assert lazy.bias == pytest.approx(dense.bias, abs=1e-12)
+    other, y2, w2 = _stream(1, vocab=30)  # token ids 0..29 only: most buckets are absent
+    absent = np.setdiff1d(np.arange(lazy._dim), lazy.features(other).indices)
+    before_w, before_m = lazy.weights[absent].copy(), lazy._adam_m[absent].copy()
+    lazy.update(other, y2, w2)
+    dense.update(other, y2, w2)
+    assert np.array_equal(lazy.weights[absent], before_w) and np.array_equal(lazy._adam_m[absent], before_m)
+    assert not np.array_equal(dense.weights[absent], before_w)  # dense Adam keeps moving them (momentum, L2)
+
+
+def test_dense_adam_is_the_fit_of_before():
+    """``fit: adam`` reproduces the pre-lazy update formula step by step (a transcription of it)."""
+    from scipy.special import expit
+
+    hists, y, w = _stream(2)
+    pred = HashedSuccessPredictor(PredictorConfig(n_buckets=256, steps_per_update=7, fit="adam"))
+    pred.update(hists, y, w)
+    X, wn = pred.features(hists), w / w.sum()
+    weights, bias, m, v = np.zeros(pred._dim), 0.0, np.zeros(pred._dim + 1), np.zeros(pred._dim + 1)
+    for t in range(1, 8):
+        p = expit(X @ weights + bias)
+        r = wn * 2.0 * (p - y) * p * (1.0 - p)
+        grad = np.append(X.T @ r + 2.0 * 1e-4 * weights, r.sum())
+        m, v = 0.9 * m + 0.1 * grad, 0.999 * v + 0.001 * grad * grad
+        step = 0.1 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        weights, bias = weights - step[:-1], bias - step[-1]
+    np.testing.assert_allclose(pred.weights, weights, rtol=0, atol=1e-12)
+    assert pred.bias == pytest.approx(bias, abs=1e-12)
+
+
+def test_family_of_a_row():
+    assert family_of(make([1], row={"target": 3, "low": 1, "high": 6, "max_guesses": 3})) == "high=6,low=1,max_guesses=3"
+    assert family_of(make([1], row={"family": "algebra", "answer": "4"})) == "algebra"
+    assert family_of(make([1], row={"question": "what?", "answer": "4"})) == ""  # one family: the global mean
+    assert family_of(Hist((1,), 0, ())) == ""  # a history without a row
+
+
+def test_running_mean_is_the_shrunk_decayed_mean_per_family_and_depth():
+    pred = build_predictor(PredictorConfig(kind="running_mean", prior_strength=2.0, mean_decay=0.5))
+    easy = [make([1], depth=0, prompt=str(i), row={"high": 2}) for i in range(3)]
+    hard = [make([1], depth=0, prompt="h", row={"high": 64})]
+    assert pred.model_probability(easy[:1]).tolist() == [0.5]
+    pred.update(easy + hard, [1.0, 1.0, 0.5, 0.0])  # weights 1 each: S_easy = 2.5 of W = 3; global 2.5 / 4
+    g = (2.5 + 0.5) / (4 + 1)
+    assert pred.model_probability(easy[:1])[0] == pytest.approx((2.5 + 2 * g) / (3 + 2))
+    assert pred.model_probability(hard)[0] == pytest.approx((0.0 + 2 * g) / (1 + 2))
+    deeper = make([1], depth=1, prompt="x", row={"high": 2})
+    assert pred.model_probability([deeper])[0] == pytest.approx(g)  # another depth: only the global mean
+    pred.update(hard, [1.0])  # decay 0.5 first: S_hard = 0 * 0.5 + 1, W_hard = 0.5 + 1; global (1.25 + 1) / (2 + 1)
+    g = (2.25 + 0.5) / (3 + 1)
+    assert pred.model_probability(hard)[0] == pytest.approx((1.0 + 2 * g) / (1.5 + 2))
+    pred.observe(hard, [0], [6])  # the prompt posterior sits on top, as for every kind
+    p = pred.model_probability(hard)[0]
+    assert pred(hard)[0] == pytest.approx(2 * p / 8)
+    assert pred.concentration(hard).tolist() == [8.0]
+
+
+@pytest.mark.parametrize("kind", sorted(PREDICTORS))
+def test_every_kind_round_trips_exactly_and_fits_deterministically(kind):
+    hists, y, w = _stream(3)
+    config = PredictorConfig(kind=kind, n_buckets=512, steps_per_update=5)
+    a, b = build_predictor(config), build_predictor(config)
+    for pred in (a, b):  # two ranks given the same data hold the same predictor
+        pred.update(hists, y, w)
+        pred.observe(hists[:4], [1, 0, 2, 1], [0, 2, 1, 1])
+        pred(hists)
+    assert np.array_equal(a(hists), b(hists))
+    clone = predictor_from_state_dict(a.state_dict())
+    assert type(clone) is type(a) and np.array_equal(clone(hists), a(hists))
+    assert np.array_equal(clone.concentration(hists), a.concentration(hists))
+    a.update(hists[::-1], y, w)
+    clone.update(hists[::-1], y, w)
+    assert np.array_equal(clone(hists), a(hists))
+
+
+def test_a_state_saved_before_kinds_loads_as_ngram():
+    pred = HashedSuccessPredictor(PredictorConfig(n_buckets=64))
+    state = pred.state_dict()
+    state["config"] = {k: v for k, v in state["config"].items() if k not in ("kind", "fit", "mean_decay")}
+    assert isinstance(predictor_from_state_dict(state), HashedSuccessPredictor)
+    with pytest.raises(ValueError, match=r"a RunningMeanPredictor needs `kind: running_mean`, got 'ngram'"):
+        RunningMeanPredictor(PredictorConfig())

@@ -1,0 +1,24 @@
+"""Each step's metrics say where its time went; ``predictor.kind`` picks the predictor a run fits and resumes."""
+
+from trace_train.checkpoint import latest_checkpoint, load_checkpoint
+from trace_train.config import load_config
+from trace_train.train import TrainConfig, main
+
+SMALL = ["steps=1", "device=cpu", "tensorboard=false", "checkpoint_every=1", "eval.every=0",
+         "rollout.pool_size=4", "rollout.roots=8", "model.tiny_warm_steps=20"]
+PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "expansion_generation_seconds",
+          "prepare_seconds", "update_seconds", "sync_seconds", "fit_wait_seconds", "predictor_fit_seconds",
+          "predictor_fit_cpu_seconds")
+
+
+def test_a_step_reports_its_phases_and_the_configured_predictor_kind(tmp_path):
+    metrics = main(load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", *SMALL, "predictor.kind=running_mean"]))
+    missing = [k for k in PHASES if k not in metrics]
+    assert not missing, missing
+    assert all(metrics[k] >= 0 for k in PHASES)
+    rollout = sum(metrics[k] for k in ("predict_seconds", "allocation_seconds", "bare_generation_seconds",
+                                       "expansion_generation_seconds"))
+    assert rollout <= metrics["rollout_seconds"] + 1e-6  # the engine's phases lie inside the rollout call
+    assert metrics["bare_generation_seconds"] > 0 and metrics["predictor_fit_seconds"] > 0
+    state = load_checkpoint(latest_checkpoint(tmp_path), restore_random_state=False).extra["predictor"]
+    assert state["config"]["kind"] == "running_mean" and len(state["mean_keys"]) > 0

@@ -1,0 +1,167 @@
+"""Success predictors measured online on real rollouts: Brier, ECE and AUC at roots and anchors, and fit cost.
+
+    python -m trace_train.bench_predictor                      # collect 80 TRACE steps of cpu_demo's mixed games (~2 min), replay
+    python -m trace_train.bench_predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50
+
+**Collect** (once; cached in ``--out``/stream.pkl): the ``cpu_demo`` preset on the mixed-difficulty games
+(``bench_policies``'s ``--task mixed``) with TRACE, recording what each step's predictor fit received
+(every non-terminal node's history with its recursive target and weight) and each step's evaluation
+data: the roots with the rewards of the rollouts sampled at them (``root_outcomes``) and every prefix
+anchor of a bare rollout with the reward its own rollout reached (``factual_leaf``), a Bernoulli draw of
+the prefix's true value drawn before any allocation looked at it.
+
+**Replay** every predictor kind on the same stream, online: at step t it predicts the roots (first, as
+the engine does) and the anchors of step t *before* it learns step t's targets, then ``update`` and
+``observe`` run and are timed (process CPU seconds, one thread). Scores are over rollouts: a root
+predicted p with s successes out of m counts as m outcomes. Kinds are ``predictor.kind`` names, or
+``NAME:field=value,...`` to override config fields (e.g. ``ngram:fit=adam`` is the dense Adam fit of
+before this benchmark's change; ``ngram_adam200`` is a shorthand for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import rankdata
+
+from trace_theory import brier_score, expected_calibration_error, node_targets, root_outcomes
+
+MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TASKS["mixed"]
+SHORTHANDS = {"ngram_adam200": "ngram:fit=adam"}
+
+
+def auc(pred, label) -> float:
+    """Area under the ROC curve: P(pred of a success > pred of a failure), ties counted half (Mann-Whitney)."""
+    pred, label = np.asarray(pred, float), np.asarray(label, bool)
+    n1, n0 = int(label.sum()), int((~label).sum())
+    if n1 == 0 or n0 == 0:
+        return float("nan")
+    ranks = rankdata(pred)
+    return float((ranks[label].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def collect(out: Path, steps: int, seed: int = 0) -> list[dict]:
+    """Run TRACE on cpu_demo's mixed games for ``steps`` steps, recording each step's predictor data."""
+    from . import train as train_module
+    from .config import load_config
+
+    path = out / "stream.pkl"
+    if path.exists():
+        stream = pickle.loads(path.read_bytes())
+        if len(stream) >= steps:
+            return stream[:steps]
+    stream: list[dict] = []
+    original = train_module._update_predictor
+
+    def recording(predictor, batch, value_target):
+        f = batch.forest
+        nodes = np.flatnonzero(~f.is_leaf)
+        values, weights = node_targets(f, value_target)
+        roots, m, s = root_outcomes(f)
+        anchors = f.prefix_anchors()
+        stream.append({
+            "fit": (train_module._histories(batch, nodes), values[nodes], weights[nodes]),
+            "roots": (train_module._histories(batch, roots), s, m - s),
+            "anchors": (train_module._histories(batch, anchors), f.reward[f.factual_leaf[anchors]]),
+        })
+        return original(predictor, batch, value_target)
+
+    cfg = load_config(train_module.TrainConfig, "cpu_demo", [
+        f"run_dir={out / 'run'}", f"seed={seed}", f"steps={steps}", "rollout.policy=trace", "eval.every=0",
+        "tensorboard=false", f"checkpoint_every={steps}", f"task.rows={MIXED_ROWS}"])
+    train_module._update_predictor = recording
+    try:
+        train_module.main(cfg)
+    finally:
+        train_module._update_predictor = original
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(stream))
+    return stream
+
+
+def parse_kind(spec: str):
+    """``NAME`` or ``NAME:field=value,...`` -> a fresh predictor of that kind."""
+    import yaml
+
+    from .predictor import PredictorConfig, build_predictor
+
+    spec = SHORTHANDS.get(spec, spec)
+    name, _, rest = spec.partition(":")
+    fields = {"kind": name}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        fields[key] = yaml.safe_load(value)
+    return build_predictor(PredictorConfig(**fields))
+
+
+def replay(stream: list[dict], spec: str) -> dict:
+    """One kind, online over the stream (module docstring); returns its scores and mean fit cost."""
+    predictor = parse_kind(spec)
+    root_p, root_y, anchor_p, anchor_y, cpu, wall = [], [], [], [], [], []
+    for step in stream:
+        hists, s, f = step["roots"]
+        p = np.asarray(predictor(hists))
+        root_p.append(np.repeat(np.concatenate([p, p]), np.concatenate([s, f]).astype(int)))
+        root_y.append(np.repeat(np.r_[np.ones_like(p), np.zeros_like(p)], np.concatenate([s, f]).astype(int)))
+        a_hists, a_y = step["anchors"]
+        if len(a_hists):
+            anchor_p.append(np.asarray(predictor(a_hists)))
+            anchor_y.append(np.asarray(a_y, float))
+        c0, w0 = time.process_time(), time.perf_counter()
+        predictor.update(*step["fit"])
+        predictor.observe(*step["roots"])
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    out = {"kind": spec, "steps": len(stream)}
+    for where, ps, ys in (("roots", root_p, root_y), ("anchors", anchor_p, anchor_y)):
+        p, y = np.concatenate(ps), np.concatenate(ys)
+        out.update({f"{where}_n": int(p.size), f"{where}_brier": brier_score(p, y),
+                    f"{where}_ece": expected_calibration_error(p, y), f"{where}_auc": auc(p, y),
+                    f"{where}_constant_brier": float(y.var())})
+    out["fit_cpu_s"] = float(np.mean(cpu[1:] if len(cpu) > 1 else cpu))
+    out["fit_wall_s"] = float(np.mean(wall[1:] if len(wall) > 1 else wall))
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| predictor kind | roots Brier | roots ECE | roots AUC | anchors Brier | anchors ECE | anchors AUC | "
+             "fit CPU-s / step |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['kind']} | {r['roots_brier']:.4f} | {r['roots_ece']:.4f} | {r['roots_auc']:.3f} | "
+                     f"{r['anchors_brier']:.4f} | {r['anchors_ece']:.4f} | {r['anchors_auc']:.3f} | "
+                     f"{r['fit_cpu_s']:.4f} |")
+    r = results[0]
+    lines.append(f"| (constant: the outcomes' variance) | {r['roots_constant_brier']:.4f} | | 0.5 | "
+                 f"{r['anchors_constant_brier']:.4f} | | 0.5 | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_predictor"))
+    parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram_adam200", "ngram"])
+    args = parser.parse_args(argv)
+    from .threads import set_compute_threads
+
+    set_compute_threads(1)
+    stream = collect(args.out, args.steps, args.seed)
+    print(f"stream: {len(stream)} steps, {sum(len(s['roots'][0]) for s in stream)} roots, "
+          f"{sum(len(s['anchors'][0]) for s in stream)} anchors", flush=True)
+    results = [replay(stream, kind) for kind in args.kinds]
+    for r in results:
+        print(json.dumps(r), flush=True)
+    print(table(results))
+    print(f"load average: {os.getloadavg()}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Success predictors V~(history), interchangeable by ``predictor.kind`` (PAPER.md, "Predictor").
+
+Every kind is a :class:`~trace_train.predictors.base.PosteriorPredictor`: a *model* p(history) fitted
+online each step on the recursive targets of ``trace_theory.node_targets``, under a per-prompt Beta
+posterior (kappa0 = ``prior_strength`` pseudo-observations of p plus the prompt's decayed outcomes), so
+that every kind answers ``predict(histories) -> v`` (``__call__``), ``concentration(histories)`` (the
+Beta strength the ``trace_beta`` policy reads), ``update``, ``observe`` and an exact
+``state_dict``/:func:`predictor_from_state_dict` round trip. Fits are deterministic functions of the
+data, so ranks given the same data hold the same predictor.
+
+==============  ===========================================================================================
+``ngram``       logistic model on signed hashed token n-grams + a depth one-hot (:mod:`.ngram`)
+``running_mean``  decayed running mean of the targets per (task family, depth): the floor to beat (:mod:`.running_mean`)
+==============  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from trace_theory._registry import Registry
+
+from .base import HistoryLike, PosteriorPredictor, family_of, prompt_key
+from .config import PredictorConfig
+
+PREDICTORS: Registry[type] = Registry("predictor kind")
+
+from .ngram import HashedSuccessPredictor  # noqa: E402  (registers "ngram")
+from .running_mean import RunningMeanPredictor  # noqa: E402  (registers "running_mean")
+
+PREDICTORS.add("ngram", HashedSuccessPredictor)
+PREDICTORS.add("running_mean", RunningMeanPredictor)
+
+__all__ = ["PREDICTORS", "PredictorConfig", "PosteriorPredictor", "HashedSuccessPredictor", "RunningMeanPredictor",
+           "HistoryLike", "build_predictor", "predictor_from_state_dict", "prompt_key", "family_of"]
+
+
+def build_predictor(config: PredictorConfig = PredictorConfig()) -> PosteriorPredictor:
+    """A fresh predictor of ``config.kind``."""
+    return PREDICTORS[config.kind](config)
+
+
+def predictor_from_state_dict(state: Mapping[str, Any]) -> PosteriorPredictor:
+    """The predictor a ``state_dict`` came from (a state without ``kind``, saved before kinds, is ``ngram``)."""
+    return PREDICTORS[state["config"].get("kind", "ngram")].from_state_dict(state)

@@ -1,0 +1,123 @@
+"""``ngram``: logistic regression on signed hashed token n-grams of the exact context plus a depth one-hot.
+
+Features: every token n-gram (n <= ``ngram``) of the history's token ids is hashed to one of
+``n_buckets`` signed buckets, the bucket vector L2-normalised; a one-hot of min(depth, 16) is appended.
+The model p = sigmoid(x . w + b) is fitted online by weighted mean squared error (the Brier score, a
+proper scoring rule, so fitted probabilities are calibrated), ``steps_per_update`` Adam steps per update,
+warm-started from the previous step's weights and moments.
+
+``fit: lazy_adam`` (the default) runs Adam on the K features present in the batch only (their weights,
+moments and the bias): a step costs O(nnz + K), not O(n_buckets), and the weights of absent features
+stay as they are (their gradient would be the ridge term alone). ``fit: adam`` is the dense update over
+every bucket (the fit before lazy Adam). Both are deterministic functions of the data and the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import expit
+
+from .base import EPS, MAX_DEPTH, HistoryLike, PosteriorPredictor
+
+_BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
+
+
+class HashedSuccessPredictor(PosteriorPredictor):
+    """V~(history): hashed n-gram logistic regression plus per-prompt Beta posteriors (module docstring).
+
+    Call it on a list of histories to get probabilities; ``concentration(histories)`` gives the
+    posterior strength; ``update(histories, targets, weights)`` fits the model;
+    ``observe(histories, successes, failures)`` updates the prompts' posteriors.
+    """
+
+    kind = "ngram"
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self._dim = self.config.n_buckets + MAX_DEPTH + 1
+        self.weights = np.zeros(self._dim)
+        self.bias = 0.0
+        self._adam_m = np.zeros(self._dim + 1)  # the last entry is the bias's
+        self._adam_v = np.zeros(self._dim + 1)
+        self._adam_t = 0
+
+    def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
+        """Sparse features: signed hashed n-grams (L2-normalised), a depth one-hot and nothing else."""
+        rows, cols, vals = [], [], []
+        nb = self.config.n_buckets
+        for i, h in enumerate(histories):
+            ids = np.asarray(h.token_ids, dtype=np.uint64)
+            grams = [ids]
+            for n in range(2, self.config.ngram + 1):
+                if len(ids) >= n:
+                    mixed = ids[: len(ids) - n + 1].copy()
+                    for j in range(1, n):
+                        mixed = mixed * np.uint64(0x9E3779B97F4A7C15) + ids[j: len(ids) - n + 1 + j]
+                    grams.append(mixed + np.uint64(n))
+            hashed = np.concatenate(grams) * np.uint64(0xBF58476D1CE4E5B9)
+            hashed ^= hashed >> np.uint64(31)
+            bucket = (hashed % np.uint64(nb)).astype(np.int64)
+            sign = np.where((hashed >> np.uint64(63)) == 1, -1.0, 1.0)
+            uniq, inverse = np.unique(bucket, return_inverse=True)
+            value = np.bincount(inverse, weights=sign, minlength=len(uniq))
+            norm = np.linalg.norm(value)
+            if norm > 0:
+                value = value / norm
+            rows.append(np.full(len(uniq) + 1, i))
+            cols.append(np.concatenate([uniq, [nb + min(int(h.depth), MAX_DEPTH)]]))
+            vals.append(np.concatenate([value, [1.0]]))
+        if not rows:
+            return sp.csr_matrix((0, self._dim))
+        return sp.csr_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(histories), self._dim)
+        )
+
+    _encode = features
+
+    def _probability(self, X: sp.csr_matrix) -> np.ndarray:
+        return np.clip(expit(X @ self.weights + self.bias), EPS, 1 - EPS)
+
+    def _fit(self, X: sp.csr_matrix, y: np.ndarray, w: np.ndarray) -> None:
+        if self.config.fit == "adam":
+            self._adam(X, np.arange(self._dim), y, w)
+            return
+        active = np.unique(X.indices)  # the features present: lazy Adam moves only these (and the bias)
+        local = sp.csr_matrix((X.data, np.searchsorted(active, X.indices), X.indptr), shape=(X.shape[0], active.size))
+        self._adam(local, active, y, w)
+
+    def _adam(self, X: sp.csr_matrix, cols: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+        """``steps_per_update`` Adam steps on weighted MSE over the weights ``cols`` (X's columns) and the bias."""
+        cfg = self.config
+        idx = np.append(cols, self._dim)  # moment entries: the columns, then the bias
+        theta = np.append(self.weights[cols], self.bias)
+        m, v = self._adam_m[idx], self._adam_v[idx]
+        XT = X.T.tocsr()
+        t = self._adam_t
+        grad = np.empty_like(theta)
+        for _ in range(cfg.steps_per_update):
+            p = expit(X @ theta[:-1] + theta[-1])
+            residual = w * 2.0 * (p - y) * p * (1.0 - p)  # d/dz of w (sigmoid(z) - y)^2
+            grad[:-1] = XT @ residual + 2.0 * cfg.l2 * theta[:-1]
+            grad[-1] = residual.sum()
+            t += 1
+            m = _BETA1 * m + (1 - _BETA1) * grad
+            v = _BETA2 * v + (1 - _BETA2) * grad * grad
+            m_hat = m / (1 - _BETA1**t)
+            v_hat = v / (1 - _BETA2**t)
+            theta -= cfg.learning_rate * m_hat / (np.sqrt(v_hat) + _ADAM_EPS)
+        self.weights[cols], self.bias = theta[:-1], float(theta[-1])
+        self._adam_m[idx], self._adam_v[idx], self._adam_t = m, v, t
+
+    def _model_state(self) -> dict[str, Any]:
+        return {"weights": self.weights.copy(), "bias": self.bias, "adam_m": self._adam_m.copy(),
+                "adam_v": self._adam_v.copy(), "adam_t": self._adam_t}
+
+    def _load_model_state(self, state: Mapping[str, Any]) -> None:
+        self.weights = np.array(state["weights"], dtype=float)
+        self.bias = float(state["bias"])
+        self._adam_m = np.array(state["adam_m"], dtype=float)
+        self._adam_v = np.array(state["adam_v"], dtype=float)
+        self._adam_t = int(state["adam_t"])
