@@ -104,7 +104,7 @@ class BackendConfig:
     """vLLM: longest sequence (None: the model's)."""
     kv_cache_memory_bytes: int | None = None
     """vLLM: KV-cache size in bytes. None: on CPU, what a step needs (``vllm_backend.kv_cache_bytes``): the
-    rollouts in flight (max of roots x (1 + continuations_per_root) and eval.prompts x eval.samples) x the
+    rollouts in flight (max of roots x (1 + continuations_per_root x expansion_rounds) and eval.prompts x eval.samples) x the
     context limit (rollout.limits.max_context_tokens, in whole blocks) x the model's KV bytes per token
     (2 x layers x KV heads x head dim x dtype bytes), with max_model_len defaulting to the context limit;
     on GPUs, vLLM's choice (gpu_memory_utilization)."""
