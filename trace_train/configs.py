@@ -9,6 +9,7 @@ key; ``rollout.binary_rewards`` is also turned off by the trainer for environmen
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -39,7 +40,9 @@ class TaskConfig:
     """Training rows: a local JSONL/Parquet file or a Hugging Face data set id ("demo" for search_qa, a
     BFCL split for bfcl); unset: generated (guess_number), or the environment's default."""
     eval: str | None = None
-    """Held-out rows, in the same forms (unset: the first eval_size training rows, kept out of training)."""
+    """Held-out rows, in the same forms (unset, for loaded rows: when held-out evaluation is on, the first
+    min(eval_size, a quarter of the training rows) rows, kept out of training; the start-up line says how
+    many train and how many are held out; with ``eval.every=0`` every row trains)."""
     split: str = "train"
     """Split of the training data set on the Hub (local files have one)."""
     eval_split: str = "train"
@@ -100,7 +103,11 @@ class BackendConfig:
     max_model_len: int | None = None
     """vLLM: longest sequence (None: the model's)."""
     kv_cache_memory_bytes: int | None = None
-    """vLLM: KV-cache size in bytes (None: vLLM's choice)."""
+    """vLLM: KV-cache size in bytes. None: on CPU, what a step needs (``vllm_backend.kv_cache_bytes``): the
+    rollouts in flight (max of roots x (1 + continuations_per_root x expansion_rounds) and eval.prompts x eval.samples) x the
+    context limit (rollout.limits.max_context_tokens, in whole blocks) x the model's KV bytes per token
+    (2 x layers x KV heads x head dim x dtype bytes), with max_model_len defaulting to the context limit;
+    on GPUs, vLLM's choice (gpu_memory_utilization)."""
     gpu_memory_utilization: float | None = None
     """vLLM: share of GPU memory it may take (None: vLLM's default)."""
     enforce_eager: bool = True
@@ -191,8 +198,9 @@ class HeldOutConfig:
     """Held-out success during training: ``samples`` fresh rollouts on each of ``prompts`` fixed prompts
     (uniform groups, no branching, no predictor); logged as ``eval_success``."""
 
-    every: int = 0
-    """Evaluate every this many steps (and before the first); 0 disables."""
+    every: int = 5
+    """Evaluate every this many steps (and before the first); 0 disables. On by default; off by itself
+    (with a start-up note) when the task has no held-out rows."""
     prompts: int = 32
     """Held-out prompts (fixed for the run)."""
     samples: int = 2
@@ -213,12 +221,21 @@ class HeldOutConfig:
                                    temperature=self.temperature, token_budget=None, min_group=None)
 
 
+def default_run_dir(task_name: str) -> str:
+    """``runs/<name>``: the attribute of an import path (``pkg.mod:Env`` -> ``Env``), else the name, with
+    every character outside ``[A-Za-z0-9_.-]`` replaced by ``_``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task_name.rsplit(":", 1)[-1]).strip("._") or "run"
+    return f"runs/{name}"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A whole run; every field is documented where it is declared."""
 
-    run_dir: str = "runs/cpu_demo"
-    """Where config.yaml, metrics.jsonl, tensorboard/, checkpoints/ and hf/ go; a run there resumes."""
+    run_dir: str | None = None
+    """Where config.yaml, metrics.jsonl, tensorboard/, checkpoints/ and hf/ go; a run there resumes (rerun the
+    same command). Unset: ``runs/<task>``, from ``task.name`` (``runs/guess_number``; ``runs/ParityEnv`` for
+    ``...parity_env.py:ParityEnv``); each preset sets its own (``runs/cpu_demo``)."""
     seed: int = 0
     """Seed of everything random (rows, sampling, initialisation)."""
     steps: int = 20
@@ -268,6 +285,8 @@ class TrainConfig:
                                          for k in ("max_turns", "max_turn_tokens", "max_context_tokens")}
 
     def __post_init__(self):
+        if self.run_dir is None:
+            object.__setattr__(self, "run_dir", default_run_dir(self.task.name))
         if self.steps < 0:
             raise ValueError(f"`steps` must be >= 0, got {self.steps}")
         if self.checkpoint_every < 1 or self.keep_checkpoints < 1:

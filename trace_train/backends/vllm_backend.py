@@ -41,7 +41,25 @@ from typing import Any, Hashable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "VLLMStream", "shield_from_kernel_scan"]
+__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "kv_bytes_per_token", "shield_from_kernel_scan"]
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+
+
+def kv_bytes_per_token(model_config, dtype: str) -> int:
+    """Bytes of keys and values one token holds: 2 x layers x KV heads x head dim x bytes per element."""
+    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    return 2 * model_config.num_hidden_layers * heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+def kv_cache_bytes(model_config, dtype: str, *, sequences: int, context_tokens: int, block_size: int = 32) -> int:
+    """The KV cache a step needs: ``sequences`` rollouts in flight, each up to ``context_tokens`` long (rounded
+    up to whole ``block_size`` blocks, plus one spare block per sequence), times :func:`kv_bytes_per_token`."""
+    if sequences < 1 or context_tokens < 1:
+        raise ValueError(f"`sequences` and `context_tokens` must be at least 1, got {sequences} and {context_tokens}")
+    blocks = -(-context_tokens // block_size) + 1
+    return sequences * blocks * block_size * kv_bytes_per_token(model_config, dtype)
 
 
 def shield_from_kernel_scan() -> None:

