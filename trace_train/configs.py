@@ -85,7 +85,9 @@ class ModelConfig:
     name_or_path: str = "tiny"
     """A Hugging Face model id or local path; "tiny" builds the local tiny Qwen3 (``trace_train.tiny``)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights' dtype for training and generation."""
+    """Compute dtype: generation and the frozen reference run in it, and the update computes in it under
+    mixed precision (autocast on one device, FSDP2's MixedPrecisionPolicy with fp32 gradient reduction on
+    several); the trained policy's master weights, AdamW's state and checkpoints are always float32."""
     tiny_warm_steps: int = 40
     """Supervised warm-start steps for the tiny model (so it plays well-formed games from step 0)."""
 

@@ -53,10 +53,22 @@ def init_distributed(device: str = "auto") -> DistInfo:
         return DistInfo(device="cuda" if use_cuda else "cpu")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        # CPU tensors (object collectives, scalars) go through gloo and CUDA tensors through NCCL: an
+        # NCCL-only group refuses a CPU tensor, so the first multi-GPU update would raise
+        dist.init_process_group(_backend(use_cuda))
     if use_cuda:
         torch.cuda.set_device(local)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local, f"cuda:{local}" if use_cuda else "cpu")
+
+
+def _backend(use_cuda: bool) -> str:
+    """The process group's back end for each device type (``cpu:gloo,cuda:nccl`` on GPUs)."""
+    return "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+
+
+def _scalar(value, dtype: torch.dtype, info: DistInfo) -> torch.Tensor:
+    """A one-element tensor on the rank's own device, as every collective of the group expects."""
+    return torch.tensor([value], dtype=dtype, device=info.device)
 
 
 class GlobalRootAllocator:
@@ -77,14 +89,20 @@ class GlobalRootAllocator:
         return m_all[start:start + sizes[self.info.rank]]
 
 
-def shard_policy(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2: shard every decoder layer, then the rest of the model (in place; returns the model)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """FSDP2: shard every decoder layer, then the rest of the model (in place; returns the model).
 
+    The sharded parameters are the fp32 master weights (AdamW's state is fp32 too); forward and backward
+    run in ``compute_dtype`` and gradients are reduced across ranks in fp32
+    (``MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=float32)``), as large trainers do.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     layers = getattr(getattr(model, "model", model), "layers", None)
     for layer in layers if layers is not None else []:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 
@@ -101,7 +119,7 @@ def global_normaliser(local: float, info: DistInfo) -> float:
     """The sum of ``local`` over ranks (the global token weight that the loss is divided by)."""
     if not info.enabled:
         return float(local)
-    t = torch.tensor([float(local)], dtype=torch.float64)
+    t = _scalar(float(local), torch.float64, info)
     dist.all_reduce(t)
     return float(t.item())
 
@@ -110,7 +128,7 @@ def max_over_ranks(value: int, info: DistInfo) -> int:
     """The largest ``value`` over ranks (so that all ranks run the same number of passes)."""
     if not info.enabled:
         return int(value)
-    t = torch.tensor([int(value)], dtype=torch.long)
+    t = _scalar(int(value), torch.long, info)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 

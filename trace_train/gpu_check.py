@@ -131,8 +131,8 @@ def training_steps(device: str, dtypes, steps: int) -> list[dict]:
             t0 = time.perf_counter()
             metrics = train(cfg)
             seconds = time.perf_counter() - t0
-            # the initial weights as the run loaded them (in model.dtype), against the exported ones
-            before = AutoModelForCausalLM.from_pretrained(f"{tmp}/run/tiny_model", dtype=getattr(torch, dtype)).state_dict()
+            # the initial fp32 master weights as the run loaded them, against the exported (fp32) masters
+            before = AutoModelForCausalLM.from_pretrained(f"{tmp}/run/tiny_model", dtype=torch.float32).state_dict()
             after = AutoModelForCausalLM.from_pretrained(f"{tmp}/run/hf", dtype=torch.float32).state_dict()
         moved = {"matrices": [], "norms": []}
         for name, w in before.items():

@@ -26,6 +26,7 @@ its first traceback in ``env_errors/`` (``trace_train/README.md``, "Run director
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -139,10 +140,12 @@ def _model_path(cfg: TrainConfig) -> str:
     return str(path)
 
 
-def _load_policy(path: str, cfg: TrainConfig, device: str):
+def _load_policy(path: str, cfg: TrainConfig, device: str, dtype: torch.dtype | None = None):
+    """A model in ``dtype`` (default ``model.dtype``: what generators and the frozen reference run in; the
+    trained policy passes float32, its master weights) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, cfg.model.dtype)
+    dtype = dtype if dtype is not None else getattr(torch, cfg.model.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
@@ -163,9 +166,11 @@ def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInf
                            sleep_mode=cfg.backend.sleep_during_update, **extra)
     from .backends.hf_backend import HFBackend
 
-    if not info.enabled:
+    if not info.enabled and cfg.model.dtype == "float32":
         return HFBackend(policy, tokenizer, max_batch_size=cfg.backend.max_batch_size)
-    generator, _ = _load_policy(path, cfg, info.device)  # FSDP shards the policy; generate from a full copy
+    # FSDP shards the policy, and a bf16/fp16 generator is a copy of the fp32 masters: generate from a full
+    # copy in model.dtype, refreshed after every update (_sync_weights)
+    generator, _ = _load_policy(path, cfg, info.device)
     return HFBackend(generator, tokenizer, max_batch_size=cfg.backend.max_batch_size)
 
 
@@ -234,6 +239,16 @@ class _PredictorFit:
         return self._future.result() if self._future is not None else {}
 
 
+def _compute_precision(cfg: TrainConfig, info: DistInfo, device: torch.device):
+    """Mixed precision on one device: the fp32 master weights compute in ``model.dtype`` under autocast
+    (gradients and AdamW's moments stay fp32, so a step of lr 1e-6 is not rounded away). Under FSDP the
+    shards' ``MixedPrecisionPolicy`` does the same (``distributed.shard_policy``); fp32 runs need neither."""
+    dtype = getattr(torch, cfg.model.dtype)
+    if info.enabled or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
 def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
     """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step.
     ``seqs``: packed trees or per-leaf rows (``trace_train.packing.build_training_batch``)."""
@@ -252,16 +267,19 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     for i in range(n_micro):
         if i >= len(parts):
             ids = torch.full((1, 2), _pad_id_of(model), dtype=torch.long, device=device)
-            (model(input_ids=ids).logits.sum() * 0.0).backward()
+            with _compute_precision(cfg, info, device):
+                zero = model(input_ids=ids).logits.sum() * 0.0
+            zero.backward()
             continue
         part = parts[i]
         sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
                        trained_only=True)  # the rollouts' distribution, in chunks (trace_train.logprobs)
-        logp = part.logprobs(model, **sampled)
-        ref_logp = None
-        if ref is not None:
-            with torch.no_grad():
-                ref_logp = part.logprobs(ref, **sampled)
+        with _compute_precision(cfg, info, device):
+            logp = part.logprobs(model, **sampled)
+            ref_logp = None
+            if ref is not None:
+                with torch.no_grad():
+                    ref_logp = part.logprobs(ref, **sampled)
         seq_ids = part.sequence_ids.to(device) if part.sequence_ids is not None else None
         loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
                               part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,
@@ -395,12 +413,12 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         paths = [path]
         torch.distributed.broadcast_object_list(paths, src=0)
         path = paths[0]
-    policy, tokenizer = _load_policy(path, cfg, info.device)
+    policy, tokenizer = _load_policy(path, cfg, info.device, dtype=torch.float32)  # fp32 master weights
     backend = _build_backend(cfg, path, policy, tokenizer, info)
     if info.enabled:
         from .distributed import shard_policy
 
-        shard_policy(policy)
+        shard_policy(policy, compute_dtype=getattr(torch, cfg.model.dtype))
     ref = None
     if cfg.algorithm.loss.kl_coef > 0:
         ref, _ = _load_policy(path, cfg, info.device)
@@ -466,17 +484,22 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             run.log(step + 1, metrics)
             _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
     finally:
-        stop.restore()
-        run.workers.shutdown(wait=True)
-        if run.logger is not None:
-            run.logger.close()
-        if run.lock is not None:
-            run.lock.release()
+        _close(run, stop)
     _export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
     if run.info.is_main:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
     return metrics
+
+
+def _close(run: Run, stop: "_StopOnSignal") -> None:
+    """Put the signal handlers back, wait for the predictor fit, close the logs, release the run's lock."""
+    stop.restore()
+    run.workers.shutdown(wait=True)
+    if run.logger is not None:
+        run.logger.close()
+    if run.lock is not None:
+        run.lock.release()
 
 
 def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "_StopOnSignal") -> None:
@@ -577,7 +600,9 @@ def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -
 def _sync_weights(run: Run) -> None:
     """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP)."""
     if not _shares_weights(run.backend, run.policy):
-        run.backend.update_weights(full_state_dict(run.policy, run.info))
+        dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
+        weights = full_state_dict(run.policy, run.info)
+        run.backend.update_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
 
 
 def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
