@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "shard_policy", "full_state_dict",
+           "full_optimizer_state_dict", "load_full_optimizer_state_dict", "gather_objects",
            "global_normaliser", "max_over_ranks", "merge_metrics"]
 
 
@@ -113,6 +114,36 @@ def full_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.T
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict:
+    """The optimizer's whole state (every rank's shard of AdamW's moments, gathered; parameter names as
+    keys, on CPU), so that a checkpoint written by rank 0 resumes every rank. A collective under FSDP."""
+    if not info.enabled:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+                                   info: DistInfo) -> None:
+    """Load :func:`full_optimizer_state_dict`'s output; under FSDP each rank keeps its own shard of it."""
+    if not info.enabled:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` in one process)."""
+    if not info.enabled:
+        return [obj]
+    parts: list = [None] * info.world_size
+    dist.all_gather_object(parts, obj)
+    return parts
 
 
 def global_normaliser(local: float, info: DistInfo) -> float:

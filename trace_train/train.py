@@ -49,12 +49,14 @@ from trace_theory import compute_advantages, contrast_yield, node_targets, root_
 
 from .backends.base import generator_asleep
 from .batch import History, RolloutBatch
-from .checkpoint import Checkpoint, clean_partial_checkpoints, load_latest_checkpoint, save_checkpoint
+from .checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
+                         save_checkpoint)
 from .config import config_to_dict, describe, fingerprint, load_config  # noqa: F401
 from .configs import TrainConfig
 from .files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
-from .distributed import (DistInfo, GlobalRootAllocator, full_state_dict, global_normaliser, init_distributed,
-                          max_over_ranks, merge_metrics)
+from .distributed import (DistInfo, GlobalRootAllocator, full_optimizer_state_dict, full_state_dict, gather_objects,
+                          global_normaliser, init_distributed, load_full_optimizer_state_dict, max_over_ranks,
+                          merge_metrics)
 from .engine import RolloutEngine
 from .threads import set_compute_threads
 from .envs.tooling import chat_format
@@ -208,13 +210,35 @@ def _update_predictor(predictor: PosteriorPredictor, batch: RolloutBatch, value_
     """Fit V~ to the recursive targets of every non-terminal node; add the roots' outcomes (the factual
     rewards of the rollouts sampled at each root, ``trace_theory.root_outcomes``) to the prompts' posteriors.
     Also returns the fit's wall and CPU (this thread's) seconds."""
-    t0, c0 = time.perf_counter(), time.thread_time()
+    return _fit_predictor(predictor, _fit_inputs(batch, value_target))
+
+
+def _fit_inputs(batch: RolloutBatch, value_target: str) -> tuple:
+    """What one step teaches the predictor: (histories, targets, weights) of the non-terminal nodes and
+    (histories, successes, failures) of the roots."""
     f = batch.forest
     nodes = np.flatnonzero(~f.is_leaf)
     values, weights = node_targets(f, value_target)
-    metrics = predictor.update(_histories(batch, nodes), values[nodes], weights[nodes])
     roots, m, s = root_outcomes(f)
-    predictor.observe(_histories(batch, roots), s, m - s)
+    return _histories(batch, nodes), values[nodes], weights[nodes], _histories(batch, roots), s, m - s
+
+
+def _job_fit_inputs(batch: RolloutBatch, value_target: str, info: DistInfo) -> tuple:
+    """Every rank's :func:`_fit_inputs`, concatenated in rank order, so that one predictor serves the job:
+    every rank fits the same model on the same data (identical states; the global root allocation then
+    compares predictions of one model). Runs in the main thread, as every collective must."""
+    parts: list = [None] * info.world_size
+    torch.distributed.all_gather_object(parts, _fit_inputs(batch, value_target))
+    return (sum((list(p[0]) for p in parts), []), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]), sum((list(p[3]) for p in parts), []),
+            np.concatenate([p[4] for p in parts]), np.concatenate([p[5] for p in parts]))
+
+
+def _fit_predictor(predictor: PosteriorPredictor, inputs: tuple) -> dict:
+    t0, c0 = time.perf_counter(), time.thread_time()
+    nodes, values, weights, roots, successes, failures = inputs
+    metrics = predictor.update(nodes, values, weights)
+    predictor.observe(roots, successes, failures)
     return {**metrics, "predictor_fit_seconds": time.perf_counter() - t0,
             "predictor_fit_cpu_seconds": time.thread_time() - c0}
 
@@ -232,8 +256,13 @@ class _PredictorFit:
     """
 
     def __init__(self, pool: ThreadPoolExecutor, run: "Run", batch: RolloutBatch):
-        self._future = (pool.submit(_update_predictor, run.predictor, batch, run.cfg.algorithm.value_target)
-                        if run.cfg.fits_predictor else None)
+        target = run.cfg.algorithm.value_target
+        if not run.cfg.fits_predictor:
+            self._future = None
+        elif run.info.enabled:  # one predictor for the job: gather here, fit on the worker
+            self._future = pool.submit(_fit_predictor, run.predictor, _job_fit_inputs(batch, target, run.info))
+        else:
+            self._future = pool.submit(_update_predictor, run.predictor, batch, target)
 
     def result(self) -> dict:
         return self._future.result() if self._future is not None else {}
@@ -346,10 +375,14 @@ class Run:
         extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
                  "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio)}
         weights = full_state_dict(self.policy, self.info)
+        optimizer = full_optimizer_state_dict(self.policy, self.optimizer, self.info)
+        if self.info.enabled:  # what differs between ranks: each rank's random states and cost estimates
+            extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"]},
+                                            self.info)
         if not self.info.is_main:
             return None
         self.saved_step = step
-        return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=self.optimizer.state_dict(),
+        return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=optimizer,
                                extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
                                keep=self.cfg.keep_checkpoints)
 
@@ -358,10 +391,14 @@ class Run:
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
                              "(only steps, checkpointing and logging may change)")
         _load_policy_weights(self.policy, ckpt.policy, self.info)
-        self.optimizer.load_state_dict(ckpt.optimizer)
+        load_full_optimizer_state_dict(self.policy, self.optimizer, ckpt.optimizer, self.info)
         self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
         self.sampler.load_state(ckpt.extra["sampler"])
-        self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = ckpt.extra["engine_costs"]
+        own = ckpt.extra
+        if self.info.enabled:  # this rank's own states, not rank 0's
+            own = ckpt.extra["ranks"][self.info.rank]
+            restore_rng(own["rng"])
+        self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = own["engine_costs"]
         self.start_step = self.saved_step = ckpt.step
         _sync_weights(self)
 

@@ -145,6 +145,46 @@ def test_two_processes_with_gloo_and_fsdp(tmp_path):
     assert ckpt.step == 2 and all(torch.isfinite(t).all() for t in ckpt.policy.values())
 
 
+def _torchrun(run_dir, *extra):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",
+           "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={run_dir}", *SMALL, "quiet=true", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
+def _tensors(tree, prefix=""):
+    """Every tensor of a nested state dict, by a dotted path."""
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _tensors(sub, f"{prefix}.{key}").items()}
+    if isinstance(tree, (list, tuple)):
+        return {k: v for i, sub in enumerate(tree) for k, v in _tensors(sub, f"{prefix}.{i}").items()}
+    return {}
+
+
+@pytest.mark.slow
+def test_two_processes_stopped_and_continued_equal_an_uninterrupted_run(tmp_path):
+    """FSDP over 2 gloo ranks: every rank's optimizer shard, random state and cost estimates are restored,
+    and one predictor (fitted on every rank's targets) serves the job, so a resumed run is the same run."""
+    _torchrun(tmp_path / "straight", "steps=4", "checkpoint_every=2")
+    _torchrun(tmp_path / "resumed", "steps=2", "checkpoint_every=2")
+    _torchrun(tmp_path / "resumed", "steps=4", "checkpoint_every=2")
+    assert _trainable_metrics(read_metrics(tmp_path / "resumed" / "metrics.jsonl")) == _trainable_metrics(
+        read_metrics(tmp_path / "straight" / "metrics.jsonl"))
+    a = load_checkpoint(latest_checkpoint(tmp_path / "straight"), restore_random_state=False)
+    b = load_checkpoint(latest_checkpoint(tmp_path / "resumed"), restore_random_state=False)
+    assert a.step == b.step == 4
+    for name, tensor in a.policy.items():
+        assert torch.equal(tensor, b.policy[name]), name
+    moments_a, moments_b = _tensors(a.optimizer["state"]), _tensors(b.optimizer["state"])
+    assert moments_a.keys() == moments_b.keys() and len(moments_a) > 0
+    for name, tensor in moments_a.items():  # the whole model's moments: every rank's shard
+        assert torch.equal(tensor, moments_b[name]), name
+    assert np.array_equal(a.extra["predictor"]["weights"], b.extra["predictor"]["weights"])
+
+
 def test_a_training_step_on_a_tool_environment(tmp_path):
     """Search QA on the bundled demo corpus: tool schemas, tool observations and verifier rewards flow
     through the whole loop (the tiny model's searches are mostly nonsense; the loop must not care)."""
