@@ -53,16 +53,27 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "hf").state_dict()
-    assert _trainable_metrics(read_metrics(tmp_path / "resumed" / "metrics.jsonl")) == _trainable_metrics(
-        read_metrics(tmp_path / "straight" / "metrics.jsonl"))
-    a = load_checkpoint(latest_checkpoint(tmp_path / "straight"), restore_random_state=False)
-    b = load_checkpoint(latest_checkpoint(tmp_path / "resumed"), restore_random_state=False)
+    a = _same_run(tmp_path / "straight", tmp_path / "resumed")
+    for name, tensor in a.policy.items():
+        assert torch.equal(tensor, exported[name]), name  # hf/ holds the final policy
+    assert straight["reward_mean"] == resumed["reward_mean"]
+
+
+def _same_run(straight, resumed):
+    """Assert two run directories hold the same run: metrics, final weights, optimizer moments, predictor."""
+    assert _trainable_metrics(read_metrics(resumed / "metrics.jsonl")) == _trainable_metrics(
+        read_metrics(straight / "metrics.jsonl"))
+    a = load_checkpoint(latest_checkpoint(straight), restore_random_state=False)
+    b = load_checkpoint(latest_checkpoint(resumed), restore_random_state=False)
     assert a.step == b.step == 4
     for name, tensor in a.policy.items():
         assert torch.equal(tensor, b.policy[name]), name
-        assert torch.equal(tensor, exported[name]), name  # hf/ holds the final policy
+    moments_a, moments_b = _tensors(a.optimizer["state"]), _tensors(b.optimizer["state"])
+    assert moments_a.keys() == moments_b.keys() and len(moments_a) > 0
+    for name, tensor in moments_a.items():  # the whole model's moments: every rank's shard
+        assert torch.equal(tensor, moments_b[name]), name
     assert np.array_equal(a.extra["predictor"]["weights"], b.extra["predictor"]["weights"])
-    assert straight["reward_mean"] == resumed["reward_mean"]
+    return a
 
 
 def test_a_changed_config_does_not_resume(tmp_path):
@@ -171,18 +182,7 @@ def test_two_processes_stopped_and_continued_equal_an_uninterrupted_run(tmp_path
     _torchrun(tmp_path / "straight", "steps=4", "checkpoint_every=2")
     _torchrun(tmp_path / "resumed", "steps=2", "checkpoint_every=2")
     _torchrun(tmp_path / "resumed", "steps=4", "checkpoint_every=2")
-    assert _trainable_metrics(read_metrics(tmp_path / "resumed" / "metrics.jsonl")) == _trainable_metrics(
-        read_metrics(tmp_path / "straight" / "metrics.jsonl"))
-    a = load_checkpoint(latest_checkpoint(tmp_path / "straight"), restore_random_state=False)
-    b = load_checkpoint(latest_checkpoint(tmp_path / "resumed"), restore_random_state=False)
-    assert a.step == b.step == 4
-    for name, tensor in a.policy.items():
-        assert torch.equal(tensor, b.policy[name]), name
-    moments_a, moments_b = _tensors(a.optimizer["state"]), _tensors(b.optimizer["state"])
-    assert moments_a.keys() == moments_b.keys() and len(moments_a) > 0
-    for name, tensor in moments_a.items():  # the whole model's moments: every rank's shard
-        assert torch.equal(tensor, moments_b[name]), name
-    assert np.array_equal(a.extra["predictor"]["weights"], b.extra["predictor"]["weights"])
+    _same_run(tmp_path / "straight", tmp_path / "resumed")
 
 
 def test_a_training_step_on_a_tool_environment(tmp_path):
