@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "shard_policy", "full_state_dict",
+           "checkpoint_state_dict",
            "full_optimizer_state_dict", "load_full_optimizer_state_dict", "gather_objects",
            "global_normaliser", "max_over_ranks", "merge_metrics"]
 
@@ -107,13 +108,36 @@ def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.f
     return model
 
 
-def full_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:
-    """Unsharded weights on every rank (what a generation engine loads), with Hugging Face names."""
+def full_state_dict(model: torch.nn.Module, info: DistInfo,
+                    dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Unsharded weights on every rank (what a generation engine loads), with Hugging Face names.
+
+    Under FSDP each parameter is gathered on its own and cast to ``dtype`` (the generator's) as it
+    arrives, so the peak is one full copy in ``dtype`` plus one tensor in the master dtype, not a full
+    fp32 copy on every GPU. One process: the model's own tensors (the generator casts them as it loads)."""
+    if not info.enabled:
+        return model.state_dict()
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, torch.Tensor] = {}
+    done: dict[int, torch.Tensor] = {}  # tied parameters are gathered once
+    with torch.no_grad():
+        for name, t in model.state_dict(keep_vars=True).items():
+            if id(t) not in done:
+                full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
+                done[id(t)] = full.to(dtype) if dtype is not None and full.is_floating_point() else full
+            out[name] = done[id(t)]
+    return out
+
+
+def checkpoint_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:
+    """The full fp32 master weights for a checkpoint or an export: one process, its ``state_dict()``;
+    under FSDP gathered to rank 0's CPU one tensor at a time (a collective; the other ranks get ``{}``)."""
     if not info.enabled:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict:

@@ -54,9 +54,9 @@ from .checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, loa
 from .config import config_to_dict, describe, fingerprint, load_config  # noqa: F401
 from .configs import TrainConfig
 from .files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
-from .distributed import (DistInfo, GlobalRootAllocator, full_optimizer_state_dict, full_state_dict, gather_objects,
-                          global_normaliser, init_distributed, load_full_optimizer_state_dict, max_over_ranks,
-                          merge_metrics)
+from .distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
+                          full_state_dict, gather_objects, global_normaliser, init_distributed,
+                          load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
 from .engine import RolloutEngine
 from .threads import set_compute_threads
 from .envs.tooling import chat_format
@@ -374,11 +374,12 @@ class Run:
     def checkpoint(self, step: int) -> Path | None:
         extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
                  "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio)}
-        weights = full_state_dict(self.policy, self.info)
+        weights = checkpoint_state_dict(self.policy, self.info)
         optimizer = full_optimizer_state_dict(self.policy, self.optimizer, self.info)
         if self.info.enabled:  # what differs between ranks: each rank's random states and cost estimates
-            extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"]},
-                                            self.info)
+            extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"],
+                                             "predictor_digest": _predictor_digest(self.predictor)}, self.info)
+            _check_one_predictor(extra["ranks"])
         if not self.info.is_main:
             return None
         self.saved_step = step
@@ -412,6 +413,25 @@ class Run:
     def log(self, step: int, metrics: dict) -> None:
         if self.logger is not None and metrics:
             self.logger.log(step, metrics)
+
+
+def _predictor_digest(predictor) -> str:
+    """A hash of the predictor's learned state (its model's arrays, the prompts' counts), without the
+    per-step cache of root corrections, which each rank fills for its own prompts before reading it."""
+    h = hashlib.blake2b(digest_size=16)
+    for key, value in sorted(predictor.state_dict().items()):
+        if key not in ("offset_keys", "offsets"):
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
+    return h.hexdigest()
+
+
+def _check_one_predictor(ranks: list[dict]) -> None:
+    """Refuse to checkpoint a job whose ranks hold different predictors (one V~ serves the whole job)."""
+    digests = {r["predictor_digest"] for r in ranks}
+    if len(digests) > 1:
+        raise RuntimeError(f"the ranks' success predictors differ ({len(digests)} distinct states); every rank "
+                           "must fit the same predictor to the same gathered targets")
 
 
 def build_run(cfg: TrainConfig) -> Run:
@@ -638,13 +658,13 @@ def _sync_weights(run: Run) -> None:
     """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP)."""
     if not _shares_weights(run.backend, run.policy):
         dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
-        weights = full_state_dict(run.policy, run.info)
+        weights = full_state_dict(run.policy, run.info, dtype)
         run.backend.update_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
 
 
 def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
     """Save the trained policy as a Hugging Face model directory (what trace-eval and vLLM load)."""
-    weights = full_state_dict(policy, info)
+    weights = checkpoint_state_dict(policy, info)
     if info.is_main:
         policy.save_pretrained(path, state_dict={k: v.detach().cpu() for k, v in weights.items()})
         tokenizer.save_pretrained(path)
@@ -764,14 +784,15 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
         "allocation_seconds": max(report.seconds - sum(report.phase_seconds.values()), 0.0),  # what the phases leave
         "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
         **{k: float(v) for k, v in update.items()},
-        **{k: float(v) for k, v in predictor_metrics.items()},
     }
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
-    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens", "predictor_examples",
+    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens",
               "train_forward_tokens", "train_unique_tokens", "env_failures",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
-    return merge_metrics(scalars, report.rollouts, info, sums=counts)
+    merged = merge_metrics(scalars, report.rollouts, info, sums=counts)
+    # one predictor for the job, fitted on every rank's targets: its metrics are already global
+    return {**merged, **{k: float(v) for k, v in predictor_metrics.items()}}
 
 
 def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):

@@ -1,0 +1,95 @@
+"""Several processes under torchrun (2 CPU ranks, gloo): every collective on the rank's device, the
+generator's weights in the compute dtype, one predictor's metrics counted once. Kept small: a tiny
+model, a few steps, one thread per rank."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_train.metrics_log import read_metrics
+
+from .test_trainer import _free_port
+
+HELPERS = ("global_normaliser", "max_over_ranks", "merge_metrics", "gather_objects", "GlobalRootAllocator",
+           "full_optimizer_state_dict", "full_state_dict", "checkpoint_state_dict")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One torchrun of ``collective_devices.py``: its per-rank logs and the run directory."""
+    root = tmp_path_factory.mktemp("collectives")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",
+           str(Path(__file__).with_name("collective_devices.py")), str(root / "log"), str(root / "run")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    logs = [json.loads((root / "log" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return logs, root / "run"
+
+
+@pytest.mark.slow
+def test_every_collective_gets_tensors_on_the_ranks_device(two_ranks):
+    """The helpers with torch's default device moved off the rank's (a tensor made without a device would
+    land there, as a CPU tensor does on a GPU rank under NCCL), then a mixed-precision FSDP2 run and its
+    resume: no collective op (c10d, functional, FSDP2's, DTensor's) sees a tensor off the rank's device."""
+    logs, _ = two_ranks
+    for log in logs:
+        entries = log["helpers"] + log["training"]
+        assert not [e for e in entries if e[0] == "error" or e[-1] == "off-device"]
+        assert all(e[1] == ["cpu"] for e in entries if e[0] not in ("call", "error"))
+        assert [e[1] for e in log["helpers"] if e[0] == "call"] == list(HELPERS)
+        for name in HELPERS:  # each helper reached at least one collective op
+            after = log["helpers"][log["helpers"].index(["call", name]) + 1]
+            assert after[0].startswith(("c10d.", "_c10d_functional.")), (name, after)
+        ops = {e[0] for e in log["training"]}
+        # FSDP2's gathers and gradient reduction, the loss normaliser, the object gathers, state dicts
+        assert {"c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default", "c10d.allreduce_.default",
+                "c10d.allgather_.default", "c10d.broadcast_.default",
+                "_c10d_functional.all_gather_into_tensor.default"} <= ops
+
+
+@pytest.mark.slow
+def test_the_generator_gets_the_masters_rounded_once_to_the_compute_dtype(two_ranks):
+    """Under FSDP the weights sent to a generator are gathered one at a time and cast to model.dtype (so
+    no full fp32 copy sits on every GPU), and they equal the fp32 masters rounded to bf16."""
+    logs, _ = two_ranks
+    for log in logs:
+        assert log["generator_dtypes"] and all(
+            sent == "torch.bfloat16" and master == "torch.float32" and same
+            for _, sent, master, same in log["generator_dtypes"])
+
+
+@pytest.mark.slow
+def test_one_predictor_counts_its_examples_once(two_ranks):
+    """Every rank fits the job's predictor on the gathered targets, so its metrics are already global: the
+    logged predictor_examples is the sum of the ranks' own examples, not world_size times it."""
+    logs, run_dir = two_ranks
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "predictor_examples" in r]
+    local = [a + b for a, b in zip(logs[0]["local_examples"], logs[1]["local_examples"], strict=True)]
+    assert len(rows) == len(local) == 3  # 2 steps, then 1 more after the resume
+    assert [r["predictor_examples"] for r in rows] == [float(n) for n in local]
+
+
+def test_a_checkpoint_refuses_ranks_whose_predictors_differ():
+    """The digest sees the learned state (a fit or an observation changes it), not the per-step cache of
+    root corrections; ranks holding different predictors cannot be checkpointed as one job."""
+    from trace_train.batch import History
+    from trace_train.predictor import PredictorConfig, build_predictor
+    from trace_train.train import _check_one_predictor, _predictor_digest
+
+    def history(i):
+        return History(i, {}, 0, ({"role": "user", "content": f"prompt {i}"},), (1, 2, 3 + i))
+
+    a, b = build_predictor(PredictorConfig()), build_predictor(PredictorConfig())
+    assert _predictor_digest(a) == _predictor_digest(b)
+    a([history(0)])  # fills a's cache of root corrections only
+    assert _predictor_digest(a) == _predictor_digest(b)
+    b.observe([history(1)], [1.0], [0.0])
+    assert _predictor_digest(a) != _predictor_digest(b)
+    _check_one_predictor([{"predictor_digest": _predictor_digest(a)}] * 2)
+    with pytest.raises(RuntimeError, match=r"the ranks' success predictors differ \(2 distinct states\)"):
+        _check_one_predictor([{"predictor_digest": _predictor_digest(p)} for p in (a, b)])
