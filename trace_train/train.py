@@ -48,22 +48,22 @@ import yaml
 from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
 
 from .backends.base import generator_asleep
-from .batch import History, RolloutBatch
-from .checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
+from .rollout.batch import History, RolloutBatch
+from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
                          save_checkpoint)
-from .config import config_to_dict, describe, fingerprint, load_config  # noqa: F401
+from .config_loader import config_to_dict, describe, fingerprint, load_config  # noqa: F401
 from .configs import TrainConfig
-from .files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
-from .distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
+from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
+from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                           full_state_dict, gather_objects, global_normaliser, init_distributed,
                           load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
-from .engine import RolloutEngine
-from .threads import set_compute_threads
+from .rollout.engine import RolloutEngine
+from .run.threads import set_compute_threads
 from .envs.tooling import chat_format
-from .loss import policy_loss
-from .metrics_log import MetricsLogger
-from .predictor import PosteriorPredictor, build_predictor, predictor_from_state_dict
-from .packing import training_batch_for
+from .update.loss import policy_loss
+from .run.metrics_log import MetricsLogger
+from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
+from .update.packing import training_batch_for
 from .tasks import Task, build_task
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
@@ -280,7 +280,7 @@ def _compute_precision(cfg: TrainConfig, info: DistInfo, device: torch.device):
 
 def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
     """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step.
-    ``seqs``: packed trees or per-leaf rows (``trace_train.packing.build_training_batch``)."""
+    ``seqs``: packed trees or per-leaf rows (``trace_train.update.packing.build_training_batch``)."""
     loss_cfg = cfg.algorithm.loss
     per_token = loss_cfg.aggregation == "token_mean"
     total = global_normaliser(seqs.normaliser(per_token), info)
@@ -302,7 +302,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
             continue
         part = parts[i]
         sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
-                       trained_only=True)  # the rollouts' distribution, in chunks (trace_train.logprobs)
+                       trained_only=True)  # the rollouts' distribution, in chunks (trace_train.update.logprobs)
         with _compute_precision(cfg, info, device):
             logp = part.logprobs(model, **sampled)
             ref_logp = None
@@ -473,7 +473,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     policy, tokenizer = _load_policy(path, cfg, info.device, dtype=torch.float32)  # fp32 master weights
     backend = _build_backend(cfg, path, policy, tokenizer, info)
     if info.enabled:
-        from .distributed import shard_policy
+        from .run.distributed import shard_policy
 
         shard_policy(policy, compute_dtype=getattr(torch, cfg.model.dtype))
     ref = None
@@ -809,7 +809,7 @@ def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False
 
 
 def cli(argv=None) -> int:
-    from .config import available_presets
+    from .config_loader import available_presets
 
     parser = argparse.ArgumentParser(
         prog="trace-train", description="Train an LLM agent with TRACE.", formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -80,7 +80,7 @@ def test_a_corrupt_results_line_names_the_file_and_line(tmp_path, math_file):
     out = tmp_path / "out"
     config = EvalConfig(model="unused", benchmark="math", data=str(math_file), output_dir=str(out))
     out.mkdir()
-    (out / "config.json").write_text(json.dumps(__import__("trace_train.config", fromlist=["x"]).config_to_dict(config)))
+    (out / "config.json").write_text(json.dumps(__import__("trace_train.config_loader", fromlist=["x"]).config_to_dict(config)))
     (out / "results.jsonl").write_text('{"id": "arith5-0", "samples": []}\nnot json\n')
     with pytest.raises(ValueError, match=r"results\.jsonl, line 2: not a result record"):
         main(config)

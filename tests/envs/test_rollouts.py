@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trace_theory import Origin
-from trace_train.engine import RolloutConfig, RolloutEngine
+from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EndReason, EpisodeLimits
 from trace_train.envs.tooling import chat_format
 

@@ -420,7 +420,7 @@ def test_the_audit_hook_sees_python_write_paths(attack):
 DEGRADED = """
 from trace_train.envs.registry import make_env_factory
 import yaml
-from trace_train.config import PRESET_DIR
+from trace_train.config_loader import PRESET_DIR
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     first = sandboxed("print(1 + 1)", namespaces="auto")

@@ -50,14 +50,14 @@ class CollectiveDevices(TorchDispatchMode):
 
 
 def helpers(info, expected: torch.device, log: list) -> None:
-    """Each collective helper of ``trace_train.distributed`` with the default device moved off the rank's."""
+    """Each collective helper of ``trace_train.run.distributed`` with the default device moved off the rank's."""
     from trace_theory import get_policy
-    from trace_train.distributed import (GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
+    from trace_train.run.distributed import (GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                                          full_state_dict, gather_objects, global_normaliser, max_over_ranks,
                                          merge_metrics)
 
     model = torch.nn.Linear(3, 2)
-    from trace_train.distributed import shard_policy
+    from trace_train.run.distributed import shard_policy
 
     shard_policy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -90,7 +90,7 @@ def helpers(info, expected: torch.device, log: list) -> None:
 def generator_weights(info) -> list:
     """The weights a generator gets from an FSDP2 model: their dtypes, and whether each equals the fp32
     master (gathered to rank 0 for a checkpoint) rounded once to bf16."""
-    from trace_train.distributed import checkpoint_state_dict, full_state_dict, gather_objects, shard_policy
+    from trace_train.run.distributed import checkpoint_state_dict, full_state_dict, gather_objects, shard_policy
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
@@ -103,8 +103,8 @@ def generator_weights(info) -> list:
 
 def main(out: str, run_dir: str) -> None:
     import trace_train.train as trainer
-    from trace_train.config import load_config
-    from trace_train.distributed import init_distributed
+    from trace_train.config_loader import load_config
+    from trace_train.run.distributed import init_distributed
     from trace_train.train import TrainConfig
     from trace_train.train import main as train
 

@@ -6,7 +6,7 @@ import sys
 
 def test_engine_imports_without_torch_or_vllm():
     code = (
-        "import sys, trace_train.engine, trace_train.envs, trace_train.backends; "
+        "import sys, trace_train.rollout.engine, trace_train.envs, trace_train.backends; "
         "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

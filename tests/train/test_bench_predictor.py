@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from trace_train.bench_predictor import auc, parse_kind
-from trace_train.predictor import HashedSuccessPredictor, RunningMeanPredictor
+from trace_train.bench.predictor import auc, parse_kind
+from trace_train.predictors import HashedSuccessPredictor, RunningMeanPredictor
 
 
 def test_auc_is_the_probability_a_success_outranks_a_failure_ties_half():

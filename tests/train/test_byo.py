@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_train.metrics_log import read_metrics
+from trace_train.run.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["steps=2", "device=cpu", "tensorboard=false", "eval.every=2", "eval.prompts=4", "eval.samples=2",

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trace_train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trace_train.metrics_log import MetricsLogger, read_metrics
+from trace_train.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trace_train.run.metrics_log import MetricsLogger, read_metrics
 
 
 def small_training_state(seed=0):
@@ -124,7 +124,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tmp_path):
     import json
     import os
 
-    from trace_train.checkpoint import CheckpointError, load_latest_checkpoint
+    from trace_train.run.checkpoint import CheckpointError, load_latest_checkpoint
 
     model, _ = small_training_state()
     ckpt = save_checkpoint(tmp_path, 1, policy=model.state_dict(), extra={"a": 1})
@@ -150,7 +150,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_naming_the_file_and_keeps_t
     import errno
 
     from trace_train import checkpoint
-    from trace_train.files import OutOfSpaceError
+    from trace_train.run.files import OutOfSpaceError
 
     model, _ = small_training_state()
     save_checkpoint(tmp_path, 1, policy=model.state_dict())
@@ -174,7 +174,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_naming_the_file_and_keeps_t
 
 
 def test_partial_checkpoints_are_cleaned_and_never_loaded(tmp_path):
-    from trace_train.checkpoint import clean_partial_checkpoints, load_latest_checkpoint
+    from trace_train.run.checkpoint import clean_partial_checkpoints, load_latest_checkpoint
 
     model, _ = small_training_state()
     save_checkpoint(tmp_path, 1, policy=model.state_dict())

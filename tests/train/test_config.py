@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from trace_train.config import config_from_dict, config_to_dict, fingerprint, load_config
+from trace_train.config_loader import config_from_dict, config_to_dict, fingerprint, load_config
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def test_from_dict_requires_mappings():
 
 
 def test_every_shipped_preset_is_a_valid_training_config():
-    from trace_train.config import available_presets
+    from trace_train.config_loader import available_presets
     from trace_train.train import TrainConfig
 
     presets = available_presets()
@@ -156,7 +156,7 @@ def test_print_config_prints_the_resolved_preset_plus_overrides():
 def test_no_config_field_is_defined_twice():
     """The trainer's sections and the engine's config share no field: the rollout section is the engine's."""
     from trace_train import configs
-    from trace_train.engine import RolloutConfig
+    from trace_train.rollout.engine import RolloutConfig
 
     assert configs.TrainConfig.__dataclass_fields__["rollout"].type in ("RolloutConfig", RolloutConfig)
     assert not hasattr(configs, "RolloutSettings")

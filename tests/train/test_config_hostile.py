@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trace_train.config import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, safe_load
+from trace_train.config_loader import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, safe_load
 from trace_train.train import TrainConfig
 
 from .test_config import Demo

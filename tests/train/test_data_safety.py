@@ -6,9 +6,9 @@ import pytest
 import torch
 import yaml
 
-from trace_train.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
-from trace_train.config import config_to_dict, load_config
-from trace_train.metrics_log import read_metrics
+from trace_train.run.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
+from trace_train.config_loader import config_to_dict, load_config
+from trace_train.run.metrics_log import read_metrics
 from trace_train.train import TrainConfig, cli, main
 
 from .test_trainer import small_config
@@ -75,7 +75,7 @@ def test_a_run_directory_of_another_config_is_refused_and_kept(tmp_path, capsys)
 
 def test_steps_and_logging_may_change_between_runs_into_one_directory(tmp_path):
     from trace_train.train import _check_or_write_config
-    from trace_train.distributed import DistInfo
+    from trace_train.run.distributed import DistInfo
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_train.metrics_log import read_metrics
+from trace_train.run.metrics_log import read_metrics
 
 from .test_trainer import _free_port
 
@@ -77,8 +77,8 @@ def test_one_predictor_counts_its_examples_once(two_ranks):
 def test_a_checkpoint_refuses_ranks_whose_predictors_differ():
     """The digest sees the learned state (a fit or an observation changes it), not the per-step cache of
     root corrections; ranks holding different predictors cannot be checkpointed as one job."""
-    from trace_train.batch import History
-    from trace_train.predictor import PredictorConfig, build_predictor
+    from trace_train.rollout.batch import History
+    from trace_train.predictors import PredictorConfig, build_predictor
     from trace_train.train import _check_one_predictor, _predictor_digest
 
     def history(i):

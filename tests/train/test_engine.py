@@ -10,8 +10,8 @@ import torch
 
 from trace_theory import POLICIES, Origin, RolloutBudget, get_policy, top_up_roots
 from trace_theory.step import in_rollout_order
-from trace_train.chat import ChatFormat
-from trace_train.engine import History, RolloutConfig, RolloutEngine
+from trace_train.rollout.chat import ChatFormat
+from trace_train.rollout.engine import History, RolloutConfig, RolloutEngine
 from trace_train.envs import EndReason, EpisodeLimits, GuessNumberEnv, make_rows
 
 POOL = make_rows(6, high=8, max_guesses=4, seed=1)

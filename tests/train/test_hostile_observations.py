@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trace_train.chat import _SENTINEL, ChatFormat, clean_text
+from trace_train.rollout.chat import _SENTINEL, ChatFormat, clean_text
 from trace_train.envs import EndReason, GuessNumberEnv, StepResult
 from trace_train.tiny import build_tokenizer
 

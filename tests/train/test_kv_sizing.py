@@ -1,6 +1,6 @@
 """vLLM-CPU's KV cache is sized to the job by default: rollouts in flight x context limit x KV bytes per
 token of the model (without it vLLM-CPU reserved a fixed multi-GB cache: 19 GB peak RSS for the CPU demo's
-few-MB model; ``python -m trace_train.bench_memory``)."""
+few-MB model; ``python -m trace_train.bench.memory``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from transformers import Qwen3Config
 
 from trace_train.backends.vllm_backend import kv_bytes_per_token, kv_cache_bytes
-from trace_train.config import load_config
+from trace_train.config_loader import load_config
 from trace_train.configs import TrainConfig
 from trace_train.train import _cpu_kv_cache
 

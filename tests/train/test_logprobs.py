@@ -1,5 +1,5 @@
 """Chunked log-probabilities of the sampled tokens: equal to the full log-softmax (values and gradients, at
-a temperature, in both layouts) and within the peak-memory bound of ``trace_train.logprobs``."""
+a temperature, in both layouts) and within the peak-memory bound of ``trace_train.update.logprobs``."""
 
 import gc
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.train.test_packing import fixed_batch, models  # noqa: F401  (the random Qwen3 pair)
-from trace_train.logprobs import sampled_logprobs
-from trace_train.packing import build_training_batch
-from trace_train.peak_memory import PeakMemory
+from trace_train.update.logprobs import sampled_logprobs
+from trace_train.update.packing import build_training_batch
+from trace_train.bench.peak_memory import PeakMemory
 
 
 def _grads(model, fn):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trace_train.loss import PolicyLossConfig, kl_penalty, policy_loss
+from trace_train.update.loss import PolicyLossConfig, kl_penalty, policy_loss
 
 
 def loop_loss(logp, old, adv, mask, cfg):

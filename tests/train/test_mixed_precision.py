@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trace_train import distributed
-from trace_train.checkpoint import load_latest_checkpoint
-from trace_train.config import load_config
+from trace_train.run.checkpoint import load_latest_checkpoint
+from trace_train.config_loader import load_config
 from trace_train.train import TrainConfig, main
 
 

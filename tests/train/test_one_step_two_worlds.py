@@ -17,7 +17,7 @@ import pytest
 from simulations.rollout import Rollouts
 from simulations.runner import sample_batch
 from trace_theory import POLICIES, Prediction, get_policy
-from trace_train.engine import RolloutConfig, RolloutEngine
+from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
 
 POOL = make_rows(6, high=8, max_guesses=4, seed=1)
@@ -111,7 +111,7 @@ def test_rounds_and_the_dapo_target_are_rollout_settings():
         RolloutConfig(expansion_rounds=0)
     with pytest.raises(ValueError, match="`dapo_target` is a setting of dynamic sampling; policy 'trace' has none"):
         RolloutConfig(policy="trace", dapo_target=3)
-    from trace_train.config import load_config
+    from trace_train.config_loader import load_config
     from trace_train.train import TrainConfig
 
     cfg = load_config(TrainConfig, "cpu_demo", ["rollout.expansion_rounds=2", "rollout.policy=dapo",

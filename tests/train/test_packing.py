@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from tests.theory.strategies import forests
 from tests.train.test_sequences import tree_batch  # noqa: F401  (real rollouts of the tiny model, with branches)
 from trace_theory import ADVANTAGES, RolloutForest, compute_advantages
-from trace_train.batch import NodePayload, RolloutBatch
-from trace_train.distributed import DistInfo
-from trace_train.loss import PolicyLossConfig, policy_loss
-from trace_train.packing import build_training_batch, pack_trees, tree_logprobs
-from trace_train.sequences import build_sequences, path_tokens
+from trace_train.rollout.batch import NodePayload, RolloutBatch
+from trace_train.run.distributed import DistInfo
+from trace_train.update.loss import PolicyLossConfig, policy_loss
+from trace_train.update.packing import build_training_batch, pack_trees, tree_logprobs
+from trace_train.update.sequences import build_sequences, path_tokens
 from trace_train.configs import AlgorithmConfig, OptimConfig, TrainConfig
 from trace_train.train import _policy_update
 

@@ -5,13 +5,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from trace_train.predictor import (PREDICTORS, HashedSuccessPredictor, PredictorConfig, RunningMeanPredictor,
+from trace_train.predictors import (PREDICTORS, HashedSuccessPredictor, PredictorConfig, RunningMeanPredictor,
                                    build_predictor, family_of, predictor_from_state_dict, prompt_key)
 
 
 @dataclass(frozen=True)
 class Hist:
-    """The three fields the predictor reads (trace_train.engine.History carries them too)."""
+    """The three fields the predictor reads (trace_train.rollout.engine.History carries them too)."""
 
     token_ids: tuple
     depth: int = 0

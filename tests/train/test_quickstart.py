@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_train.config import load_config
+from trace_train.config_loader import load_config
 from trace_train.configs import TrainConfig
 from trace_train.tasks import build_task
 

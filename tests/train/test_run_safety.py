@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_train.metrics_log import read_metrics
+from trace_train.run.metrics_log import read_metrics
 from trace_train.train import cli
 
 from .test_trainer import SMALL
@@ -69,7 +69,7 @@ def test_an_environment_that_always_raises_stops_the_run_in_one_line(tmp_path, c
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_naming_the_holder(tmp_path, capsys):
-    from trace_train.files import RunLock
+    from trace_train.run.files import RunLock
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from trace_train.engine import RolloutConfig, RolloutEngine
+from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import (EndReason, EpisodeLimits, GuessNumberEnv, is_concurrency_safe, make_env_factory,
                               make_rows)
 from trace_train.envs.latency import Latency, with_latency
-from trace_train.scheduler import EnvFailure, Timeline
+from trace_train.rollout.scheduler import EnvFailure, Timeline
 
 from .test_engine import TurnPredictor
 
@@ -227,7 +227,7 @@ def test_bad_scheduler_settings_fail_with_clear_messages():
 
 
 def test_the_concurrency_benchmark_reports_every_setting(tiny_dir, tmp_path):
-    from trace_train.bench_concurrency import ConcurrencyBenchConfig, main
+    from trace_train.bench.concurrency import ConcurrencyBenchConfig, main
 
     config = ConcurrencyBenchConfig(backends=("hf",), latencies=("0ms", "50ms"), prompts=2, group_size=2,
                                     turns=2, env_workers=4, examples=1, model=tiny_dir,

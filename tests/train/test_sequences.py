@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from trace_theory import compute_advantages
-from trace_train.engine import RolloutConfig, RolloutEngine
+from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
-from trace_train.loss import policy_loss
-from trace_train.sequences import build_sequences
+from trace_train.update.loss import policy_loss
+from trace_train.update.sequences import build_sequences
 
 
 @pytest.fixture(scope="module")

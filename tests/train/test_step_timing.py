@@ -1,7 +1,7 @@
 """Each step's metrics say where its time went; ``predictor.kind`` picks the predictor a run fits and resumes."""
 
-from trace_train.checkpoint import latest_checkpoint, load_checkpoint
-from trace_train.config import load_config
+from trace_train.run.checkpoint import latest_checkpoint, load_checkpoint
+from trace_train.config_loader import load_config
 from trace_train.train import TrainConfig, main
 
 SMALL = ["steps=1", "device=cpu", "tensorboard=false", "checkpoint_every=1", "eval.every=0",

@@ -1,4 +1,4 @@
-"""Compute threads are set deliberately (``trace_train.threads``)."""
+"""Compute threads are set deliberately (``trace_train.run.threads``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trace_train.threads import available_cpus, set_compute_threads
+from trace_train.run.threads import available_cpus, set_compute_threads
 
 
 def _in_child(code: str, **env) -> str:
@@ -20,7 +20,7 @@ def _in_child(code: str, **env) -> str:
 
 
 def test_threads_follow_the_setting_then_omp_num_threads_then_the_cpus_the_process_may_use():
-    code = ("import torch, os; from trace_train.threads import set_compute_threads as s; n = s({}); "
+    code = ("import torch, os; from trace_train.run.threads import set_compute_threads as s; n = s({}); "
             "print(n, torch.get_num_threads(), os.environ['VLLM_CPU_OMP_THREADS_BIND'])")
     cpus = available_cpus()
     assert _in_child(code.format(1)) == f"1 1 {cpus[0]}"

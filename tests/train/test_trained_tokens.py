@@ -11,10 +11,10 @@ from tests.train.test_packing import fixed_batch
 from tests.train.test_sequences import tree_batch  # noqa: F401  (real branched rollouts of the tiny model)
 from trace_theory import compute_advantages
 from trace_train.backends.base import GenerationRequest, Sampling, generator_asleep
-from trace_train.engine import RolloutConfig, RolloutEngine
+from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
 from trace_train.envs.base import EndReason
-from trace_train.packing import build_training_batch
+from trace_train.update.packing import build_training_batch
 
 LAYOUTS = ["leaf", "tree"]
 LIMITS = EpisodeLimits(max_turns=3, max_turn_tokens=8, max_context_tokens=1024)
@@ -128,7 +128,7 @@ def test_vllm_records_the_processed_logprobs_and_sleeps_only_where_supported(tin
     from transformers import AutoModelForCausalLM
 
     from trace_train.backends.vllm_backend import VLLMBackend
-    from trace_train.sequences import token_logprobs
+    from trace_train.update.sequences import token_logprobs
 
     backend = VLLMBackend(tiny_dir, dtype="float32", enforce_eager=True, block_size=block_size,
                           kv_cache_memory_bytes=64 * 2**20, max_model_len=1024, seed=0, sleep_mode=True)
@@ -151,8 +151,8 @@ def test_vllm_records_the_processed_logprobs_and_sleeps_only_where_supported(tin
 
 def _seq_mean_losses(batch, adv):
     """(ours, flat GRPO on root-to-leaf paths) under seq_mean_token_mean, with logp = 0.9 x old logp."""
-    from trace_train.loss import PolicyLossConfig, policy_loss
-    from trace_train.sequences import build_sequences
+    from trace_train.update.loss import PolicyLossConfig, policy_loss
+    from trace_train.update.sequences import build_sequences
 
     cfg = PolicyLossConfig(aggregation="seq_mean_token_mean")
     seqs = build_sequences(batch, adv, pad_token_id=0, shared_turn_weight="leaves")

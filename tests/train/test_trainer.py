@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from trace_train.checkpoint import latest_checkpoint, load_checkpoint
-from trace_train.config import load_config
-from trace_train.metrics_log import read_metrics
+from trace_train.run.checkpoint import latest_checkpoint, load_checkpoint
+from trace_train.config_loader import load_config
+from trace_train.run.metrics_log import read_metrics
 from trace_train.train import NonFiniteLossError, PromptSampler, TrainConfig, main
 
 SMALL = [

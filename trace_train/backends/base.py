@@ -13,7 +13,7 @@ the same semantics, so the rollout engine and the trainer never branch on which 
 * **Log-probabilities** are those of the distribution each token was sampled from, one per generated
   token: log softmax(logits / temperature), after top-p where ``top_p < 1`` (vLLM's
   ``logprobs_mode="processed_logprobs"``); under greedy decoding (temperature 0) those of the raw
-  logits. The trainer's forward divides by the same temperature (``trace_train.logprobs``), so the
+  logits. The trainer's forward divides by the same temperature (``trace_train.update.logprobs``), so the
   importance ratio compares one distribution with itself; it refuses ``top_p < 1``.
 * **Prefix cache accounting.** Every completion says how many of its prompt tokens were served from a
   cache instead of being computed; :class:`GenerationStats` sums these over the back end's lifetime.

@@ -15,7 +15,7 @@ message per turn), laid out exactly as Qwen3 lays out consecutive tool messages 
   ``<tool_response>...</tool_response>`` by the environment, as Qwen3 renders tool results.
 
 :func:`observation_role_for` picks the role a tokenizer's template renders, and :func:`chat_format`
-builds the engine's :class:`~trace_train.chat.ChatFormat` with the environment's tool schemas passed to
+builds the engine's :class:`~trace_train.rollout.chat.ChatFormat` with the environment's tool schemas passed to
 the template (``tools=``) when the template uses them.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from ..chat import ChatFormat
+from ..rollout.chat import ChatFormat
 from ..tools.budget import BUDGET_EXHAUSTED, ToolCallBudget
 from ..tools.tool_calls import MalformedToolCall, parse_tool_calls, tag_spans
 

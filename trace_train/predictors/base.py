@@ -31,7 +31,7 @@ INSTANCE_KEYS = frozenset({"target", "answer", "answers", "solution", "question"
 
 
 class HistoryLike(Protocol):
-    """What the predictor reads from a history (``trace_train.engine.History`` has these, and ``row``)."""
+    """What the predictor reads from a history (``trace_train.rollout.engine.History`` has these, and ``row``)."""
 
     depth: int
     messages: Sequence[Mapping[str, str]]

@@ -28,9 +28,9 @@ a :class:`CheckpointError` naming the file and the global it asked for, before a
 
 Partial checkpoints (the temporary ``.step_*`` directories and ``.latest.*`` files of a write that was
 killed) are never read, and :func:`clean_partial_checkpoints` removes them; the trainer calls it at
-start-up while it holds the run directory's lock (``trace_train.files.RunLock``), so it can never remove
+start-up while it holds the run directory's lock (``trace_train.run.files.RunLock``), so it can never remove
 a live run's write. A full disk (``ENOSPC``, ``EDQUOT``) during a write raises
-``trace_train.files.OutOfSpaceError`` naming the file and the free space, and leaves the previous
+``trace_train.run.files.OutOfSpaceError`` naming the file and the free space, and leaves the previous
 checkpoint and ``latest`` untouched.
 """
 

@@ -26,7 +26,7 @@ as a loss term (``kl_coef > 0``), since its expected gradient is zero, and stays
 value. As *values* (the ``kl`` metric), k1 and k3 are unbiased estimates of KL(pi || ref), k2 is biased.
 
 **Shared prefixes.** A turn shared by several rollouts of a tree is one node of the forest and is
-trained exactly once: :func:`trace_train.sequences` (or any caller) must give each generated token a
+trained exactly once: :func:`trace_train.update.sequences` (or any caller) must give each generated token a
 mask of 1 in exactly one sequence. The aggregation below then weights every generated token once.
 
 **Aggregation** (``aggregation=``), over the batch's masked tokens, as in verl:
@@ -37,12 +37,12 @@ mask of 1 in exactly one sequence. The aggregation below then weights every gene
   length normalisation).
 
 A *sequence* here is what the trainer trains as one: the tokens a rollout owns (``sequence_ids``; one row
-of :mod:`trace_train.sequences`), weighted by ``token_weights``. For flat groups (GRPO, DAPO: no
+of :mod:`trace_train.update.sequences`), weighted by ``token_weights``. For flat groups (GRPO, DAPO: no
 branching) that is each trajectory, and ``seq_mean_token_mean`` is the original GRPO loss. With branched
 trees it is not flat GRPO on root-to-leaf paths: a continuation's sequence holds only its own new turns
 (its shared prefix is trained in the rollout that owns it), and with ``shared_turn_weight="leaves"`` the
 per-sequence mean is a weighted mean with weights n_y. Only ``token_mean`` with ``"leaves"`` equals flat
-GRPO on the paths exactly (:mod:`trace_train.sequences`).
+GRPO on the paths exactly (:mod:`trace_train.update.sequences`).
 """
 
 from __future__ import annotations
@@ -152,10 +152,10 @@ def policy_loss(
         Reference-policy log-probabilities; required when ``config.kl_coef > 0``.
     token_weights : Tensor, optional
         A weight per token (default 1), multiplying its loss and its share of the normaliser: a token of
-        weight w counts as w tokens (``trace_train.sequences`` uses it for turns shared by rollouts).
+        weight w counts as w tokens (``trace_train.update.sequences`` uses it for turns shared by rollouts).
     sequence_ids : Tensor of int, optional
         The sequence each token belongs to (-1 for none), for the sequence-level aggregations when a
-        row holds several sequences (packed trees, ``trace_train.packing``); default: one per row.
+        row holds several sequences (packed trees, ``trace_train.update.packing``); default: one per row.
 
     Returns
     -------

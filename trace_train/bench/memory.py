@@ -1,8 +1,8 @@
 """Peak resident memory of a training run: ``trace-train`` in a child process, its RSS and its children's
 summed from ``/proc`` every 50 ms, the highest sum reported (Linux only).
 
-    python -m trace_train.bench_memory                                   # cpu_demo, 2 steps, hf and vllm
-    python -m trace_train.bench_memory --backends vllm -- backend.kv_cache_memory_bytes=4000000000
+    python -m trace_train.bench.memory                                   # cpu_demo, 2 steps, hf and vllm
+    python -m trace_train.bench.memory --backends vllm -- backend.kv_cache_memory_bytes=4000000000
 
 Each run gets a fresh temporary ``run_dir`` and ``OMP_NUM_THREADS=1``; the JSON line per back end gives
 ``peak_rss_bytes``, the wall seconds and the load average at the start.

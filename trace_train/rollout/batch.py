@@ -17,7 +17,7 @@ import numpy as np
 
 from trace_theory import RolloutBudget, RolloutForest, budget_by_depth, effective_ratio, mixed_anchor_ratio
 
-from .envs.base import EndReason, Message
+from ..envs.base import EndReason, Message
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch", "ENV_FAILURES"]
 

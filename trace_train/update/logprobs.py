@@ -24,7 +24,7 @@ the positions asked for (the trainer asks only for trained tokens: ``trained_onl
 With C = 1024 and Qwen3's V = 151,936 the chunked head needs at most 1024 x 151936 x 6 bytes = 0.93 GB in
 bf16 (1.24 GB in fp32), whatever the micro-batch, where the full one needs 1.5 MB per position (bf16):
 49 GB at 32k positions. The rest of an update's peak (weights, gradients, optimizer state, the decoder's
-activations: L layers x positions x H x a few) does not depend on V. ``python -m trace_train.bench_packing
+activations: L layers x positions x H x a few) does not depend on V. ``python -m trace_train.bench.packing
 --logprob-memory`` measures both at V = 151,936; ``tests/train/test_logprobs.py`` checks values, gradients
 and the bound.
 

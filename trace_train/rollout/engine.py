@@ -46,10 +46,10 @@ from trace_theory import (
 )
 from trace_theory.step import Starts, StepRecord
 
-from .backends.base import GenerationBackend, Sampling
+from ..backends.base import GenerationBackend, Sampling
 from .batch import History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
-from .envs.base import Environment, EpisodeLimits, Message
+from ..envs.base import Environment, EpisodeLimits, Message
 from .scheduler import SCHEDULES, Timeline, grow
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
@@ -170,7 +170,7 @@ class RolloutEngine:
         ``root_allocator(policy, v, budget, rng, concentration) -> m`` replaces
         ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration)``. The distributed
         trainer passes one that allocates the budget over the candidate pools of all ranks together
-        (``trace_train.distributed.GlobalRootAllocator``).
+        (``trace_train.run.distributed.GlobalRootAllocator``).
     """
 
     def __init__(self, backend: GenerationBackend, make_env: Callable[[], Environment], config: RolloutConfig,

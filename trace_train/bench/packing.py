@@ -17,15 +17,15 @@ is the highest resident set size sampled every 2 ms during the timed updates, mi
 them (on CUDA: ``torch.cuda.max_memory_allocated``). Times are medians of wall clock and of this
 process's CPU time (which a busy shared machine disturbs less).
 
-    python -m trace_train.bench_packing                 # about 5 min on 2 cores; results/bench_packing.json
-    python -m trace_train.bench_packing --learning      # cpu_demo with leaf and with tree, seeds 0-2
-    python -m trace_train.bench_packing --logprob-memory  # the update's peak at a 152k vocabulary, chunked vs full
+    python -m trace_train.bench.packing                 # about 5 min on 2 cores; results/bench_packing.json
+    python -m trace_train.bench.packing --learning      # cpu_demo with leaf and with tree, seeds 0-2
+    python -m trace_train.bench.packing --logprob-memory  # the update's peak at a 152k vocabulary, chunked vs full
 
 ``--logprob-memory``: one update (``_policy_update``, no KL reference) of a synthetic tree (a 1,024-token
 prefix and 2 continuations of 128 tokens, packed: 1,280 positions) on a tiny Qwen3 with Qwen3's
 vocabulary of 151,936 (hidden 64, 2 layers, untied output layer), with ``algorithm.logprob_chunk_tokens``
 = 0 (the full log-softmax) and chunks of 256 and 1,024 positions, each in a fresh process; prints the
-measured peak next to the output-layer term of ``trace_train.logprobs``'s formula.
+measured peak next to the output-layer term of ``trace_train.update.logprobs``'s formula.
 """
 
 from __future__ import annotations
@@ -82,14 +82,14 @@ class BenchConfig:
 def demo_batch(policy: str, run_dir: str, seed: int):
     """The first training step's batch of ``trace-train --config cpu_demo rollout.policy=policy``, without
     environment snapshots (so it can be sent to a measuring process); returns (batch, model path)."""
-    from .config import load_config
-    from .distributed import DistInfo
-    from .engine import RolloutEngine
-    from .envs.tooling import chat_format
-    from .predictor import build_predictor
-    from .tasks import build_task
-    from .configs import TrainConfig
-    from .train import PromptSampler, _build_backend, _load_policy, _model_path, _step_seed
+    from ..config_loader import load_config
+    from ..run.distributed import DistInfo
+    from ..rollout.engine import RolloutEngine
+    from ..envs.tooling import chat_format
+    from ..predictors import build_predictor
+    from ..tasks import build_task
+    from ..configs import TrainConfig
+    from ..train import PromptSampler, _build_backend, _load_policy, _model_path, _step_seed
 
     cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={run_dir}", f"rollout.policy={policy}", f"seed={seed}"])
     task = build_task(cfg.task, seed=cfg.seed)
@@ -112,7 +112,7 @@ def long_prefix_batch(prefix: int, k: int, generated: int, *, vocab: int, seed: 
     bare rollout's own last turn)."""
     from trace_theory import Origin, RolloutForest
 
-    from .batch import NodePayload, RolloutBatch
+    from ..rollout.batch import NodePayload, RolloutBatch
 
     rng = np.random.default_rng(seed)
     parent = np.array([-1, 0] + [1] * k)
@@ -178,17 +178,17 @@ class _PeakMemory:
 def _measure(job: dict) -> dict:
     import torch
 
-    from .config import load_config
-    from .distributed import DistInfo
-    from .packing import training_batch_for
-    from .train import TrainConfig, _policy_update
+    from ..config_loader import load_config
+    from ..run.distributed import DistInfo
+    from ..update.packing import training_batch_for
+    from ..train import TrainConfig, _policy_update
     from trace_theory import compute_advantages
 
     torch.set_num_threads(job["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = load_config(TrainConfig, "cpu_demo", [f"algorithm.packing={job['packing']}", *job["overrides"]])
     if job["model"] is None:  # synthetic trees: a tiny random Qwen3 long enough for them
-        from .tiny import build_model, build_tokenizer
+        from ..tiny import build_model, build_tokenizer
 
         model = build_model(build_tokenizer(), max_positions=job["positions"]).to(device)
         batch = long_prefix_batch(**job["tree"], vocab=model.config.vocab_size)
@@ -242,10 +242,10 @@ def _measure_logprob_memory(job: dict) -> dict:
 
     from trace_theory import compute_advantages
 
-    from .config import load_config
-    from .distributed import DistInfo
-    from .packing import training_batch_for
-    from .train import TrainConfig, _policy_update
+    from ..config_loader import load_config
+    from ..run.distributed import DistInfo
+    from ..update.packing import training_batch_for
+    from ..train import TrainConfig, _policy_update
 
     torch.set_num_threads(job["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -358,10 +358,10 @@ def _summary(rows: list[dict]) -> dict:
 def learning(seeds=(0, 1, 2), run_root: str = "runs/bench_packing") -> dict:
     """``trace-train --config cpu_demo`` with ``algorithm.packing=leaf`` and ``=tree`` over ``seeds``:
     held-out success at the start and the mean of the last two evaluations, per run."""
-    from .config import load_config
-    from .metrics_log import read_metrics
-    from .train import TrainConfig
-    from .train import main as train
+    from ..config_loader import load_config
+    from ..run.metrics_log import read_metrics
+    from ..train import TrainConfig
+    from ..train import main as train
 
     out = {}
     for seed in seeds:

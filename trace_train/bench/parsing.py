@@ -1,7 +1,7 @@
 """How reading an action scales with its length on adversarial input (unclosed tags), against the lazy
 regexes it replaced.
 
-    python -m trace_train.tools.bench_parsing            # 100k and 200k characters
+    python -m trace_train.bench.parsing            # 100k and 200k characters
 
 For each reader and input, the best of 3 runs at ``n`` and ``2n`` characters, and their ratio: about 2
 for linear work, about 4 for quadratic. The environments read every action with ``visible_text``, then
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ..envs.tooling import visible_text
 from ..verifiers.answers import extract_answer_tag, extract_math_answer
-from .tool_calls import parse_tool_calls
+from ..tools.tool_calls import parse_tool_calls
 
 _LAZY_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _LAZY_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

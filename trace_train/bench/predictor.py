@@ -1,7 +1,7 @@
 """Success predictors measured online on real rollouts: Brier, ECE and AUC at roots and anchors, and fit cost.
 
-    python -m trace_train.bench_predictor                      # collect 80 TRACE steps of cpu_demo's mixed games (~2 min), replay
-    python -m trace_train.bench_predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50
+    python -m trace_train.bench.predictor                      # collect 80 TRACE steps of cpu_demo's mixed games (~2 min), replay
+    python -m trace_train.bench.predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50
 
 **Collect** (once; cached in ``--out``/stream.pkl): the ``cpu_demo`` preset on the mixed-difficulty games
 (``bench_policies``'s ``--task mixed``) with TRACE, recording what each step's predictor fit received
@@ -48,8 +48,8 @@ def auc(pred, label) -> float:
 
 def collect(out: Path, steps: int, seed: int = 0) -> list[dict]:
     """Run TRACE on cpu_demo's mixed games for ``steps`` steps, recording each step's predictor data."""
-    from . import train as train_module
-    from .config import load_config
+    from .. import train as train_module
+    from ..config_loader import load_config
 
     path = out / "stream.pkl"
     if path.exists():
@@ -89,7 +89,7 @@ def parse_kind(spec: str):
     """``NAME`` or ``NAME:field=value,...`` -> a fresh predictor of that kind."""
     import yaml
 
-    from .predictor import PredictorConfig, build_predictor
+    from ..predictors import PredictorConfig, build_predictor
 
     spec = SHORTHANDS.get(spec, spec)
     name, _, rest = spec.partition(":")
@@ -149,7 +149,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_predictor"))
     parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram_adam200", "ngram"])
     args = parser.parse_args(argv)
-    from .threads import set_compute_threads
+    from ..run.threads import set_compute_threads
 
     set_compute_threads(1)
     stream = collect(args.out, args.steps, args.seed)

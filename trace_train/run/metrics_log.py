@@ -5,7 +5,7 @@ flushed after every line so that a crash loses nothing already logged. On resume
 later steps (written after that checkpoint, before the crash) are dropped first, so the file reads as if
 the run had never stopped. A damaged line (not a JSON object with a step) is skipped with a warning
 naming the file and line, so it never blocks a resume; a torn last line (a crash mid-write) is dropped
-quietly. A full disk while writing raises ``trace_train.files.OutOfSpaceError`` naming the file. The
+quietly. A full disk while writing raises ``trace_train.run.files.OutOfSpaceError`` naming the file. The
 names are documented in the README's metric glossary.
 """
 

@@ -1,6 +1,6 @@
 """Tree packing: forward every token of a rollout tree once, with a tree attention mask.
 
-The per-leaf layout (:mod:`trace_train.sequences`) forwards one row per root-to-leaf path, so a prefix
+The per-leaf layout (:mod:`trace_train.update.sequences`) forwards one row per root-to-leaf path, so a prefix
 shared by k rollouts is forwarded k times, by the policy and by the reference model. Here each tree is
 laid out once, its nodes in depth-first order, and attention follows the tree instead of the row:
 
@@ -29,7 +29,7 @@ are ordinary context here.
 
 **Budget.** Pieces of trees are packed into rows, and rows into micro-batches of at most ``token_budget``
 tokens (rows x width, padding included), so the peak memory of an update is set by the budget. A tree
-larger than the budget is split between the token chains that rollouts own (:mod:`trace_train.sequences`:
+larger than the budget is split between the token chains that rollouts own (:mod:`trace_train.update.sequences`:
 a turn is trained in the row of the leaf its rollout ends in), and each piece repeats its ancestors'
 tokens as context (loss mask 0). With a budget of one path this is the per-leaf layout. A chain is never
 split, so every sequence-level aggregation of the loss stays exact.
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import RolloutBatch
+from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
 from .sequences import TrainingSequences, build_sequences, check_inputs, nodes_on_paths, path_tokens
 
@@ -116,7 +116,7 @@ class PackedTrees:
     def logprobs(self, model, *, attention: str = "auto", temperature: float = 1.0, chunk_tokens: int = 1024,
                  trained_only: bool = False) -> torch.Tensor:
         """log pi_T of every token under ``model`` (0 where ``predictor`` is -1), shape (rows, width); see
-        :meth:`trace_train.sequences.TrainingSequences.logprobs` for the other arguments."""
+        :meth:`trace_train.update.sequences.TrainingSequences.logprobs` for the other arguments."""
         predictor = self.predictor.where(self.loss_mask > 0, -1) if trained_only else self.predictor
         return tree_logprobs(model, self.input_ids, self.position_ids, self.visible_until, predictor,
                              attention=attention, temperature=temperature, chunk_tokens=chunk_tokens)
@@ -160,7 +160,7 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
     """Pack the forest's trees into rows and micro-batches of at most ``token_budget`` tokens.
 
     Trains the same tokens, with the same advantages, old log-probabilities and weights, as
-    :func:`trace_train.sequences.build_sequences`; only the layout differs.
+    :func:`trace_train.update.sequences.build_sequences`; only the layout differs.
     """
     forest = batch.forest
     advantages, node_weight = check_inputs(forest, advantages, shared_turn_weight)
@@ -354,7 +354,7 @@ def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, vi
                   predictor: torch.Tensor, *, attention: str = "auto", temperature: float = 1.0,
                   chunk_tokens: int = 1024) -> torch.Tensor:
     """log pi_T(token) for every packed token, from the logits at its ``predictor`` position (0 where -1),
-    at ``temperature``, ``chunk_tokens`` positions at a time (:mod:`trace_train.logprobs`).
+    at ``temperature``, ``chunk_tokens`` positions at a time (:mod:`trace_train.update.logprobs`).
 
     ``attention``: "dense" (4-D mask; sdpa or eager), "flex" (FlexAttention block mask) or "auto"
     (flex on CUDA, dense elsewhere).

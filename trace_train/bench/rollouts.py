@@ -13,7 +13,7 @@ clock and median CPU time of this process, which a busy shared machine disturbs 
 tokens per second. Token counts are deterministic for a seed. Each run starts from an empty prefix
 cache.
 
-Run it with ``python -m trace_train.bench_rollouts`` (add ``--backend hf`` for transformers only);
+Run it with ``python -m trace_train.bench.rollouts`` (add ``--backend hf`` for transformers only);
 results go to ``results/bench_rollouts.json``.
 """
 
@@ -71,7 +71,7 @@ class BenchConfig:
 
 def system_prompt(examples: int, seed: int) -> str:
     """The game's rules followed by ``examples`` worked games played by binary search."""
-    from .envs.guess_number import SYSTEM_PROMPT, GuessNumberEnv, make_rows
+    from ..envs.guess_number import SYSTEM_PROMPT, GuessNumberEnv, make_rows
 
     lines = [SYSTEM_PROMPT, "", "Example games:"]
     for row in make_rows(examples, high=16, max_guesses=5, seed=seed + 1):
@@ -90,18 +90,18 @@ def system_prompt(examples: int, seed: int) -> str:
 
 def _backend(name: str, model: str):
     if name == "vllm":
-        from .backends.vllm_backend import VLLMBackend
+        from ..backends.vllm_backend import VLLMBackend
 
         return VLLMBackend(model, dtype="float32", enforce_eager=True, block_size=32,
                            kv_cache_memory_bytes=512 * 2**20, max_model_len=2048)
-    from .backends.hf_backend import HFBackend
+    from ..backends.hf_backend import HFBackend
 
     return HFBackend.from_pretrained(model)
 
 
 def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
-    from .engine import RolloutConfig, RolloutEngine
-    from .envs.base import EpisodeLimits
+    from ..rollout.engine import RolloutConfig, RolloutEngine
+    from ..envs.base import EpisodeLimits
 
     g, n = config.group_size, config.continuations_per_root
     rollout = RolloutConfig(
@@ -144,8 +144,8 @@ def _summary(runs: list[dict]) -> dict:
 
 def main(config: BenchConfig) -> dict:
     """Run the benchmark, write ``config.out`` and return the results."""
-    from .envs.guess_number import GuessNumberEnv, make_rows
-    from .tiny import save_tiny
+    from ..envs.guess_number import GuessNumberEnv, make_rows
+    from ..tiny import save_tiny
 
     pool = make_rows(config.prompts, high=config.high, max_guesses=config.max_guesses, seed=config.seed)
     env = partial(GuessNumberEnv, system_prompt=system_prompt(config.examples, config.seed))

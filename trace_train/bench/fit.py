@@ -1,9 +1,9 @@
 """What a TRACE step costs next to a GRPO step, and what fitting the success predictor costs a step.
 
-    python -m trace_train.bench_fit --compare                      # TRACE (lazy and dense fit) vs GRPO, 4 pairs
-    python -m trace_train.bench_fit --compare --backend vllm       # the same on vLLM (CPU or GPU)
-    python -m trace_train.bench_fit                                # grpo with and without the fit, 8 steps each
-    python -m trace_train.bench_fit --policy trace                 # TRACE always fits (it allocates by V~)
+    python -m trace_train.bench.fit --compare                      # TRACE (lazy and dense fit) vs GRPO, 4 pairs
+    python -m trace_train.bench.fit --compare --backend vllm       # the same on vLLM (CPU or GPU)
+    python -m trace_train.bench.fit                                # grpo with and without the fit, 8 steps each
+    python -m trace_train.bench.fit --policy trace                 # TRACE always fits (it allocates by V~)
 
 ``--compare``: interleaved pairs (trace with ``predictor.fit=lazy_adam``, trace with ``predictor.fit=adam``,
 the dense fit of before, then grpo; one after another, so load drifts hit all three alike) of ``cpu_demo``
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import load_config
-from .metrics_log import read_metrics
-from .train import TrainConfig, main as train
+from ..config_loader import load_config
+from ..run.metrics_log import read_metrics
+from ..train import TrainConfig, main as train
 
 MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TASKS["mixed"]
 PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "expansion_generation_seconds",

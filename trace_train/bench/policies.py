@@ -1,10 +1,10 @@
 """TRACE against GRPO and other policies at equal generated tokens, each at its own best learning rate, on
 paired seeds, with confidence intervals: is TRACE's lead significant?
 
-    python -m trace_train.bench_policies                         # the full benchmark (see the README for time)
-    python -m trace_train.bench_policies --policies trace grpo --lrs 1e-3 2e-3 --tuning-seeds 100 \\
+    python -m trace_train.bench.policies                         # the full benchmark (see the README for time)
+    python -m trace_train.bench.policies --policies trace grpo --lrs 1e-3 2e-3 --tuning-seeds 100 \\
         --seeds 0 1 --steps 4 --eval-every 2 --token-budget 300 --out runs/bench_small  # a reduced run
-    python -m trace_train.bench_policies --task uniform          # games of about equal difficulty
+    python -m trace_train.bench.policies --task uniform          # games of about equal difficulty
 
 Every run is the ``cpu_demo`` preset (tiny Qwen3, transformers back end) with the same generated-token
 budget per step (``rollout.token_budget``: the engine sizes M so that each step generates about that
@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .config import load_config
-from .metrics_log import read_metrics
-from .train import TrainConfig, main as train
+from ..config_loader import load_config
+from ..run.metrics_log import read_metrics
+from ..train import TrainConfig, main as train
 
 DEFAULT_POLICIES = ("trace", "grpo", "dapo", "random_prefix")
 YIELDS = ("mixed_prompts_per_1k_rollouts", "mixed_prompts_per_1k_tokens", "contrast_pairs_per_1k_rollouts")

@@ -14,7 +14,7 @@ environment call ran, their overlap, the longest time one rollout spent in its e
 which is at least 1 for any schedule; the target for the concurrent schedule at 200 ms is at most 1.5
 (lockstep pays the sum of generation time and every environment's time, turn by turn).
 
-Run it with ``python -m trace_train.bench_concurrency`` (``--backend hf`` or ``vllm`` for one back end);
+Run it with ``python -m trace_train.bench.concurrency`` (``--backend hf`` or ``vllm`` for one back end);
 results go to ``results/bench_concurrency.json``, with the load average at start and end.
 """
 
@@ -77,8 +77,8 @@ class ConcurrencyBenchConfig:
 
 
 def _run(backend, make_env, pool, config: ConcurrencyBenchConfig, schedule: str, seed: int) -> dict:
-    from .engine import RolloutConfig, RolloutEngine
-    from .envs.base import EpisodeLimits
+    from ..rollout.engine import RolloutConfig, RolloutEngine
+    from ..envs.base import EpisodeLimits
 
     rollout = RolloutConfig(
         policy="grpo", roots=config.prompts * config.group_size, continuations_per_root=0,
@@ -101,10 +101,10 @@ def _median(runs: list[dict]) -> dict:
 
 def main(config: ConcurrencyBenchConfig) -> dict:
     """Run the benchmark, write ``config.out`` and return the results."""
-    from .bench_rollouts import _backend, system_prompt
-    from .envs.guess_number import GuessNumberEnv, make_rows
-    from .envs.latency import Latency, with_latency
-    from .tiny import save_tiny
+    from .rollouts import _backend, system_prompt
+    from ..envs.guess_number import GuessNumberEnv, make_rows
+    from ..envs.latency import Latency, with_latency
+    from ..tiny import save_tiny
 
     pool = make_rows(config.prompts, high=1000, max_guesses=config.turns, seed=config.seed)
     game = partial(GuessNumberEnv, system_prompt=system_prompt(config.examples, config.seed))

@@ -41,7 +41,7 @@ score 0 and are counted in the report's ``end_reasons``; the first failure's mes
 report's ``env_error_sample``. So does an observation that cannot be formatted
 or tokenised (not text, or a template that will not frame it) and a reward that is not a finite number:
 what an environment returns is data, checked in the main thread but charged to its own rollout. Its text
-enters once through :func:`~trace_train.chat.clean_text` (lone surrogates replaced), so what is stored is
+enters once through :func:`~trace_train.rollout.chat.clean_text` (lone surrogates replaced), so what is stored is
 what was tokenised. A timed-out call cannot be interrupted (it is a
 thread): its worker stays busy until it returns and its environment is discarded, so environments must
 bound their own tool calls (the sandbox does). ``RolloutConfig.raise_env_errors`` turns both into
@@ -64,10 +64,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .backends.base import Completion, GenerationRequest, request_stream
+from ..backends.base import Completion, GenerationRequest, request_stream
 from .batch import NodePayload
 from .chat import clean_text
-from .envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
+from ..envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
 
 __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "grow"]
 

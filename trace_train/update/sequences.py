@@ -16,7 +16,7 @@ every token 1, so a turn shared by many rollouts counts like any other. The choi
 is weighted twice by accident. The loss's ``token_mean`` divides by the total weight.
 
 This is the reference layout (``algorithm.packing=leaf``). The default, ``tree``
-(:mod:`trace_train.packing`), trains the same tokens with the same weights but forwards each tree token
+(:mod:`trace_train.update.packing`), trains the same tokens with the same weights but forwards each tree token
 once, with a tree attention mask.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import RolloutBatch
+from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
 
 __all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens", "check_inputs",
@@ -88,7 +88,7 @@ class TrainingSequences:
                  trained_only: bool = False) -> torch.Tensor:
         """log pi_T of every token under ``model`` (0 at position 0 and padding), on the model's device:
         the distribution softmax(logits / ``temperature``) the rollouts sampled from, in chunks of
-        ``chunk_tokens`` positions (:mod:`trace_train.logprobs`). ``trained_only``: only where
+        ``chunk_tokens`` positions (:mod:`trace_train.update.logprobs`). ``trained_only``: only where
         ``loss_mask`` is 1 (0 elsewhere), which is all the loss reads."""
         device = next(model.parameters()).device
         only = self.loss_mask.to(device) > 0 if trained_only else None
@@ -168,7 +168,7 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
         Rows per forward pass.
     train_env_failures : bool
         Train the turns of rollouts ended by an environment fault too (default: left out, as are DAPO's
-        uniform groups; :meth:`~trace_train.batch.RolloutBatch.trained_nodes`).
+        uniform groups; :meth:`~trace_train.rollout.batch.RolloutBatch.trained_nodes`).
     """
     forest = batch.forest
     advantages, node_weight = check_inputs(forest, advantages, shared_turn_weight)
@@ -205,7 +205,7 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
                    chunk_tokens: int = 1024, only: torch.Tensor | None = None) -> torch.Tensor:
     """log pi_T(token_t | tokens_<t) for every real position t >= 1 (0 at position 0, on padding and where
-    ``only`` is False), shape (batch, length); see :func:`trace_train.logprobs.sampled_logprobs`."""
+    ``only`` is False), shape (batch, length); see :func:`trace_train.update.logprobs.sampled_logprobs`."""
     rows, width = input_ids.shape
     want = attention_mask.bool().clone()
     want[:, 0] = False

@@ -1,4 +1,4 @@
-"""Per-call overhead of the Python sandbox: ``python -m trace_train.tools.bench_sandbox [--calls N]``.
+"""Per-call overhead of the Python sandbox: ``python -m trace_train.bench.sandbox [--calls N]``.
 
 Times ``run_python("pass")`` (start, isolate, run nothing, clean up) and a five-cell
 ``PythonSession`` call (four cells replayed), each ``--calls`` times after one warm-up call, and prints
@@ -15,7 +15,7 @@ import resource
 import statistics
 import time
 
-from .sandbox import PythonSession, SandboxLimits, run_python
+from ..tools.sandbox import PythonSession, SandboxLimits, run_python
 
 
 def _children_cpu_ms() -> float:
