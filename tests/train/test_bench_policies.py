@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from trace_train import bench_policies as bench
+from trace_train.bench import policies as bench
 
 
 def _result(policy, lr, seed, gain):

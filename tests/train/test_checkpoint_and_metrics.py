@@ -149,7 +149,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tmp_path):
 def test_a_full_disk_while_checkpointing_is_one_line_naming_the_file_and_keeps_the_last_one(tmp_path, monkeypatch):
     import errno
 
-    from trace_train import checkpoint
+    from trace_train.run import checkpoint
     from trace_train.run.files import OutOfSpaceError
 
     model, _ = small_training_state()

@@ -8,7 +8,7 @@ lr 1e-6 almost every update rounded away (1.3% of matrix entries and no norm wei
 import pytest
 import torch
 
-from trace_train import distributed
+from trace_train.run import distributed
 from trace_train.run.checkpoint import load_latest_checkpoint
 from trace_train.config_loader import load_config
 from trace_train.train import TrainConfig, main
