@@ -189,7 +189,8 @@ class RolloutEngine:
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
         self.scheduler = Scheduler(backend, make_env, self.chat, self.sampling, ScheduleConfig(
-            config.limits, config.schedule, config.env_workers, config.env_timeout_s, config.raise_env_errors))
+            limits=config.limits, schedule=config.schedule, env_workers=config.env_workers,
+            env_timeout_s=config.env_timeout_s, raise_env_errors=config.raise_env_errors))
         self.tokens_per_rollout: float | None = None
         """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for ``plan``."""
         self.continuation_cost_ratio: float = 0.5

@@ -33,7 +33,7 @@ main thread before the next call starts.
 
 **What is reproducible.** With a fixed seed a batch does not depend on the order in which generations or
 environment calls complete: the sample of walker ``i`` (walkers numbered in start order) at its ``t``-th
-turn of this call is drawn with seed ``s + t W + i`` (``W`` walkers, ``s`` the run's next seed), each
+turn of this call is drawn with seed ``s + t W + i`` (``W`` walkers, ``s`` the call's ``seed``), each
 rollout's turns are recorded in its own list, and the turns are committed to the forest only at the
 end, turn-major then walker order (the node ids the lockstep schedule gives). The two schedules
 therefore produce the same batch whenever the back end's sampled tokens do not depend on batch
@@ -92,7 +92,7 @@ class EnvFailure(RuntimeError):
 
 
 class Timeline:
-    """Intervals of generation (main thread) and of environment calls (worker threads) of one run."""
+    """Intervals of generation (main thread) and of environment calls (worker threads) of one or more grow calls."""
 
     def __init__(self):
         self.generation: list[tuple[float, float]] = []
