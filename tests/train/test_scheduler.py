@@ -87,7 +87,11 @@ def test_the_scheduler_grows_a_builder_and_reports_without_an_engine(hf_backend)
 def test_the_builder_has_one_path_for_a_growing_and_a_built_batch():
     builder = BatchBuilder()
     root = builder.add_root(3, {"id": "r"}, ({"role": "user", "content": "go"},), (1, 2), "s0")
-    turn = lambda a, o: NodePayload(a, (-0.5,) * len(a), "x", o, "y", ({"role": "assistant", "content": "x"},), None)  # noqa: E731
+
+    def turn(action, observation):
+        return NodePayload(action, (-0.5,) * len(action), "x", observation, "y",
+                           ({"role": "assistant", "content": "x"},), None)
+
     first = builder.add_turn(root, turn((10, 11), (12,)))
     leaf = builder.add_turn(first, turn((20,), ()))
     branch = builder.add_turn(first, turn((30, 31), ()))

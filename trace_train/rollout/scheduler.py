@@ -92,7 +92,7 @@ class EnvFailure(RuntimeError):
 
 
 class Timeline:
-    """Intervals of generation (main thread) and of environment calls (worker threads) of one or more grow calls."""
+    """Intervals of generation (main thread) and of environment calls (worker threads) of grow calls."""
 
     def __init__(self):
         self.generation: list[tuple[float, float]] = []
