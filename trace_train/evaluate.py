@@ -304,7 +304,7 @@ def _task_records(batch, rows: Sequence[dict], factory: EnvFactory) -> list[dict
     for prompt, row in enumerate(rows):
         samples = []
         for leaf in leaves[prompt]:
-            path = forest.path_to_root(leaf)[::-1].tolist()
+            path = batch.path(leaf)
             env = factory()
             env.restore(nodes[leaf].snapshot)
             samples.append({

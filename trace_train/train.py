@@ -201,9 +201,7 @@ def _shares_weights(backend, policy) -> bool:
 
 
 def _histories(batch: RolloutBatch, nodes) -> list[History]:
-    f = batch.forest
-    return [History(int(f.prompt[n]), batch.rows[int(f.prompt[n])], int(f.depth[n]), tuple(batch.messages(n)),
-                    tuple(batch.context_ids(n))) for n in nodes]
+    return [batch.history(int(n)) for n in nodes]
 
 
 def _update_predictor(predictor: PosteriorPredictor, batch: RolloutBatch, value_target: str) -> dict:

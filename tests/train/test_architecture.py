@@ -11,3 +11,10 @@ def test_engine_imports_without_torch_or_vllm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_scheduler_stands_without_the_engine():
+    """The scheduler is handed a BatchBuilder and its settings; it neither imports nor reaches into the engine."""
+    code = "import sys, trace_train.rollout.scheduler; print('trace_train.rollout.engine' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -7,11 +7,14 @@ import threading
 import numpy as np
 import pytest
 
+from trace_train.backends.base import Sampling
+from trace_train.rollout.batch import BatchBuilder, NodePayload
+from trace_train.rollout.chat import ChatFormat
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import (EndReason, EpisodeLimits, GuessNumberEnv, is_concurrency_safe, make_env_factory,
                               make_rows)
 from trace_train.envs.latency import Latency, with_latency
-from trace_train.rollout.scheduler import EnvFailure, Timeline
+from trace_train.rollout.scheduler import EnvFailure, GrowReport, ScheduleConfig, Scheduler, Timeline
 
 from .test_engine import TurnPredictor
 
@@ -33,6 +36,81 @@ def assert_same_batch(a, b):
     for na, nb in zip(a.nodes, b.nodes):
         assert na.token_ids == nb.token_ids and na.end_reason == nb.end_reason
         np.testing.assert_allclose(na.action_logprobs, nb.action_logprobs, atol=1e-4)
+
+
+def planted(chat, prompts):
+    """A builder with a root per pool row of ``prompts`` (as the engine plants them); returns it and the roots."""
+    builder = BatchBuilder()
+    roots = []
+    for prompt in prompts:
+        env = GuessNumberEnv()
+        messages = env.reset(POOL[prompt])
+        roots.append(builder.add_root(prompt, POOL[prompt], messages, chat.prompt_ids(messages), env.snapshot()))
+    return builder, roots
+
+
+def make_scheduler(backend, make_env=GuessNumberEnv, **changes):
+    chat = ChatFormat(backend.tokenizer)
+    sampling = Sampling(max_new_tokens=LIMITS.max_turn_tokens, stop_token_ids=chat.stop_token_ids)
+    return Scheduler(backend, make_env, chat, sampling, ScheduleConfig(LIMITS, **{"env_workers": 4, **changes}))
+
+
+def test_the_scheduler_grows_a_builder_and_reports_without_an_engine(hf_backend):
+    """Grown from a builder alone, with the same rollouts on either schedule; the report says the rest."""
+    grown = []
+    for schedule in ("concurrent", "lockstep"):
+        scheduler = make_scheduler(hf_backend, schedule=schedule)
+        builder, roots = planted(scheduler.chat, [0, 1])
+        bare = scheduler.grow(builder, [(roots[0], "bare", 3), (roots[1], "bare", 2)], seed=7)
+        forest = builder.build()
+        assert forest.n_leaves == 5 and bare.seeds == 5 * LIMITS.max_turns
+        assert sum(bare.end_reasons.values()) == 5 and len(bare.rollout_env_seconds) == 5
+        assert bare.continuation_prefix_tokens == 0 and bare.env_error_sample is None
+        anchor = next(n for n in range(len(forest)) if forest.parent[n] >= 0 and not forest.is_leaf[n])
+        more = scheduler.grow(builder, [(anchor, "continuation", 2)], seed=7 + bare.seeds)
+        assert more.continuation_prefix_tokens == 2 * len(builder.context_ids(anchor))
+        total = bare + more
+        assert (GrowReport() + bare).end_reasons == bare.end_reasons
+        assert sum(total.end_reasons.values()) == 7 and total.seeds == 7 * LIMITS.max_turns
+        assert len(total.timeline.generation) == len(bare.timeline.generation) + len(more.timeline.generation)
+        forest = builder.build()
+        assert forest.n_leaves == 7 and len(forest.children(anchor)) == 3
+        for n in range(len(forest)):  # each node's context is its parent's plus its own turn
+            p = int(forest.parent[n])
+            above = builder.context_ids(p) if p >= 0 else []
+            assert builder.context_ids(n) == above + list(builder.nodes[n].token_ids)
+            assert forest.cost[n] == len(builder.nodes[n].action_ids)
+        grown.append([p.token_ids for p in builder.nodes])
+    assert grown[0] == grown[1]
+
+
+def test_the_builder_has_one_path_for_a_growing_and_a_built_batch():
+    builder = BatchBuilder()
+    root = builder.add_root(3, {"id": "r"}, ({"role": "user", "content": "go"},), (1, 2), "s0")
+
+    def turn(action, observation):
+        return NodePayload(action, (-0.5,) * len(action), "x", observation, "y",
+                           ({"role": "assistant", "content": "x"},), None)
+
+    first = builder.add_turn(root, turn((10, 11), (12,)))
+    leaf = builder.add_turn(first, turn((20,), ()))
+    branch = builder.add_turn(first, turn((30, 31), ()))
+    builder.finish(leaf, 1.0)
+    builder.finish(branch, 0.0)
+    assert builder.path(branch) == [root, first, branch]
+    assert builder.context_ids(branch) == [1, 2, 10, 11, 12, 30, 31]
+    h = builder.history(first)
+    assert (h.prompt, h.row, h.depth, h.token_ids, len(h.messages)) == (3, {"id": "r"}, 1, (1, 2, 10, 11, 12), 2)
+    forest = builder.build()
+    np.testing.assert_array_equal(forest.cost, [0, 2, 1, 2])
+    batch = builder.batch(forest, np.full(len(forest), np.nan), report=None)
+    for n in range(len(forest)):
+        assert batch.path(n) == builder.path(n) and batch.history(n) == builder.history(n)
+        assert batch.context_ids(n) == builder.context_ids(n) and batch.messages(n) == builder.messages(n)
+    traj = batch.trajectory(branch)
+    assert traj.loss_mask.tolist() == [0, 0, 1, 1, 0, 1, 1] and traj.node.tolist() == [0, 0, 1, 1, 1, 3, 3]
+    with pytest.raises(ValueError, match="`node` must be a node id in \\[0, 3\\], got 4"):
+        builder.path(4)
 
 
 class OrderRecorder:
@@ -222,6 +300,10 @@ def test_bad_scheduler_settings_fail_with_clear_messages():
         RolloutConfig(env_workers=0)
     with pytest.raises(ValueError, match="`env_timeout_s` must be a positive number"):
         RolloutConfig(env_timeout_s=0)
+    with pytest.raises(ValueError, match="`schedule` must be one of"):
+        ScheduleConfig(schedule="async")
+    with pytest.raises(ValueError, match="`config` must be a ScheduleConfig"):
+        Scheduler(None, GuessNumberEnv, None, Sampling(), RolloutConfig())
     with pytest.raises(ValueError, match="`distribution` must be one of"):
         Latency(0.1, "pareto")
 

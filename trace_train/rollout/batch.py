@@ -5,6 +5,11 @@ A :class:`RolloutBatch` pairs a ``trace_theory.RolloutForest`` (structure, rewar
 node's ``action_ids`` (generated, loss mask 1) and ``observation_ids`` (closing tokens, observation and
 next generation prompt, loss mask 0); a root's payload holds the chat prompt. Concatenating payloads
 along a path therefore gives exactly the tokens the model was conditioned on, branch points included.
+
+A :class:`BatchBuilder` is the one owner of a batch while it grows: the forest builder, the payloads,
+the pool rows. The engine plants roots in it, the scheduler (:mod:`.scheduler`) adds turns and rewards
+to it, and :meth:`BatchBuilder.batch` freezes it into a :class:`RolloutBatch`. Both share
+:class:`NodePaths`, the one implementation of a node's path, context, messages, trajectory and history.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from trace_theory import RolloutBudget, RolloutForest, budget_by_depth, effective_ratio, mixed_anchor_ratio
+from trace_theory import (ForestBuilder, RolloutBudget, RolloutForest, budget_by_depth, effective_ratio,
+                          mixed_anchor_ratio)
 
 from ..envs.base import EndReason, Message
 
-__all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch", "ENV_FAILURES"]
+__all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "NodePaths", "RolloutBatch",
+           "BatchBuilder", "ENV_FAILURES"]
 
 ENV_FAILURES = (EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT)
 """End reasons of an infrastructure fault, not of the model's play (kept out of the loss by default)."""
@@ -162,8 +169,66 @@ class RolloutReport:
                                            "continuation_prefix_hit_rate": self.continuation_prefix_hit_rate}
 
 
+class NodePaths:
+    """Root-to-node paths of a forest's nodes and what lies along them: the one implementation.
+
+    A subclass holds ``nodes`` (a :class:`NodePayload` per node id) and ``rows`` (pool rows by prompt id)
+    and says where each node hangs (:meth:`parent_of`) and which prompt it answers (:meth:`prompt_of`):
+    :class:`BatchBuilder` while a batch grows, :class:`RolloutBatch` once it is built.
+    """
+
+    nodes: Sequence[NodePayload]
+    rows: Mapping[int, Mapping[str, Any]]
+
+    def parent_of(self, node: int) -> int:
+        """The parent of ``node`` (-1 for a root)."""
+        raise NotImplementedError
+
+    def prompt_of(self, node: int) -> int:
+        """The pool index of ``node``'s prompt."""
+        raise NotImplementedError
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root down to ``node``."""
+        node = int(node)
+        if not 0 <= node < len(self.nodes):
+            raise ValueError(f"`node` must be a node id in [0, {len(self.nodes) - 1}], got {node}")
+        path = [node]
+        while (up := self.parent_of(path[-1])) != -1:
+            path.append(up)
+        return path[::-1]
+
+    def context_ids(self, node: int) -> list[int]:
+        """The exact token ids from the root's prompt through ``node``'s turn and observation."""
+        return [t for n in self.path(node) for t in self.nodes[n].token_ids]
+
+    def messages(self, node: int) -> list[Message]:
+        """The conversation up to ``node``: opening messages, then each turn's messages."""
+        return [m for n in self.path(node) for m in self.nodes[n].messages]
+
+    def trajectory(self, node: int) -> Trajectory:
+        """Tokens, loss mask, log-probabilities and producing node along the path to ``node``."""
+        ids, mask, logp, owner = [], [], [], []
+        for n in self.path(node):
+            p = self.nodes[n]
+            ids += p.action_ids + p.observation_ids
+            mask += [1] * len(p.action_ids) + [0] * len(p.observation_ids)
+            logp += list(p.action_logprobs) + [0.0] * len(p.observation_ids)
+            owner += [n] * (len(p.action_ids) + len(p.observation_ids))
+        return Trajectory(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8),
+                          np.asarray(logp, dtype=np.float64), np.asarray(owner, dtype=np.int64))
+
+    def history(self, node: int) -> History:
+        """What a predictor sees of ``node``: its prompt, row, depth, messages and exact context."""
+        path = self.path(node)
+        prompt = self.prompt_of(path[0])
+        return History(prompt, self.rows[prompt], len(path) - 1,
+                       tuple(m for n in path for m in self.nodes[n].messages),
+                       tuple(t for n in path for t in self.nodes[n].token_ids))
+
+
 @dataclass(frozen=True)
-class RolloutBatch:
+class RolloutBatch(NodePaths):
     """A forest of rollout trees with its payloads (indexed by node id) and predictions."""
 
     forest: RolloutForest
@@ -197,24 +262,11 @@ class RolloutBatch:
         owner = f.factual_leaf
         return np.where(owner >= 0, keep_leaf[np.maximum(owner, 0)], False)
 
-    def context_ids(self, node: int) -> list[int]:
-        """The exact token ids from the root's prompt through ``node``'s turn and observation."""
-        return [t for n in self.forest.path_to_root(node)[::-1] for t in self.nodes[n].token_ids]
+    def parent_of(self, node: int) -> int:
+        return int(self.forest.parent[node])
 
-    def messages(self, node: int) -> list[Message]:
-        return [m for n in self.forest.path_to_root(node)[::-1] for m in self.nodes[n].messages]
-
-    def trajectory(self, node: int) -> Trajectory:
-        """Tokens, loss mask, log-probabilities and producing node along the path to ``node``."""
-        ids, mask, logp, owner = [], [], [], []
-        for n in self.forest.path_to_root(node)[::-1].tolist():
-            p = self.nodes[n]
-            ids += p.action_ids + p.observation_ids
-            mask += [1] * len(p.action_ids) + [0] * len(p.observation_ids)
-            logp += list(p.action_logprobs) + [0.0] * len(p.observation_ids)
-            owner += [n] * (len(p.action_ids) + len(p.observation_ids))
-        return Trajectory(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.int8),
-                          np.asarray(logp, dtype=np.float64), np.asarray(owner, dtype=np.int64))
+    def prompt_of(self, node: int) -> int:
+        return int(self.forest.prompt[node])
 
     def metrics(self) -> dict[str, Any]:
         """Contrast and budget metrics of the forest (``trace_theory.metrics``), for logging."""
@@ -225,3 +277,68 @@ class RolloutBatch:
             "rollouts_by_anchor_depth": budget_by_depth(f).tolist(),
             "tokens_by_anchor_depth": budget_by_depth(f, unit="cost").tolist(),
         }
+
+
+class BatchBuilder(NodePaths):
+    """The one owner of a rollout batch while it grows: forest builder, payloads and pool rows.
+
+    Node ids are given in the order nodes are added, and each node's payload is added with it. The
+    engine adds roots (:meth:`add_root`), the scheduler adds turns (:meth:`add_turn`) and ends rollouts
+    (:meth:`finish`); :meth:`build` is the forest so far and :meth:`batch` the finished batch.
+
+    Parameters
+    ----------
+    binary_rewards : bool
+        Whether rewards must be 0/1 (``trace_theory.ForestBuilder``).
+    """
+
+    def __init__(self, *, binary_rewards: bool = True):
+        self._forest = ForestBuilder(binary_rewards=binary_rewards)
+        self._parent: list[int] = []
+        self._prompt: list[int] = []
+        self.nodes: list[NodePayload] = []
+        self.rows: dict[int, Mapping[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def parent_of(self, node: int) -> int:
+        return self._parent[node]
+
+    def prompt_of(self, node: int) -> int:
+        return self._prompt[node]
+
+    def add_root(self, prompt: int, row: Mapping[str, Any], messages: Sequence[Message],
+                 prompt_ids: Sequence[int], snapshot: Any) -> int:
+        """A root for pool row ``prompt`` with its opening messages, chat prompt ids and initial
+        environment snapshot; returns its node id."""
+        root = self._forest.add_root(prompt)
+        self._add(root, -1, prompt, NodePayload((), (), "", tuple(prompt_ids), "", tuple(messages), snapshot))
+        self.rows[prompt] = row
+        return root
+
+    def add_turn(self, parent: int, payload: NodePayload) -> int:
+        """One turn below ``parent`` (its cost: the action's tokens); returns the new node's id."""
+        node = self._forest.add_turn(parent, cost=len(payload.action_ids))
+        self._add(node, parent, self._prompt[parent], payload)
+        return node
+
+    def finish(self, node: int, reward: float) -> None:
+        """Record the terminal reward of the rollout that ends at ``node``."""
+        self._forest.finish(node, reward)
+
+    def _add(self, node: int, parent: int, prompt: int, payload: NodePayload) -> None:
+        assert node == len(self.nodes), "payloads are kept in node-id order"
+        self._parent.append(parent)
+        self._prompt.append(prompt)
+        self.nodes.append(payload)
+
+    def build(self) -> RolloutForest:
+        """The forest grown so far."""
+        return self._forest.build()
+
+    def batch(self, forest: RolloutForest, predictions: np.ndarray, report: RolloutReport, *,
+              kept: np.ndarray | None = None) -> RolloutBatch:
+        """The finished batch of ``forest`` (this builder's last :meth:`build`)."""
+        assert len(forest) == len(self.nodes), "the forest is this builder's"
+        return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), predictions, report, kept=kept)

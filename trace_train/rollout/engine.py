@@ -13,6 +13,9 @@ simulator runs; this module is the world that answers its questions:
   each rollout's next turn is requested as soon as its environment has answered, and environments of
   different rollouts run concurrently.
 
+The batch under construction has one owner, a :class:`~.batch.BatchBuilder` (forest, payloads, paths):
+the engine plants roots in it, the scheduler grows rollouts into it and reports what else it spent.
+
 The distributed trainer's allocation over every rank's pool is the driver's ``root_allocator`` hook.
 
 The result is a :class:`~.batch.RolloutBatch`: a ``RolloutForest`` (node costs are the tokens generated
@@ -35,8 +38,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_theory import (
-    KINDS,
-    ForestBuilder,
     Origin,
     Prediction,
     RolloutBudget,
@@ -47,10 +48,10 @@ from trace_theory import (
 from trace_theory.step import Starts, StepRecord
 
 from ..backends.base import GenerationBackend, Sampling
-from .batch import History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
+from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
 from ..envs.base import Environment, EpisodeLimits, Message
-from .scheduler import SCHEDULES, Timeline, grow
+from .scheduler import SCHEDULES, GrowReport, ScheduleConfig, Scheduler
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
            "RolloutConfig", "RolloutEngine"]
@@ -182,9 +183,14 @@ class RolloutEngine:
         self.config = config
         self.chat = chat or ChatFormat(backend.tokenizer)
         self.root_allocator = root_allocator
+        self.policy = config.allocation_policy
+        """The config's ``AllocationPolicy``, resolved once."""
         self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
+        self.scheduler = Scheduler(backend, make_env, self.chat, self.sampling, ScheduleConfig(
+            limits=config.limits, schedule=config.schedule, env_workers=config.env_workers,
+            env_timeout_s=config.env_timeout_s, raise_env_errors=config.raise_env_errors))
         self.tokens_per_rollout: float | None = None
         """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for ``plan``."""
         self.continuation_cost_ratio: float = 0.5
@@ -201,7 +207,7 @@ class RolloutEngine:
         max_turn_tokens``) and c that of a continuation's tokens relative to a bare rollout's: equal
         tokens in expectation, with what was actually spent in the report.
         """
-        cfg, policy = self.config, self.config.allocation_policy
+        cfg, policy = self.config, self.policy
         if cfg.token_budget is None:
             return RolloutBudget(*policy.split(RolloutBudget(cfg.roots, cfg.continuations_per_root)))
         tokens = self.tokens_per_rollout or 0.5 * cfg.limits.max_turns * cfg.limits.max_turn_tokens
@@ -219,9 +225,9 @@ class RolloutEngine:
         pool = list(pool)
         if not pool:
             raise ValueError("`pool` must hold at least one data set row")
-        if predictor is None and cfg.needs_predictor:
+        if predictor is None and self.policy.needs_predictor:
             raise ValueError(f"policy {cfg.policy!r} allocates by predicted success: pass `predictor`")
-        if cfg.allocation_policy.posterior and not hasattr(predictor, "concentration"):
+        if self.policy.posterior and not hasattr(predictor, "concentration"):
             raise ValueError(f"policy {cfg.policy!r} needs a predictor with a "
                              "`concentration(histories)` method")
         run = _Run(self, pool, predictor, np.random.default_rng(cfg.seed if seed is None else seed))
@@ -255,47 +261,23 @@ def _rollout_tokens(forest: RolloutForest, start: int) -> float:
 
 
 class _Run:
-    """The state of one ``rollout`` call: the growing forest, its payloads and the accounting."""
+    """One ``rollout`` call as the step driver's world (``trace_theory.step.World``): it answers predict
+    and plant with the pool's openings and the predictor, grows through the engine's scheduler into its
+    :class:`~.batch.BatchBuilder`, and accounts for the call."""
 
     def __init__(self, engine: RolloutEngine, pool, predictor, rng: np.random.Generator):
         self.engine, self.cfg, self.chat = engine, engine.config, engine.chat
-        self.policy = engine.config.allocation_policy
         self.pool, self.predictor, self.rng = pool, predictor, rng
-        self.builder = ForestBuilder(binary_rewards=engine.config.binary_rewards)
-        self.parent: list[int] = []
-        self.nodes: list[NodePayload] = []
-        self.rows: dict[int, Mapping[str, Any]] = {}
-        self.nodes_prompt: dict[int, int] = {}
+        self.builder = BatchBuilder(binary_rewards=engine.config.binary_rewards)
         self.next_seed = int(rng.integers(0, 2**30))
-        self.counts = dict.fromkeys(KINDS, 0)  # also counted by the driver's record, which the report uses
-        self.prefix_tokens = self.prefix_cached = 0
-        self.end_reasons: dict[str, int] = {}
+        self.grown = GrowReport()
+        """What the scheduler's calls spent so far (summed)."""
         self.stats_before = engine.backend.stats.copy()
         self.start = time.perf_counter()
-        self.timeline = Timeline()
-        self.rollout_env_seconds: list[float] = []
-        self.env_error_sample: str | None = None  # the first env_error/env_timeout (set by the scheduler)
         self.phase_seconds = dict.fromkeys(("predict", "bare_generation", "expansion_generation"), 0.0)
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
 
-    # ---- tree bookkeeping -------------------------------------------------------------------------
-
-    def _path(self, node: int) -> list[int]:
-        """Node ids from the root down to ``node``."""
-        path = [node]
-        while self.parent[path[-1]] != -1:
-            path.append(self.parent[path[-1]])
-        return path[::-1]
-
-    def _context(self, node: int) -> list[int]:
-        return [t for n in self._path(node) for t in self.nodes[n].token_ids]
-
-    def _append(self, node: int, parent: int, payload: NodePayload) -> None:
-        assert node == len(self.nodes), "payloads are kept in node-id order"
-        self.parent.append(parent)
-        self.nodes.append(payload)
-
-    # ---- predictions ------------------------------------------------------------------------------
+    # ---- openings and predictions -----------------------------------------------------------------
 
     def _opening(self, prompt: int):
         """Opening messages, prompt ids and initial snapshot of a pool row (computed once)."""
@@ -309,14 +291,10 @@ class _Run:
             self._openings[prompt] = (messages, ids, env.snapshot())
         return self._openings[prompt]
 
-    def _history(self, prompt: int, node: int | None = None) -> History:
-        """The history of a pool row's opening (``node`` None) or of an existing node."""
-        if node is None:
-            messages, ids, _ = self._opening(prompt)
-            return History(prompt, self.pool[prompt], 0, tuple(messages), tuple(ids))
-        path = self._path(node)
-        return History(prompt, self.pool[prompt], len(path) - 1,
-                       tuple(m for n in path for m in self.nodes[n].messages), tuple(self._context(node)))
+    def _opening_history(self, prompt: int) -> History:
+        """The history of a pool row's opening (before it has a root)."""
+        messages, ids, _ = self._opening(prompt)
+        return History(prompt, self.pool[prompt], 0, tuple(messages), tuple(ids))
 
     def _predict(self, histories: list[History], concentration: bool) -> Prediction:
         if not histories:
@@ -330,13 +308,13 @@ class _Run:
     # ---- the driver's questions (trace_theory.step.World) -----------------------------------------
 
     def predict_prompts(self, prompts: np.ndarray, *, concentration: bool) -> Prediction:
-        return self._predict([self._history(int(i)) for i in prompts], concentration)
+        return self._predict([self._opening_history(int(i)) for i in prompts], concentration)
 
     def predict_nodes(self, nodes: np.ndarray, *, concentration: bool) -> Prediction:
-        return self._predict([self._history(self._prompt_of(int(n)), int(n)) for n in nodes], concentration)
+        return self._predict([self.builder.history(int(n)) for n in nodes], concentration)
 
     def plant(self, prompts: np.ndarray, counts: np.ndarray) -> RolloutForest:
-        roots = self._add_roots(prompts.tolist())
+        roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts.tolist()]
         starts = [(root, "bare", int(k)) for root, k in zip(roots, counts)]
         t0 = time.perf_counter()
         if starts:
@@ -351,39 +329,23 @@ class _Run:
         self.phase_seconds["expansion_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
-    def _prompt_of(self, node: int) -> int:
-        """The pool index of ``node``'s prompt."""
-        return self.nodes_prompt[self._path(node)[0]]
+    def _grow(self, starts: list[tuple[int, str, int]]) -> None:
+        """Generate ``k`` rollouts from each ``(node, kind, k)`` (:meth:`.scheduler.Scheduler.grow`)."""
+        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed)
+        self.next_seed += report.seeds
+        self.grown = self.grown + report
+
+    # ---- the call and its result ------------------------------------------------------------------
 
     def execute(self, planned: RolloutBudget) -> RolloutBatch:
-        record = run_step(self, self.policy, planned, pool=len(self.pool), rng=self.rng,
+        record = run_step(self, self.engine.policy, planned, pool=len(self.pool), rng=self.rng,
                           expansion_rounds=self.cfg.expansion_rounds,
                           root_allocator=self.engine.root_allocator)
         return self._finish(planned, record)
 
-    def _add_roots(self, prompts: list[int]) -> list[int]:
-        """A root per prompt; returns their node ids in order."""
-        roots = []
-        for prompt in prompts:
-            messages, ids, snapshot = self._opening(prompt)
-            root = self.builder.add_root(prompt)
-            self._append(root, -1, NodePayload((), (), "", tuple(ids), "", tuple(messages), snapshot))
-            self.nodes_prompt[root] = prompt
-            self.rows[prompt] = self.pool[prompt]
-            roots.append(root)
-        return roots
-
-    # ---- generation and environments ------------------------------------------------------------
-
-    def _grow(self, starts: list[tuple[int, str, int]]) -> None:
-        """Generate ``k`` rollouts from each ``(node, kind, k)`` (:func:`.scheduler.grow`)."""
-        grow(self, starts)
-
-    # ---- result -----------------------------------------------------------------------------------
-
     def _finish(self, planned: RolloutBudget, record: StepRecord) -> RolloutBatch:
         seconds = time.perf_counter() - self.start
-        forest = record.forest
+        forest, grown = record.forest, self.grown
         stats = self.engine.backend.stats.since(self.stats_before)
         counts = record.counts
         report = RolloutReport(
@@ -391,11 +353,11 @@ class _Run:
             bare_rollouts=counts["bare"] + counts["top_up"], continuations=counts["continuation"],
             top_up_rollouts=counts["top_up"], generated_tokens=int(forest.cost.sum()),
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
-            continuation_prefix_tokens=self.prefix_tokens, continuation_prefix_cached=self.prefix_cached,
-            rounds=record.rounds, end_reasons=dict(sorted(self.end_reasons.items())),
-            seconds=seconds, **self.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
-            max_rollout_env_seconds=max(self.rollout_env_seconds, default=0.0),
-            env_error_sample=self.env_error_sample, phase_seconds=dict(self.phase_seconds),
+            continuation_prefix_tokens=grown.continuation_prefix_tokens,
+            continuation_prefix_cached=grown.continuation_prefix_cached,
+            rounds=record.rounds, end_reasons=dict(sorted(grown.end_reasons.items())),
+            seconds=seconds, **grown.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
+            max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
+            env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
         )
-        return RolloutBatch(forest, tuple(self.nodes), dict(self.rows), record.node_predictions(), report,
-                            kept=record.kept)
+        return self.builder.batch(forest, record.node_predictions(), report, kept=record.kept)

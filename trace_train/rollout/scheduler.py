@@ -1,7 +1,12 @@
 """Growing rollouts: generation and environment calls scheduled so that neither waits for a whole turn.
 
-:func:`grow` generates ``k`` rollouts from each start node ``(node, kind, k)`` of a forest under
-construction (the engine's grow primitive). Each rollout is a *walker* that alternates two kinds of work:
+:meth:`Scheduler.grow` generates ``k`` rollouts from each start node ``(node, kind, k)`` of a batch under
+construction (a :class:`~.batch.BatchBuilder`; the engine's grow primitive), adds their turns and rewards
+to it and returns a :class:`GrowReport` of what else the call spent (continuation prefix tokens, end
+reasons, environment time, the first environment failure, the sampling seeds it used). A
+:class:`Scheduler` is built from what it needs, not from the engine: the back end, the environment
+factory, the chat format, the sampling settings and a :class:`ScheduleConfig`. Each rollout is a *walker*
+that alternates two kinds of work:
 
 * **generation** of its next turn, through the back end's request stream (:mod:`.backends.base`): on
   vLLM a request joins the running batch as soon as it is submitted (continuous batching); other back
@@ -28,7 +33,7 @@ main thread before the next call starts.
 
 **What is reproducible.** With a fixed seed a batch does not depend on the order in which generations or
 environment calls complete: the sample of walker ``i`` (walkers numbered in start order) at its ``t``-th
-turn of this call is drawn with seed ``s + t W + i`` (``W`` walkers, ``s`` the run's next seed), each
+turn of this call is drawn with seed ``s + t W + i`` (``W`` walkers, ``s`` the call's ``seed``), each
 rollout's turns are recorded in its own list, and the turns are committed to the forest only at the
 end, turn-major then walker order (the node ids the lockstep schedule gives). The two schedules
 therefore produce the same batch whenever the back end's sampled tokens do not depend on batch
@@ -62,14 +67,14 @@ import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from ..backends.base import Completion, GenerationRequest, request_stream
-from .batch import NodePayload
-from .chat import clean_text
-from ..envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
+from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
+from .batch import BatchBuilder, NodePayload
+from .chat import ChatFormat, clean_text
+from ..envs.base import EndReason, Environment, EpisodeLimits, Message, StepResult, is_concurrency_safe
 
-__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "grow"]
+__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "ScheduleConfig", "GrowReport", "Scheduler"]
 
 SCHEDULES = ("concurrent", "lockstep")
 BATCH_WINDOW_S = 0.02
@@ -87,7 +92,7 @@ class EnvFailure(RuntimeError):
 
 
 class Timeline:
-    """Intervals of generation (main thread) and of environment calls (worker threads) of one run."""
+    """Intervals of generation (main thread) and of environment calls (worker threads) of grow calls."""
 
     def __init__(self):
         self.generation: list[tuple[float, float]] = []
@@ -97,6 +102,15 @@ class Timeline:
     def add_env(self, start: float, end: float) -> None:
         with self._lock:
             self.env.append((start, end))
+
+    def __add__(self, other: "Timeline") -> "Timeline":
+        """Both timelines' intervals (this one's first)."""
+        joined = Timeline()
+        for t in (self, other):
+            with t._lock:
+                joined.generation += t.generation
+                joined.env += t.env
+        return joined
 
     def report(self, wall: float) -> dict[str, float]:
         """``generation_seconds``, ``env_seconds`` (time at least one environment call ran),
@@ -141,6 +155,62 @@ def _measure(intervals) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------
+# What the scheduler is given and what it reports
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How :class:`Scheduler` runs turns (the engine passes the ``RolloutConfig`` fields of these names)."""
+
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    """Turn, per-turn token and context limits."""
+    schedule: str = "concurrent"
+    """One of :data:`SCHEDULES` (see the module docstring)."""
+    env_workers: int = 16
+    """Worker threads for a ``concurrency_safe`` environment's calls (others get one)."""
+    env_timeout_s: float | None = 300.0
+    """Limit on one environment call; past it the rollout ends with ``env_timeout``. None: no limit."""
+    raise_env_errors: bool = False
+    """Raise :class:`EnvFailure` instead of ending the rollout whose environment failed."""
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
+
+
+@dataclass(frozen=True)
+class GrowReport:
+    """What :meth:`Scheduler.grow` spent besides the turns it added; reports of several calls add up."""
+
+    seeds: int = 0
+    """Sampling seeds the call used (walkers x ``max_turns``); the next call starts after them."""
+    continuation_prefix_tokens: int = 0
+    """Prompt tokens of every continuation's first turn (the prefix it shares with its rollout)."""
+    continuation_prefix_cached: int = 0
+    """Of those, served from the back end's prefix cache."""
+    end_reasons: dict[str, int] = field(default_factory=dict)
+    """Rollouts ended, by end reason."""
+    rollout_env_seconds: tuple[float, ...] = ()
+    """Time each rollout (walker) spent in its environment."""
+    env_error_sample: str | None = None
+    """The first environment failure (end reason, rollout, message, traceback); None without one."""
+    timeline: Timeline = field(default_factory=Timeline)
+    """Intervals of generation and of environment calls."""
+
+    def __add__(self, other: "GrowReport") -> "GrowReport":
+        reasons = dict(self.end_reasons)
+        for reason, n in other.end_reasons.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+        return GrowReport(
+            self.seeds + other.seeds, self.continuation_prefix_tokens + other.continuation_prefix_tokens,
+            self.continuation_prefix_cached + other.continuation_prefix_cached, reasons,
+            self.rollout_env_seconds + other.rollout_env_seconds,
+            self.env_error_sample if self.env_error_sample is not None else other.env_error_sample,
+            self.timeline + other.timeline)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Walkers and their environment calls
 # ---------------------------------------------------------------------------------------------------
 
@@ -175,10 +245,6 @@ class _Walker:
     @property
     def depth(self) -> int:
         return self.start_depth + len(self.turns)
-
-    @property
-    def ended(self) -> bool:
-        return bool(self.turns) and self.turns[-1].end is not None
 
 
 class _Calls:
@@ -250,29 +316,54 @@ class _Inline:
 # ---------------------------------------------------------------------------------------------------
 
 
-def grow(run, starts: list[tuple[int, str, int]]) -> None:
-    """Generate ``k`` rollouts from each ``(node, kind, k)`` of ``run`` (see the module docstring)."""
-    _Grower(run, starts).run()
+class Scheduler:
+    """Grows rollouts into a :class:`~.batch.BatchBuilder` (see the module docstring).
+
+    Parameters
+    ----------
+    backend : GenerationBackend
+        Where tokens come from.
+    make_env : callable
+        Returns a fresh environment; one is made per rollout and restored from its start node's snapshot.
+    chat : ChatFormat
+        Action text and observation token ids of each turn.
+    sampling : Sampling
+        Sampling settings of every turn (a request's ``max_new_tokens`` also respects the context room).
+    config : ScheduleConfig
+    """
+
+    def __init__(self, backend: GenerationBackend, make_env: Callable[[], Environment], chat: ChatFormat,
+                 sampling: Sampling, config: ScheduleConfig):
+        if not isinstance(config, ScheduleConfig):
+            raise ValueError(f"`config` must be a ScheduleConfig, got {type(config).__name__}")
+        self.backend, self.make_env, self.chat, self.sampling, self.config = \
+            backend, make_env, chat, sampling, config
+
+    def grow(self, builder: BatchBuilder, starts: Sequence[tuple[int, str, int]], *, seed: int) -> GrowReport:
+        """Generate ``k`` rollouts of kind ``kind`` from each ``(node, kind, k)`` of ``builder``, add their
+        turns and rewards to it, and report the rest; walker ``i``'s ``t``-th turn samples with seed
+        ``seed + t W + i`` (``W`` walkers)."""
+        return _Grower(self, builder, list(starts), seed).run()
 
 
 class _Grower:
-    def __init__(self, run, starts):
-        self.run_ = run
-        self.cfg, self.chat, self.engine = run.cfg, run.chat, run.engine
-        self.starts = starts
+    """One :meth:`Scheduler.grow` call: its walkers, their environment calls, and its report."""
+
+    def __init__(self, scheduler: Scheduler, builder: BatchBuilder, starts: list[tuple[int, str, int]],
+                 seed: int):
+        self.scheduler, self.builder, self.starts, self.seed = scheduler, builder, starts, seed
+        self.cfg, self.chat = scheduler.config, scheduler.chat
         self.lockstep = self.cfg.schedule == "lockstep"
         self.walkers: list[_Walker] = []
         self.first: dict[int, list[_Walker]] = {}  # start index -> its walkers
-        for s, (node, kind, k) in enumerate(starts):
-            context = run._context(node)
-            depth = len(run._path(node)) - 1
+        for s, (node, _, k) in enumerate(starts):
+            context, depth = builder.context_ids(node), len(builder.path(node)) - 1
             group = [_Walker(len(self.walkers) + j, node, depth, context) for j in range(k)]
             self.first[s] = group
             self.walkers += group
-            run.counts[kind] += k
-        self.seed = run.next_seed
-        run.next_seed += len(self.walkers) * self.cfg.limits.max_turns
-        self.timeline: Timeline = run.timeline
+        self.timeline = Timeline()
+        self.prefix_tokens = self.prefix_cached = 0
+        self.env_error_sample: str | None = None
         self.env_turn_seconds: float | None = None
         """Running mean of the environment's time per turn (all calls of one turn)."""
 
@@ -287,13 +378,13 @@ class _Grower:
 
     # ---- main loop --------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self) -> GrowReport:
         if not self.walkers:
-            return
-        stream = request_stream(self.engine.backend, batched=self.lockstep)
+            return GrowReport()
+        stream = request_stream(self.scheduler.backend, batched=self.lockstep)
         self.pool = pool = self._pool()
         self.running: dict[Future, tuple[_Calls, Callable]] = {}
-        sampling = self.engine.sampling
+        sampling = self.scheduler.sampling
         try:
             for s, group in self.first.items():
                 stream.submit(("start", s), self._request(group[0], len(group)), sampling)
@@ -312,12 +403,12 @@ class _Grower:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             stream.close()  # nothing left in the engine if the loop raised
-        self._commit()
+        return self._commit()
 
     def _pool(self):
         if self.lockstep:
             return _Inline()
-        workers = self.cfg.env_workers if is_concurrency_safe(self.engine.make_env) else 1
+        workers = self.cfg.env_workers if is_concurrency_safe(self.scheduler.make_env) else 1
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-env")
 
     def _env_faster_than(self, seconds: float) -> bool:
@@ -330,8 +421,8 @@ class _Grower:
             walkers = self.first[key[1]]
             node, kind, k = self.starts[key[1]]
             if kind == "continuation":
-                self.run_.prefix_tokens += k * len(walkers[0].context)
-                self.run_.prefix_cached += sum(c.cached_prompt_tokens for c in completions)
+                self.prefix_tokens += k * len(walkers[0].context)
+                self.prefix_cached += sum(c.cached_prompt_tokens for c in completions)
         else:
             walkers = [self.walkers[key]]
         limits, launched = self.cfg.limits, []
@@ -344,7 +435,7 @@ class _Grower:
                 room = limits.max_context_tokens - len(w.context)
                 turn.end = EndReason.CONTEXT if room <= limits.max_turn_tokens else EndReason.TURN_TOKENS
             calls = _Calls(w, self.timeline)
-            future = pool.submit(_env_turn, calls, self.engine.make_env, self.run_.nodes[w.start].snapshot,
+            future = pool.submit(_env_turn, calls, self.scheduler.make_env, self.builder.nodes[w.start].snapshot,
                                  None if cut else text, cut or w.depth >= limits.max_turns)
             self.running[future] = (calls, _env_turn)
             launched.append(future)
@@ -432,9 +523,9 @@ class _Grower:
     def _fail(self, w: _Walker, reason: EndReason, message: str, error: BaseException | None = None) -> None:
         if self.cfg.raise_env_errors:
             raise EnvFailure(f"environment of rollout {w.index} (from node {w.start}): {message}") from error
-        if getattr(self.run_, "env_error_sample", None) is None:  # the first failure of the call, for the trainer's report
+        if self.env_error_sample is None:  # the first failure of the call, for the trainer's report
             trace = "".join(traceback.format_exception(error)) if error is not None else ""
-            self.run_.env_error_sample = f"{reason.value} in rollout {w.index} (from node {w.start}): {message}\n{trace}"
+            self.env_error_sample = f"{reason.value} in rollout {w.index} (from node {w.start}): {message}\n{trace}"
         turn = w.turns[-1]
         turn.end, turn.reward, turn.snapshot, turn.observation_ids = reason, 0.0, None, ()
         turn.messages = turn.messages[:1]
@@ -443,22 +534,22 @@ class _Grower:
 
     # ---- result -----------------------------------------------------------------------------------
 
-    def _commit(self) -> None:
-        """Add every recorded turn to the forest: turn-major, then walker order (the lockstep node ids)."""
-        run = self.run_
+    def _commit(self) -> GrowReport:
+        """Add every recorded turn to the batch: turn-major, then walker order (the lockstep node ids)."""
+        builder, end_reasons = self.builder, {}
         nodes = {w.index: w.start for w in self.walkers}
         for t in range(max(len(w.turns) for w in self.walkers)):
             for w in self.walkers:
                 if t >= len(w.turns):
                     continue
                 turn, c = w.turns[t], w.turns[t].completion
-                parent = nodes[w.index]
-                node = run.builder.add_turn(parent, cost=len(c.token_ids))
-                run._append(node, parent, NodePayload(
+                node = builder.add_turn(nodes[w.index], NodePayload(
                     tuple(c.token_ids), tuple(c.logprobs), turn.text, turn.observation_ids, turn.observation,
                     turn.messages, turn.snapshot, c.finish_reason, turn.end))
                 nodes[w.index] = node
                 if turn.end is not None:
-                    run.builder.finish(node, turn.reward)
-                    run.end_reasons[turn.end.value] = run.end_reasons.get(turn.end.value, 0) + 1
-        run.rollout_env_seconds += [w.env_seconds for w in self.walkers]
+                    builder.finish(node, turn.reward)
+                    end_reasons[turn.end.value] = end_reasons.get(turn.end.value, 0) + 1
+        return GrowReport(len(self.walkers) * self.cfg.limits.max_turns, self.prefix_tokens, self.prefix_cached,
+                          end_reasons, tuple(w.env_seconds for w in self.walkers), self.env_error_sample,
+                          self.timeline)

@@ -208,7 +208,7 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
             start = end
         lengths[r] = start
     micro = _micro_batches(lengths.tolist(), token_budget)
-    unique = int(tokens.length[nodes_on_paths(forest, leaves)].sum())
+    unique = int(tokens.length[nodes_on_paths(batch, leaves)].sum())
     return PackedTrees(ids, position, until, predictor, loss_mask, adv, old, weight, node, seq, lengths, leaves,
                        micro, unique)
 

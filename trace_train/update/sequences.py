@@ -144,11 +144,11 @@ def check_inputs(forest, advantages, shared_turn_weight: str) -> tuple[np.ndarra
     return advantages, node_weight
 
 
-def nodes_on_paths(forest, leaves: np.ndarray) -> np.ndarray:
-    """Boolean mask of the nodes on the root-to-leaf paths of ``leaves``."""
-    on = np.zeros(len(forest), dtype=bool)
+def nodes_on_paths(batch: RolloutBatch, leaves: np.ndarray) -> np.ndarray:
+    """Boolean mask of the nodes on the root-to-leaf paths of ``leaves`` (:meth:`RolloutBatch.path`)."""
+    on = np.zeros(len(batch.forest), dtype=bool)
     for leaf in np.asarray(leaves).tolist():
-        on[forest.path_to_root(leaf)] = True
+        on[batch.path(leaf)] = True
     return on
 
 
@@ -198,7 +198,7 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
         old[i, :length] = torch.from_numpy(logp.astype(np.float32)) * mask
         weight[i, :length] = torch.from_numpy(w.astype(np.float32)) * mask
     leaves = np.array([r[0] for r in rows], dtype=np.int64)
-    unique = sum(len(batch.nodes[n].token_ids) for n in np.flatnonzero(nodes_on_paths(forest, leaves)).tolist())
+    unique = sum(len(batch.nodes[n].token_ids) for n in np.flatnonzero(nodes_on_paths(batch, leaves)).tolist())
     return TrainingSequences(input_ids, attention, loss_mask, adv, old, weight, leaves, micro_batch_size, unique)
 
 
