@@ -51,7 +51,7 @@ from .backends.base import generator_asleep
 from .rollout.batch import History, RolloutBatch
 from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
                          save_checkpoint)
-from .config_loader import config_to_dict, describe, fingerprint, load_config  # noqa: F401
+from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
 from .configs import TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
@@ -676,11 +676,18 @@ _NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorb
                        *_ADDED_SINKS)
 
 
+# Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume.
+_REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
+
+
 def resume_fingerprint(cfg: TrainConfig) -> str:
     """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
-    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, so older runs still resume."""
+    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, and removed ones
+    (``_REMOVED_IN_FINGERPRINT``) put back at their old default, so older runs still resume."""
     plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT})
     data = {k: v for k, v in config_to_dict(plain).items() if k not in _ADDED_SINKS}
+    for section, fields in _REMOVED_IN_FINGERPRINT.items():
+        data[section] = {**data[section], **fields}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -711,7 +718,7 @@ def _stored_config(path: Path) -> dict:
                          "use another run_dir") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path.parent} holds a config.yaml that is not a mapping; use another run_dir")
-    return _merged(config_to_dict(TrainConfig()), data)
+    return _merged(config_to_dict(TrainConfig()), drop_removed(data, TrainConfig.REMOVED))
 
 
 def _merged(defaults: dict, data: dict) -> dict:
