@@ -47,7 +47,7 @@ import yaml
 
 from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
 
-from .backends.base import generator_asleep
+from .backends.base import generator_asleep, pad_token_id
 from .rollout.batch import History, RolloutBatch
 from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
                          save_checkpoint)
@@ -295,7 +295,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     device = next(model.parameters()).device
     for i in range(n_micro):
         if i >= len(parts):
-            ids = torch.full((1, 2), _pad_id_of(model), dtype=torch.long, device=device)
+            ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
             with _compute_precision(cfg, info, device):
                 zero = model(input_ids=ids).logits.sum() * 0.0
             zero.backward()
@@ -527,7 +527,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             t1 = time.perf_counter()
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             fit = _PredictorFit(run.workers, run, batch)                         # predictor update (background)
-            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=_pad_id(run.tokenizer))
+            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             t2 = time.perf_counter()
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
             t3 = time.perf_counter()
@@ -752,15 +752,6 @@ def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
-
-
-def _pad_id_of(model) -> int:
-    config = model.config
-    return config.pad_token_id if config.pad_token_id is not None else (config.eos_token_id or 0)
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
