@@ -47,6 +47,7 @@ import yaml
 
 from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
 
+from .backends import build_backend
 from .backends.base import generator_asleep, pad_token_id
 from .rollout.batch import History, RolloutBatch
 from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
@@ -154,26 +155,25 @@ def _load_policy(path: str, cfg: TrainConfig, device: str, dtype: torch.dtype | 
 
 
 def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInfo):
-    """The generation engine. A single-process transformers back end shares the policy's weights."""
+    """The generation engine (``trace_train.backends.BACKENDS``). A single-process transformers back end
+    shares the policy's weights."""
     if cfg.backend.kind == "vllm":
-        from .backends.vllm_backend import VLLMBackend
-
         extra = {k: v for k, v in {"max_model_len": cfg.backend.max_model_len,
                                    "kv_cache_memory_bytes": cfg.backend.kv_cache_memory_bytes,
                                    "gpu_memory_utilization": cfg.backend.gpu_memory_utilization}.items()
                  if v is not None}
         if info.device == "cpu" and cfg.backend.kv_cache_memory_bytes is None:
             extra = {**_cpu_kv_cache(cfg, path), **extra}
-        return VLLMBackend(path, dtype=cfg.model.dtype, seed=cfg.seed, enforce_eager=cfg.backend.enforce_eager,
-                           sleep_mode=cfg.backend.sleep_during_update, **extra)
-    from .backends.hf_backend import HFBackend
-
-    if not info.enabled and cfg.model.dtype == "float32":
-        return HFBackend(policy, tokenizer, max_batch_size=cfg.backend.max_batch_size)
-    # FSDP shards the policy, and a bf16/fp16 generator is a copy of the fp32 masters: generate from a full
-    # copy in model.dtype, refreshed after every update (_sync_weights)
-    generator, _ = _load_policy(path, cfg, info.device)
-    return HFBackend(generator, tokenizer, max_batch_size=cfg.backend.max_batch_size)
+        return build_backend("vllm", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device,
+                             enforce_eager=cfg.backend.enforce_eager, sleep_mode=cfg.backend.sleep_during_update,
+                             **extra)
+    generator = policy
+    if info.enabled or cfg.model.dtype != "float32":
+        # FSDP shards the policy, and a bf16/fp16 generator is a copy of the fp32 masters: generate from a full
+        # copy in model.dtype, refreshed after every update (_sync_weights)
+        generator, _ = _load_policy(path, cfg, info.device)
+    return build_backend("hf", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device, weights=generator,
+                         tokenizer=tokenizer, max_batch_size=cfg.backend.max_batch_size)
 
 
 def _cpu_kv_cache(cfg: TrainConfig, path: str) -> dict:
