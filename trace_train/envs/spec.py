@@ -14,7 +14,9 @@ Each environment carries its :class:`TaskSpec` next to it, as the attribute ``ta
 factory (a class attribute for a class); one without it gets ``TaskSpec()``: rows are read from
 ``task.train`` / ``task.eval``, a local JSONL/Parquet file or a Hugging Face data set id
 (``trace_train.data.loading.load_rows``), binary rewards. The environment may also say, as the
-attribute ``tools``, the JSON schemas of its tools (for chat templates that take ``tools=``).
+attribute ``tools``, the JSON schemas of its tools (for chat templates that take ``tools=``). The task
+spec's ``evaluation`` (:class:`EvalSpec`) is how ``trace-eval`` plays and scores the environment, so that
+``trace-eval --task <name>`` evaluates whatever ``task.name=<name>`` trains.
 
 **Row schema.** A row is one JSON object (one line of a JSONL file, one record of a Parquet file or a
 Hub data set), passed unchanged to ``Environment.reset(row)``, which reads the fields it needs and raises
