@@ -456,7 +456,7 @@ class TrainConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     """Where rollouts are generated."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """What one step spends: the engine's config (``trace_train.rollout.engine.RolloutConfig``)."""
+    """What one step spends: the rollout engine's config (:class:`RolloutConfig`, above)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """How rollout trees become a policy update."""
     optim: OptimConfig = field(default_factory=OptimConfig)

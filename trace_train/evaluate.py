@@ -1,5 +1,4 @@
-"""``trace-eval``: a model's score on any environment ``trace-train`` trains: math, multi-hop QA, BFCL v4
-multi-turn, or one of your own.
+"""``trace-eval``: a model's score on any environment trace-train trains (math, QA, BFCL or your own).
 
 Every task is played ``k`` times by the rollout engine (GRPO's uniform rule with groups of exactly k,
 no branching) in its environment, on the chosen back end, and scored by the environment's metric.
