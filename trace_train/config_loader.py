@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 __all__ = ["PRESET_DIR", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "safe_load", "available_presets", "load_config", "config_from_dict", "config_to_dict", "fingerprint",
-           "describe", "field_docs"]
+           "drop_removed", "describe", "field_docs"]
 
 PRESET_DIR = Path(__file__).parent / "presets"
 MAX_YAML_NODES = 100_000
@@ -255,7 +255,21 @@ def load_config(cls, preset: str | Path | None = None, overrides: Sequence[str] 
     for override in overrides:
         _apply_override(data, override)
     _check_renamed(data, getattr(cls, "RENAMED", {}))
+    drop_removed(data, getattr(cls, "REMOVED", ()))
     return config_from_dict(cls, data)
+
+
+def drop_removed(data: dict, removed: Sequence[str]) -> dict:
+    """Drop, in place, the keys of fields that were removed (``cls.REMOVED``: dotted names), so that configs
+    saved before their removal still load; returns ``data``."""
+    for dotted in removed:
+        *sections, key = dotted.split(".")
+        node = data
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return data
 
 
 def _check_renamed(data: Mapping, renamed: Mapping[str, str], prefix: str = "") -> None:

@@ -1,9 +1,16 @@
-"""The trainer's configuration: one frozen, self-validating dataclass per concept, nested in TrainConfig.
+"""Every configuration of ``trace-train``: one frozen, self-validating dataclass per concept, nested in TrainConfig.
+
+This module is the package's ground floor: it imports no torch and none of the modules it configures
+(the engine, the update, the predictors), so reading or validating a config (``trace_train.tasks``,
+``trace-train --help``, ``trace-eval``) loads no model code. The names a config is checked against live
+here too (:data:`PACKINGS`, :data:`SHARED_TURN_WEIGHTS`, :data:`AGGREGATIONS`, :data:`KL_ESTIMATORS`,
+:data:`PREDICTOR_FITS`); the modules that implement them import them from here. Predictor kinds form a
+registry of their own (``trace_train.predictors.PREDICTORS``), looked up when a ``PredictorConfig`` is built.
 
 ``trace-train --help`` lists every field below with its type, default and the docstring under it
-(``trace_train.config_loader.describe``); ``trace-train --print-config`` prints a resolved config. The rollout
-section is the engine's own :class:`~.engine.RolloutConfig`, so every engine field is a ``rollout.*``
-key; ``rollout.binary_rewards`` is also turned off by the trainer for environments with graded rewards.
+(``trace_train.config_loader.describe``); ``trace-train --print-config`` prints a resolved config. The
+rollout section is the engine's :class:`RolloutConfig`, so every engine field is a ``rollout.*`` key;
+``rollout.binary_rewards`` is also turned off by the trainer for environments with graded rewards.
 """
 
 from __future__ import annotations
@@ -13,17 +20,215 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from trace_theory import ADVANTAGES, VALUE_METHODS, get_policy
+from trace_theory import ADVANTAGES, VALUE_METHODS, RolloutBudget, get_policy
 
-from .rollout.engine import RolloutConfig
+from .backends.base import Sampling
+from .envs.base import EpisodeLimits
 from .envs.spec import find_environment
-from .update.loss import PolicyLossConfig
-from .update.packing import PACKINGS
-from .predictors import PredictorConfig
-from .update.sequences import SHARED_TURN_WEIGHTS
+from .rollout.scheduler import SCHEDULES
 
-__all__ = ["TaskConfig", "ModelConfig", "BackendConfig", "AlgorithmConfig", "OptimConfig", "HeldOutConfig",
-           "TrainConfig"]
+__all__ = ["RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
+           "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",
+           "AGGREGATIONS", "KL_ESTIMATORS", "PREDICTOR_FITS"]
+
+PACKINGS = ("tree", "leaf")
+"""How the update forwards the trees (``trace_train.update.packing``)."""
+SHARED_TURN_WEIGHTS = ("leaves", "once")
+"""How a turn shared by several rollouts is weighted (``trace_train.update.sequences``)."""
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+"""How token losses are averaged (``trace_train.update.loss``)."""
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""Schulman's per-token KL estimators (``trace_train.update.loss``)."""
+PREDICTOR_FITS = ("lazy_adam", "adam")
+"""The ``ngram`` predictor's optimisers (``trace_train.predictors.ngram``)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# The rollout engine
+# ---------------------------------------------------------------------------------------------------
+
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How one call of :meth:`~.rollout.engine.RolloutEngine.rollout` spends its budget."""
+
+    policy: str = "trace"
+    """Allocation policy, by its name in ``trace_theory.POLICIES``."""
+    pool_size: int = 16
+    """Candidate prompts per call (per rank); the policy chooses among them (trace-train draws the pool)."""
+    roots: int = 16
+    """M: bare rollouts (over all ranks); a flat policy spends M (1 + N) of them instead."""
+    continuations_per_root: int = 1
+    """N: continuations per bare rollout for branching policies."""
+    token_budget: int | None = None
+    """If set, M is derived from this many generated tokens (see :meth:`~.rollout.engine.RolloutEngine.plan`)."""
+    group_size: int = 8
+    """G for the uniform and PCL root rules (and DAPO's rounds)."""
+    min_group: int | None = None
+    """Smallest non-zero group (None: the policy's own, 2); trace-eval sets 1 to play every task k times."""
+    dapo_target: int | None = None
+    """Mixed groups DAPO tries to keep; None: ``AllocationPolicy.dynamic_target`` (half of the groups
+    the budget pays for, at least 1). Only for a policy with dynamic sampling."""
+    expansion_rounds: int = 1
+    """R: rounds of prefix expansion for a branching policy (``trace_theory.step``; the paper: 1)."""
+    temperature: float = 1.0
+    """Sampling temperature of every turn."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of every turn."""
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    """Turn, per-turn token and context limits (see :mod:`trace_train.envs.base`)."""
+    binary_rewards: bool = True
+    """Whether the verifier's rewards are 0/1 (checked by the forest); False allows graded rewards
+    (trace-train and trace-eval turn it off for environments with graded rewards)."""
+    seed: int = 0
+    """Seed of a call that passes none."""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
+    schedule: str = "concurrent"
+    """How turns are scheduled (:mod:`.rollout.scheduler`): "concurrent" (each rollout's next turn is requested
+    as soon as its environment answers; environments of different rollouts step concurrently) or
+    "lockstep" (one batch per turn; environments stepped one after another)."""
+    env_workers: int = 16
+    """Worker threads for environment calls of a ``concurrency_safe`` environment (others get one)."""
+    env_timeout_s: float | None = 300.0
+    """Limit on one environment call (``step``, ``verify``, ...); past it the rollout ends with reward 0
+    and end reason ``env_timeout``. None: no limit."""
+    raise_env_errors: bool = False
+    """Raise when an environment call fails or times out, instead of ending that rollout (debugging)."""
+
+    def __post_init__(self):
+        policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
+        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
+            raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
+        RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
+        if self.roots < 1:
+            raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
+        if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
+            raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
+        self.allocation_policy  # validates G, the smallest group and the DAPO target against the policy
+        if isinstance(self.expansion_rounds, bool) or not isinstance(self.expansion_rounds, int) \
+                or self.expansion_rounds < 1:
+            raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
+        Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
+        if not isinstance(self.limits, EpisodeLimits):
+            raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
+        workers = self.env_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
+        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
+            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
+                             f"got {self.env_timeout_s!r}")
+        if policy.dynamic_sampling and not self.binary_rewards:
+            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: "
+                             "it needs binary_rewards=True")
+
+    @property
+    def allocation_policy(self):
+        changes = {} if self.min_group is None else {"min_group": self.min_group}
+        if self.dapo_target is not None:
+            changes["dapo_target"] = self.dapo_target
+        return get_policy(self.policy, group_size=self.group_size, **changes)
+
+    @property
+    def needs_predictor(self) -> bool:
+        return self.allocation_policy.needs_predictor
+
+
+# ---------------------------------------------------------------------------------------------------
+# The update and the predictor
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Settings of :func:`~.update.loss.policy_loss`, validated on construction."""
+
+    clip_low: float = 0.2
+    """eps_low: the ratio is clipped below at 1 - clip_low."""
+    clip_high: float = 0.2
+    """eps_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    kl_coef: float = 0.0
+    """beta: weight of the KL penalty to the reference policy (0 disables it; no reference needed)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: "k3" (gradient of KL(ref || pi) in the loss), "k2" (half squared log ratio:
+    gradient of KL(pi || ref)) or "k1" (log ratio; zero expected gradient, so only with kl_coef = 0); see
+    ``trace_train.update.loss``'s module docstring."""
+    aggregation: str = "token_mean"
+    """How token losses are averaged (``trace_train.update.loss``'s module docstring)."""
+
+    def __post_init__(self):
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if not 0.0 < value < 10.0:
+                raise ValueError(f"`{name}` must lie in (0, 10), got {value!r}")
+        if not (self.kl_coef >= 0.0 and self.kl_coef < float("inf")):
+            raise ValueError(f"`kl_coef` must be finite and >= 0, got {self.kl_coef!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"`kl_estimator` must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise ValueError("`kl_estimator` 'k1' has zero expected gradient inside the loss: use 'k2' (gradient of "
+                             "KL(pi||ref)) or 'k3' (gradient of KL(ref||pi)) with `kl_coef` > 0")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"`aggregation` must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """Settings of the success predictor (``trace_train.predictors``), validated on construction."""
+
+    n_buckets: int = 2**18
+    """Hashed n-gram features (``ngram``)."""
+    ngram: int = 2
+    """Longest token n-gram hashed (1 = bag of tokens)."""
+    learning_rate: float = 0.1
+    """Adam step size (``ngram``)."""
+    steps_per_update: int = 200
+    """Adam steps per call of ``update`` (``ngram``)."""
+    l2: float = 1e-4
+    """Ridge penalty on the weights (not the bias)."""
+    prior_strength: float = 4.0
+    """kappa0: pseudo-observations the model's prediction is worth in a prompt's posterior."""
+    history_decay: float = 0.9
+    """Each update multiplies a prompt's past counts by this (the policy changes; old outcomes fade)."""
+    kind: str = "ngram"
+    """Which predictor (``trace_train.predictors.PREDICTORS``): ``ngram`` or ``running_mean``."""
+    fit: str = "lazy_adam"
+    """``ngram``'s optimiser: ``lazy_adam`` (Adam on the features present in the batch only: the moments
+    and weights of absent features are left as they are, as in lazy/sparse Adam) or ``adam`` (dense Adam
+    over every bucket, each step; the fit before lazy Adam, ~30x slower at 2^18 buckets)."""
+    mean_decay: float = 0.9
+    """``running_mean``: each update multiplies the (family, depth) sums of past targets by this."""
+
+    def __post_init__(self):
+        if not (isinstance(self.n_buckets, int) and self.n_buckets >= 16):
+            raise ValueError(f"`n_buckets` must be an integer >= 16, got {self.n_buckets!r}")
+        if not (isinstance(self.ngram, int) and 1 <= self.ngram <= 4):
+            raise ValueError(f"`ngram` must be 1, 2, 3 or 4, got {self.ngram!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be positive, got {self.learning_rate!r}")
+        if not (isinstance(self.steps_per_update, int) and self.steps_per_update >= 1):
+            raise ValueError(f"`steps_per_update` must be a positive integer, got {self.steps_per_update!r}")
+        if not self.l2 >= 0:
+            raise ValueError(f"`l2` must be >= 0, got {self.l2!r}")
+        if not self.prior_strength > 0:
+            raise ValueError(f"`prior_strength` must be positive, got {self.prior_strength!r}")
+        if not 0 < self.history_decay <= 1:
+            raise ValueError(f"`history_decay` must lie in (0, 1], got {self.history_decay!r}")
+        from .predictors import PREDICTORS  # the registry of kinds, numpy only
+
+        PREDICTORS.check(self.kind)
+        if self.fit not in PREDICTOR_FITS:
+            raise ValueError(f"`fit` must be one of {', '.join(PREDICTOR_FITS)}, got {self.fit!r}")
+        if not 0 < self.mean_decay <= 1:
+            raise ValueError(f"`mean_decay` must lie in (0, 1], got {self.mean_decay!r}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -251,7 +456,7 @@ class TrainConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     """Where rollouts are generated."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """What one step spends: the engine's config (``trace_train.rollout.engine.RolloutConfig``)."""
+    """What one step spends: the rollout engine's config (:class:`RolloutConfig`, above)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """How rollout trees become a policy update."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -285,6 +490,8 @@ class TrainConfig:
     # Keys renamed when RolloutSettings became the engine's RolloutConfig: old name -> new name.
     RENAMED: ClassVar[dict[str, str]] = {f"rollout.{k}": f"rollout.limits.{k}"
                                          for k in ("max_turns", "max_turn_tokens", "max_context_tokens")}
+    # Keys of removed fields, ignored when a config is loaded (every saved config.yaml holds them): dotted names.
+    REMOVED: ClassVar[tuple[str, ...]] = ("predictor.seed",)  # never used: the predictor's fit is deterministic
 
     def __post_init__(self):
         if self.run_dir is None:

@@ -1,23 +1,30 @@
-"""``trace-eval``: a model's score on math, multi-hop QA or BFCL v4 multi-turn, through the environments.
+"""``trace-eval``: a model's score on any environment trace-train trains (math, QA, BFCL or your own).
 
 Every task is played ``k`` times by the rollout engine (GRPO's uniform rule with groups of exactly k,
-no branching) in its environment, on the chosen back end, and scored by the benchmark's metric:
+no branching) in its environment, on the chosen back end, and scored by the environment's metric.
+``--benchmark`` (also spelled ``--task``) names the environment as ``trace-train``'s ``task.name`` does (a
+registered name, an import path ``package.module:attribute`` or ``file.py:attribute``, or a
+``trace_rl.environments`` entry point); ``math``, ``qa`` and ``bfcl`` stand for the registered environments
+below. How an environment is evaluated (default turns, which flags apply, how its rows are read, its
+metric) is the :class:`~.envs.spec.EvalSpec` in its task spec (``TaskSpec.evaluation``), declared next to it:
 
-==========  ================  ====================================================================
-benchmark   environment       reported (``summary.json``, ``metrics``)
-==========  ================  ====================================================================
-``math``    ``math_python``   ``accuracy`` (share of correct rollouts, mean@k), ``pass@k`` (k > 1: a
-                              task counts when any of its k rollouts is correct)
-``qa``      ``search_qa``     ``exact_match``, ``f1_match`` (the paper's exact match at F1 >= 0.3),
-                              ``token_f1``: means over rollouts
-``bfcl``    ``bfcl``          ``accuracy`` (the official checker), overall and per subset
-==========  ================  ====================================================================
+==============  ================  ====================================================================
+benchmark       environment       reported (``summary.json``, ``metrics``)
+==============  ================  ====================================================================
+``math``        ``math_python``   ``accuracy`` (share of correct rollouts, mean@k), ``pass@k`` (k > 1: a
+                                  task counts when any of its k rollouts is correct)
+``qa``          ``search_qa``     ``exact_match``, ``f1_match`` (the paper's exact match at F1 >= 0.3),
+                                  ``token_f1``: means over rollouts
+``bfcl``        ``bfcl``          ``accuracy`` (the official checker), overall and per subset
+any other       itself            ``mean_reward``, and ``pass@k`` (k > 1, 0/1 rewards); rows from ``--data``
+==============  ================  ====================================================================
 
 The output folder holds ``config.json`` (the resolved config), ``results.jsonl`` (one line per task:
 id, rewards, and per rollout its metrics, turns, end reason, tokens and transcript) and
 ``summary.json``. A rerun skips the tasks already in ``results.jsonl``, so an interrupted evaluation
 resumes; a folder written with another config (apart from ``limit`` and ``batch_size``) is refused.
-A bad config fails with one ``ValueError`` before any model is loaded.
+A bad config fails with one ``ValueError`` before any model is loaded. ``trace-eval --help`` lists every
+field of :class:`EvalConfig` with the docstring under it (``trace_train.config_loader.field_docs``).
 
 Examples::
 
@@ -26,6 +33,8 @@ Examples::
     trace-eval --model Qwen/Qwen3-8B --benchmark qa --data demo --output-dir results/eval/demo-qa
     trace-eval --model Qwen/Qwen3-8B --benchmark bfcl --subsets base,miss_func --split test \\
         --backend vllm --output-dir results/eval/bfcl
+    trace-eval --model runs/parity_game/hf --task examples/parity_game/parity_env.py:ParityEnv \\
+        --data examples/parity_game/rows.jsonl --output-dir results/eval/parity
 """
 
 from __future__ import annotations
@@ -42,77 +51,96 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .backends import BACKENDS, build_backend
 from .backends.base import Sampling
-from .config_loader import config_from_dict, config_to_dict
-from .rollout.engine import RolloutConfig, RolloutEngine
+from .config_loader import config_from_dict, config_to_dict, field_docs, safe_load
+from .configs import RolloutConfig
+from .rollout.engine import RolloutEngine
 from .envs.base import EpisodeLimits
-from .envs.registry import EnvFactory, make_env_factory
+from .envs.registry import EnvFactory
+from .envs.spec import EnvironmentSource, build_factory, find_environment
 from .envs.tooling import chat_format, observation_role_for
 from .run.files import writable_dir
 
 __all__ = ["EvalConfig", "main", "load_tasks", "summarize", "cli"]
 
 BENCHMARKS = {"math": "math_python", "qa": "search_qa", "bfcl": "bfcl"}
-BFCL_SPLITS = ("train", "test", "all")
-DEFAULT_TURNS = {"math": 8, "qa": 8, "bfcl": 40}
-DEFAULT_TOOL_CALLS = {"math": 8, "qa": 4}
+"""Short names of the registered environments' benchmarks."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESULTS, SUMMARY, CONFIG = "results.jsonl", "summary.json", "config.json"
 _RESUMABLE = ("limit", "batch_size", "output_dir")  # may change between runs into one folder
-_PATHS = ("model", "data", "corpus")
-_EVAL_OWNS = frozenset({"policy", "pool_size", "roots", "continuations_per_root", "token_budget", "group_size",
-                        "min_group", "dapo_target", "expansion_rounds", "temperature", "top_p", "limits",
-                        "binary_rewards", "seed"})  # compared as resolved paths when they name local files
+_PATHS = ("model", "data", "corpus")  # compared as resolved paths when they name local files
+_ENV_FLAGS = ("data", "corpus", "retriever_url", "max_tool_calls")  # apply per environment (EvalSpec.flags)
+_GENERATED_ROWS = 64  # rows of a generating environment (guess_number) without --limit
 _DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
-
-
-def _help(text: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field whose ``--flag`` help is ``text``."""
-    return field(default=default, default_factory=factory, metadata={"help": text})
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What to evaluate and how; every field is a ``--flag`` of ``trace-eval`` (see ``metadata``)."""
+    """What to evaluate and how; every field is a ``--flag`` of ``trace-eval`` (its help: the docstring)."""
 
-    model: str = _help("Hugging Face model id or local directory (weights, config, tokenizer)")
-    benchmark: str = _help("math, qa or bfcl")
-    output_dir: str = _help("folder for config.json, results.jsonl and summary.json")
-    data: str | None = _help("math: JSONL/Parquet file or Hub id with problem/answer; qa: questions file, "
-                             "Hub id, or 'demo' (the bundled demo set); bfcl: unused", None)
-    corpus: str | None = _help("qa: JSONL corpus for BM25 (default with data=demo: the demo corpus)", None)
-    retriever_url: str | None = _help("qa: a Search-R1 retrieval server (.../retrieve) instead of BM25", None)
-    split: str = _help("Hub split (math, qa); bfcl: train, test (the stored 80/20 split) or all", "test")
-    data_subset: str | None = _help("Hub configuration name (e.g. distractor for HotpotQA)", None)
-    subsets: tuple[str, ...] = _help("bfcl subsets, comma-separated",
-                                     ("base", "long_context", "miss_func", "miss_param"))
-    limit: int | None = _help("first LIMIT tasks (bfcl: per subset); None: all", None)
-    k: int = _help("rollouts per task", 1)
-    temperature: float = _help("sampling temperature (0: greedy)", 1.0)
-    top_p: float = _help("nucleus sampling threshold", 1.0)
-    backend: str = _help("hf (transformers) or vllm", "hf")
-    dtype: str = _help("model dtype: auto, float32, bfloat16 or float16", "auto")
-    device: str = _help("hf back end: torch device (auto: cuda when available, else cpu)", "auto")
-    vllm_options: dict = _help("vllm back end: extra vllm.LLM arguments, e.g. {tensor_parallel_size: 2}",
-                               factory=dict)
-    rollout_options: dict = _help("any other field of the rollout engine's RolloutConfig, e.g. {schedule: "
-                                  "lockstep, env_workers: 32, env_timeout_s: 60, chat_template_kwargs: {...}}",
-                                  factory=dict)
-    max_turns: int | None = _help("agent turns per rollout (default: math 8, qa 8, bfcl 40)", None)
-    max_turn_tokens: int = _help("new tokens per turn", 1024)
-    max_context_tokens: int = _help("prompt, actions and observations together", 16384)
-    max_tool_calls: int | None = _help("math: python calls, qa: searches per rollout (default 8, 4)", None)
-    topk: int = _help("qa: passages per search", 3)
-    observation_role: str = _help("role of tool results: auto (tool if the template renders it), "
-                                  "tool or user", "auto")
-    enable_thinking: bool | None = _help("Qwen3 templates: thinking on or off (None: the template's "
-                                         "default)", None)
-    batch_size: int = _help("tasks per engine call", 32)
-    seed: int = _help("sampling seed", 0)
+    model: str
+    """Hugging Face model id or local directory (weights, config, tokenizer)."""
+    benchmark: str
+    """math, qa, bfcl, or any environment trace-train trains: a registered name, an import path
+    package.module:attribute (or file.py:attribute), or an entry point (also ``--task``)."""
+    output_dir: str
+    """Folder for config.json, results.jsonl and summary.json."""
+    data: str | None = None
+    """The tasks: a JSONL/Parquet file or Hub id (math: problem/answer; qa: questions, or 'demo', the bundled
+    demo set; another environment: rows passed to its reset); bfcl: unused."""
+    corpus: str | None = None
+    """qa: JSONL corpus for BM25 (default with data=demo: the demo corpus)."""
+    retriever_url: str | None = None
+    """qa: a Search-R1 retrieval server (.../retrieve) instead of BM25."""
+    split: str = "test"
+    """Hub split of ``data``; bfcl: train, test (the stored 80/20 split) or all."""
+    data_subset: str | None = None
+    """Hub configuration name (e.g. distractor for HotpotQA)."""
+    subsets: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
+    """bfcl subsets, comma-separated."""
+    limit: int | None = None
+    """First LIMIT tasks (bfcl: per subset); None: all (a generating environment: 64)."""
+    k: int = 1
+    """Rollouts per task."""
+    temperature: float = 1.0
+    """Sampling temperature (0: greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    backend: str = "hf"
+    """hf (transformers) or vllm (``trace_train.backends.BACKENDS``)."""
+    dtype: str = "auto"
+    """Model dtype: auto, float32, bfloat16 or float16."""
+    device: str = "auto"
+    """hf back end: torch device (auto: cuda when available, else cpu)."""
+    vllm_options: dict = field(default_factory=dict)
+    """vllm back end: extra vllm.LLM arguments, e.g. {tensor_parallel_size: 2}."""
+    rollout_options: dict = field(default_factory=dict)
+    """Any other field of the rollout engine's RolloutConfig, e.g. {schedule: lockstep, env_workers: 32,
+    env_timeout_s: 60, chat_template_kwargs: {...}}."""
+    env_options: dict = field(default_factory=dict)
+    """Options of the environment (trace-train's ``task.env``), over those the flags above set."""
+    max_turns: int | None = None
+    """Agent turns per rollout (default: the environment's; math 8, qa 8, bfcl 40)."""
+    max_turn_tokens: int = 1024
+    """New tokens per turn."""
+    max_context_tokens: int = 16384
+    """Prompt, actions and observations together."""
+    max_tool_calls: int | None = None
+    """math: python calls, qa: searches per rollout (default 8, 4)."""
+    topk: int = 3
+    """qa: passages per search."""
+    observation_role: str = "auto"
+    """Role of tool results: auto (tool if the template renders it), tool or user."""
+    enable_thinking: bool | None = None
+    """Qwen3 templates: thinking on or off (None: the template's default)."""
+    batch_size: int = 32
+    """Tasks per engine call."""
+    seed: int = 0
+    """Sampling seed."""
 
     def __post_init__(self):
-        if self.benchmark not in BENCHMARKS:
-            raise ValueError(f"`benchmark` must be one of {list(BENCHMARKS)}, got {self.benchmark!r}")
+        source = self.environment  # an unknown benchmark fails first
         for name in ("model", "output_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"`{name}` must be a non-empty string, got {getattr(self, name)!r}")
@@ -121,8 +149,8 @@ class EvalConfig:
         for name in ("limit", "max_turns", "max_tool_calls"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        if self.backend not in ("hf", "vllm"):
-            raise ValueError(f"`backend` must be 'hf' or 'vllm', got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"`backend` must be {' or '.join(map(repr, BACKENDS.names()))}, got {self.backend!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"`dtype` must be one of {DTYPES}, got {self.dtype!r}")
         if self.observation_role not in ("auto", "tool", "user"):
@@ -132,11 +160,39 @@ class EvalConfig:
         if not _DEVICE.fullmatch(str(self.device)):
             raise ValueError(f"`device` must be auto, cpu, cuda, cuda:N, mps or xpu, got {self.device!r}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
-        if not isinstance(self.vllm_options, dict):
-            raise ValueError(f"`vllm_options` must be a mapping, got {self.vllm_options!r}")
+        for name in ("vllm_options", "env_options"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"`{name}` must be a mapping, got {getattr(self, name)!r}")
         _ = self.limits  # validates the episode limits
         self.rollout_config(pool_size=1, binary_rewards=True)  # validates rollout_options
-        getattr(self, f"_check_{self.benchmark}")()
+        evaluation = source.spec.evaluation
+        if "data" in evaluation.flags and source.spec.data == "required" and not self.data:
+            raise ValueError(f"benchmark {self.benchmark} needs `data`: {evaluation.data_help}")
+        for name in _ENV_FLAGS:
+            if name not in evaluation.flags and getattr(self, name) is not None:
+                raise ValueError(f"`{name}` does not apply to benchmark {self.benchmark}")
+        if evaluation.check is not None:
+            evaluation.check(self)
+
+    @property
+    def environment(self) -> EnvironmentSource:
+        """The environment ``benchmark`` names (``trace_train.envs.spec.find_environment``)."""
+        name = BENCHMARKS.get(self.benchmark, self.benchmark)
+        try:
+            return find_environment(name)
+        except ValueError as err:
+            if isinstance(name, str) and ":" in name:
+                raise
+            raise ValueError(f"`benchmark` must be one of {list(BENCHMARKS)} or an environment trace-train "
+                             f"trains ({err})") from None
+
+    def _engine_fields(self, *, pool_size: int, binary_rewards: bool) -> dict[str, Any]:
+        """The RolloutConfig fields trace-eval sets itself: k rollouts per task in GRPO's flat groups (a group
+        of 1 allowed), no token budget, no expansion, and the sampling, limits and seed above."""
+        return dict(policy="grpo", pool_size=pool_size, roots=self.k * pool_size, continuations_per_root=0,
+                    token_budget=None, group_size=self.k, min_group=1, dapo_target=None, expansion_rounds=1,
+                    temperature=self.temperature, top_p=self.top_p, limits=self.limits,
+                    binary_rewards=binary_rewards, seed=self.seed)
 
     def rollout_config(self, *, pool_size: int, binary_rewards: bool) -> RolloutConfig:
         """The engine config of one batch of ``pool_size`` tasks: k rollouts each (GRPO's flat groups, a
@@ -148,51 +204,18 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"`rollout_options`: {unknown[0]!r} is not a RolloutConfig field; fields: "
                              f"{', '.join(sorted(fields))}")
-        owned = sorted(set(self.rollout_options) & _EVAL_OWNS)
-        if owned:
-            raise ValueError(f"`rollout_options`: {owned[0]!r} is set by trace-eval itself (use its own flags: "
+        owned = self._engine_fields(pool_size=pool_size, binary_rewards=binary_rewards)
+        taken = sorted(set(self.rollout_options) & set(owned))
+        if taken:
+            raise ValueError(f"`rollout_options`: {taken[0]!r} is set by trace-eval itself (use its own flags: "
                              "k, temperature, top_p, max_turns, max_turn_tokens, max_context_tokens, seed)")
-        return RolloutConfig(policy="grpo", pool_size=pool_size, roots=self.k * pool_size,
-                             continuations_per_root=0, group_size=self.k, min_group=1,
-                             temperature=self.temperature, top_p=self.top_p, limits=self.limits,
-                             binary_rewards=binary_rewards, seed=self.seed, **self.rollout_options)
-
-    def _check_math(self):
-        if not self.data:
-            raise ValueError("benchmark math needs `data`: a JSONL/Parquet file or a Hub id with "
-                             "problem/answer columns")
-        self._no("corpus", "retriever_url")
-
-    def _check_qa(self):
-        if self.data is None:
-            raise ValueError("benchmark qa needs `data`: a questions file, a Hub id, or 'demo'")
-        if self.corpus is not None and self.retriever_url is not None:
-            raise ValueError("give `corpus` or `retriever_url`, not both")
-        if self.data != "demo" and self.corpus is None and self.retriever_url is None:
-            raise ValueError("benchmark qa needs `corpus` (a JSONL file) or `retriever_url` unless data=demo")
-        if self.corpus is not None and not Path(self.corpus).is_file():
-            raise ValueError(f"the corpus {self.corpus!r} is not a file")
-
-    def _check_bfcl(self):
-        from .tools.bfcl import SUBSETS
-
-        self._no("data", "corpus", "retriever_url", "max_tool_calls")
-        if self.split not in BFCL_SPLITS:
-            raise ValueError(f"bfcl `split` must be one of {BFCL_SPLITS}, got {self.split!r}")
-        if not self.subsets or any(s not in SUBSETS for s in self.subsets):
-            raise ValueError(f"`subsets` must be a non-empty list drawn from {SUBSETS}, got {self.subsets!r}")
-
-    def _no(self, *names: str):
-        for name in names:
-            if getattr(self, name) is not None:
-                raise ValueError(f"`{name}` does not apply to benchmark {self.benchmark}")
+        return RolloutConfig(**owned, **self.rollout_options)
 
     @property
     def limits(self) -> EpisodeLimits:
-        turns = self.max_turns or DEFAULT_TURNS[self.benchmark]
+        turns = self.max_turns or self.environment.spec.evaluation.max_turns
         return EpisodeLimits(max_turns=turns, max_turn_tokens=self.max_turn_tokens,
                              max_context_tokens=self.max_context_tokens)
-
 
 
 def _positive(name: str, value: Any) -> None:
@@ -206,52 +229,54 @@ def _positive(name: str, value: Any) -> None:
 
 
 def load_tasks(config: EvalConfig) -> list[dict]:
-    """The rows of the benchmark's tasks (each with a unique ``id``), in data set order."""
+    """The rows of the benchmark's tasks (each with a unique ``id``; rows without ids are numbered), in
+    data set order."""
     try:
         rows = _load_rows(config)
     except FileNotFoundError as error:
         raise ValueError(str(error)) from None
     if not rows:
         raise ValueError(f"no {config.benchmark} tasks were found in {config.data or config.subsets!r}")
-    ids = [row["id"] for row in rows]
-    if len(set(ids)) != len(ids):
+    if not any("id" in row for row in rows):
+        rows = [{"id": str(i), **row} for i, row in enumerate(rows)]
+    ids = [row.get("id") for row in rows]
+    if None in ids or len(set(ids)) != len(ids):
         raise ValueError("task ids must be unique (resuming relies on them); give the data an id column")
     return rows
 
 
 def _load_rows(config: EvalConfig) -> list[dict]:
-    if config.benchmark == "math":
-        from .data.math import load_math_problems
-        from .envs.math_python import math_rows
+    """The environment's own ``EvalSpec.rows``, else its task spec's ``rows`` on ``--data`` (as
+    ``trace_train.tasks.load_rows`` reads held-out rows)."""
+    spec = config.environment.spec
+    if spec.evaluation.rows is not None:
+        return spec.evaluation.rows(config)
+    from .envs.spec import read_rows
 
-        return math_rows(load_math_problems(config.data, split=config.split, subset=config.data_subset,
-                                            limit=config.limit))
-    if config.benchmark == "qa":
-        from .data.qa import demo_paths, load_qa_examples
-        from .envs.search_qa import qa_rows
-
-        source = demo_paths()[1] if config.data == "demo" else config.data
-        return qa_rows(load_qa_examples(source, split=config.split, subset=config.data_subset,
-                                        limit=config.limit))
-    from .envs.bfcl import bfcl_rows
-
-    split = None if config.split == "all" else config.split
-    return [row for subset in config.subsets for row in bfcl_rows([subset], split=split)[:config.limit]]
+    source = config.data or spec.default_sources[1]
+    kwargs = dict(split=config.split, subset=config.data_subset, seed=config.seed)
+    if spec.data == "generated":
+        if source is not None:  # stored rows instead of generated ones
+            return read_rows(source, size=config.limit, **kwargs)
+        return spec.rows(None, size=config.limit or _GENERATED_ROWS, **kwargs, **spec.row_options)
+    return spec.rows(source, size=config.limit, **kwargs, **spec.row_options)
 
 
 def _env_factory(config: EvalConfig, role: str) -> EnvFactory:
-    options: dict[str, Any] = {"observation_role": role}
-    if config.benchmark == "math":
-        options["max_tool_calls"] = config.max_tool_calls or DEFAULT_TOOL_CALLS["math"]
-    elif config.benchmark == "qa":
-        from .data.qa import demo_paths
-
-        corpus = config.corpus
-        if corpus is None and config.retriever_url is None:
-            corpus = str(demo_paths()[0])
-        options.update(corpus=corpus, retriever_url=config.retriever_url, topk=config.topk,
-                       max_searches=config.max_tool_calls or DEFAULT_TOOL_CALLS["qa"])
-    return make_env_factory(BENCHMARKS[config.benchmark], options)
+    """The environment with the options its flags set, ``observation_role`` (where it takes one) and
+    ``env_options`` over them."""
+    source = config.environment
+    evaluation = source.spec.evaluation
+    options: dict[str, Any] = {}
+    known = source.options()
+    if known is None or "observation_role" in known:
+        options["observation_role"] = role
+    if evaluation.env_options is not None:
+        options.update(evaluation.env_options(config))
+    options.update(config.env_options)
+    if source.spec.env_defaults is not None:
+        options = source.spec.env_defaults(options)
+    return build_factory(source, options)
 
 
 def _load_tokenizer(model: str):
@@ -273,20 +298,10 @@ def _check_prompts(rows: Sequence[dict], factory: EnvFactory, chat, limits: Epis
 
 
 def _load_backend(config: EvalConfig):
-    if config.backend == "vllm":
-        from .backends.vllm_backend import VLLMBackend
-
-        return VLLMBackend(config.model, dtype=config.dtype, seed=config.seed,
-                           max_model_len=config.max_context_tokens, **config.vllm_options)
-    import torch
-
-    from .backends.hf_backend import HFBackend
-
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = "auto" if config.dtype == "auto" else getattr(torch, config.dtype)
-    return HFBackend.from_pretrained(config.model, dtype=dtype, device=device)
+    """The back end, from the registry ``trace-train`` builds its back ends from too."""
+    options = {"max_model_len": config.max_context_tokens, **config.vllm_options} if config.backend == "vllm" else {}
+    return build_backend(config.backend, config.model, dtype=config.dtype, seed=config.seed, device=config.device,
+                         **options)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -308,7 +323,8 @@ def _task_records(batch, rows: Sequence[dict], factory: EnvFactory) -> list[dict
             env = factory()
             env.restore(nodes[leaf].snapshot)
             samples.append({
-                "reward": float(forest.reward[leaf]), "metrics": env.metrics(), "turns": len(path) - 1,
+                "reward": float(forest.reward[leaf]), "metrics": env.metrics() if hasattr(env, "metrics") else {},
+                "turns": len(path) - 1,
                 "end_reason": nodes[leaf].end_reason.value, "generated_tokens": int(forest.cost[path].sum()),
                 "transcript": [m for n in path[1:] for m in nodes[n].messages],
             })
@@ -319,21 +335,12 @@ def _task_records(batch, rows: Sequence[dict], factory: EnvFactory) -> list[dict
 
 
 def summarize(benchmark: str, records: Sequence[dict], *, k: int) -> dict:
-    """The benchmark's metrics (see the module table), the mean of every measure, turns and end reasons."""
+    """The environment's metrics (``EvalSpec.metrics``; see the module table), the mean of every measure,
+    turns and end reasons."""
     samples = [s for r in records for s in r["samples"]]
     means = {name: float(np.mean([s["metrics"][name] for s in samples])) for name in samples[0]["metrics"]}
-    if benchmark == "math":
-        metrics = {"accuracy": means["correct"]}
-        if k > 1:
-            metrics[f"pass@{k}"] = float(np.mean([max(s["metrics"]["correct"] for s in r["samples"])
-                                                  for r in records]))
-    elif benchmark == "qa":
-        metrics = {name: means[name] for name in ("exact_match", "f1_match", "token_f1")}
-    else:
-        subsets = sorted({r["subset"] for r in records})
-        metrics = {"accuracy": means["accuracy"], "per_subset": {
-            s: float(np.mean([x["metrics"]["accuracy"] for r in records if r["subset"] == s
-                              for x in r["samples"]])) for s in subsets}}
+    evaluation = find_environment(BENCHMARKS.get(benchmark, benchmark)).spec.evaluation
+    metrics = evaluation.metrics(list(records), means, k=k)
     end_reasons: dict[str, int] = {}
     for s in samples:
         end_reasons[s["end_reason"]] = end_reasons.get(s["end_reason"], 0) + 1
@@ -344,8 +351,12 @@ def summarize(benchmark: str, records: Sequence[dict], *, k: int) -> dict:
 
 
 def _comparable(config: dict) -> dict:
-    """A stored or current config with local paths made absolute (``x.jsonl`` equals ``/here/x.jsonl``)."""
-    config = dict(config)
+    """A stored or current config over the defaults (a field added since reads as its default) with local
+    paths made absolute (``x.jsonl`` equals ``/here/x.jsonl``)."""
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(EvalConfig)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    config = json.loads(json.dumps({**defaults, **config}))
     for key in _PATHS:
         value = config.get(key)
         if isinstance(value, str) and Path(value).expanduser().exists():
@@ -452,15 +463,14 @@ def main(config: EvalConfig) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _parse_flag(hint: Any, raw: str) -> Any:
-    """A flag's text as the field's type: strings stay text, tuples are comma lists, the rest is YAML."""
-    import yaml
-
+def _parse_flag(hint: Any, raw: str, flag: str = "flag") -> Any:
+    """A flag's text as the field's type: strings stay text, tuples are comma lists, the rest is YAML (read
+    by the config loader's bounded reader)."""
     if hint in (str, str | None):
         return None if hint is not str and raw in ("null", "None") else raw
     if hint == tuple[str, ...]:
         return [part.strip() for part in raw.split(",") if part.strip()]
-    return yaml.safe_load(raw)
+    return safe_load(raw, f"--{flag}")
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
@@ -469,19 +479,21 @@ def cli(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="trace-eval", description=__doc__.split("\n")[0].strip("`: "))
     hints = typing.get_type_hints(EvalConfig)
+    docs = field_docs(EvalConfig)
     for f in dataclasses.fields(EvalConfig):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = ""
         if not required:
             default = f" (default: {f.default_factory() if f.default is dataclasses.MISSING else f.default})"
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, required=required,
-                            metavar=f.name.upper(), help=f.metadata["help"] + default)
+        flags = ["--" + f.name.replace("_", "-")] + (["--task"] if f.name == "benchmark" else [])
+        parser.add_argument(*flags, dest=f.name, required=required, metavar=f.name.upper(),
+                            help=docs[f.name] + default)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     args = vars(parser.parse_args(argv))
     print_config = args.pop("print_config")
     try:
-        config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v) for k, v in args.items()
-                                               if v is not None})
+        config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v, k.replace("_", "-"))
+                                               for k, v in args.items() if v is not None})
         if print_config:
             print(json.dumps(config_to_dict(config), indent=2))
             return 0

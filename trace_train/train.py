@@ -47,11 +47,12 @@ import yaml
 
 from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
 
-from .backends.base import generator_asleep
+from .backends import build_backend
+from .backends.base import generator_asleep, pad_token_id
 from .rollout.batch import History, RolloutBatch
 from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
                          save_checkpoint)
-from .config_loader import config_to_dict, describe, fingerprint, load_config  # noqa: F401
+from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
 from .configs import TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
@@ -154,26 +155,25 @@ def _load_policy(path: str, cfg: TrainConfig, device: str, dtype: torch.dtype | 
 
 
 def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInfo):
-    """The generation engine. A single-process transformers back end shares the policy's weights."""
+    """The generation engine (``trace_train.backends.BACKENDS``). A single-process transformers back end
+    shares the policy's weights."""
     if cfg.backend.kind == "vllm":
-        from .backends.vllm_backend import VLLMBackend
-
         extra = {k: v for k, v in {"max_model_len": cfg.backend.max_model_len,
                                    "kv_cache_memory_bytes": cfg.backend.kv_cache_memory_bytes,
                                    "gpu_memory_utilization": cfg.backend.gpu_memory_utilization}.items()
                  if v is not None}
         if info.device == "cpu" and cfg.backend.kv_cache_memory_bytes is None:
             extra = {**_cpu_kv_cache(cfg, path), **extra}
-        return VLLMBackend(path, dtype=cfg.model.dtype, seed=cfg.seed, enforce_eager=cfg.backend.enforce_eager,
-                           sleep_mode=cfg.backend.sleep_during_update, **extra)
-    from .backends.hf_backend import HFBackend
-
-    if not info.enabled and cfg.model.dtype == "float32":
-        return HFBackend(policy, tokenizer, max_batch_size=cfg.backend.max_batch_size)
-    # FSDP shards the policy, and a bf16/fp16 generator is a copy of the fp32 masters: generate from a full
-    # copy in model.dtype, refreshed after every update (_sync_weights)
-    generator, _ = _load_policy(path, cfg, info.device)
-    return HFBackend(generator, tokenizer, max_batch_size=cfg.backend.max_batch_size)
+        return build_backend("vllm", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device,
+                             enforce_eager=cfg.backend.enforce_eager, sleep_mode=cfg.backend.sleep_during_update,
+                             **extra)
+    generator = policy
+    if info.enabled or cfg.model.dtype != "float32":
+        # FSDP shards the policy, and a bf16/fp16 generator is a copy of the fp32 masters: generate from a full
+        # copy in model.dtype, refreshed after every update (_sync_weights)
+        generator, _ = _load_policy(path, cfg, info.device)
+    return build_backend("hf", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device, weights=generator,
+                         tokenizer=tokenizer, max_batch_size=cfg.backend.max_batch_size)
 
 
 def _cpu_kv_cache(cfg: TrainConfig, path: str) -> dict:
@@ -293,7 +293,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     device = next(model.parameters()).device
     for i in range(n_micro):
         if i >= len(parts):
-            ids = torch.full((1, 2), _pad_id_of(model), dtype=torch.long, device=device)
+            ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
             with _compute_precision(cfg, info, device):
                 zero = model(input_ids=ids).logits.sum() * 0.0
             zero.backward()
@@ -525,7 +525,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             t1 = time.perf_counter()
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             fit = _PredictorFit(run.workers, run, batch)                         # predictor update (background)
-            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=_pad_id(run.tokenizer))
+            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             t2 = time.perf_counter()
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
             t3 = time.perf_counter()
@@ -674,11 +674,18 @@ _NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorb
                        *_ADDED_SINKS)
 
 
+# Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume.
+_REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
+
+
 def resume_fingerprint(cfg: TrainConfig) -> str:
     """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
-    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, so older runs still resume."""
+    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, and removed ones
+    (``_REMOVED_IN_FINGERPRINT``) put back at their old default, so older runs still resume."""
     plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT})
     data = {k: v for k, v in config_to_dict(plain).items() if k not in _ADDED_SINKS}
+    for section, fields in _REMOVED_IN_FINGERPRINT.items():
+        data[section] = {**data[section], **fields}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -709,7 +716,7 @@ def _stored_config(path: Path) -> dict:
                          "use another run_dir") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path.parent} holds a config.yaml that is not a mapping; use another run_dir")
-    return _merged(config_to_dict(TrainConfig()), data)
+    return _merged(config_to_dict(TrainConfig()), drop_removed(data, TrainConfig.REMOVED))
 
 
 def _merged(defaults: dict, data: dict) -> dict:
@@ -743,15 +750,6 @@ def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
-
-
-def _pad_id_of(model) -> int:
-    config = model.config
-    return config.pad_token_id if config.pad_token_id is not None else (config.eos_token_id or 0)
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:

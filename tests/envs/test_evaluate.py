@@ -169,3 +169,21 @@ def test_print_config_shows_the_resolved_config_and_runs_nothing(tmp_path, capsy
     printed = json.loads(capsys.readouterr().out)
     assert (printed["k"], printed["temperature"], printed["max_turn_tokens"]) == (2, 0.6, 1024)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_environment_plugged_in_by_import_path_is_evaluated(tmp_path, tiny_dir, capsys):
+    """What trace-train trains by import path, trace-eval evaluates: examples/parity_game, its own rows."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "parity"
+    argv = ["--model", tiny_dir, "--task", f"{repo}/examples/parity_game/parity_env.py:ParityEnv",
+            "--data", str(repo / "examples/parity_game/rows.jsonl"), "--limit", "3", "--k", "2",
+            "--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "512", "--output-dir", str(out)]
+    assert cli(argv) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    done = records(out)
+    assert [r["id"] for r in done] == ["p0", "p1", "p2"] and summary["samples"] == 6
+    rewards = [r["rewards"] for r in done]
+    assert summary["metrics"] == {"mean_reward": np.mean(rewards), "pass@2": np.mean([max(r) for r in rewards])}
+    assert cli(argv) == 0 and json.loads((out / "summary.json").read_text())["evaluated_now"] == 0  # resumes
+    assert cli([*argv[:2], "--task", "nomodule:Env", *argv[4:]]) == 2
+    assert "cannot import 'nomodule' for environment 'nomodule:Env'" in capsys.readouterr().err

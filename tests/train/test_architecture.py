@@ -18,3 +18,14 @@ def test_the_scheduler_stands_without_the_engine():
     code = "import sys, trace_train.rollout.scheduler; print('trace_train.rollout.engine' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_configs_and_tasks_import_without_torch():
+    """Every config class sits on the ground floor: reading or validating a config loads no model code."""
+    code = (
+        "import sys, trace_train.configs, trace_train.tasks, trace_train.config_loader; "
+        "trace_train.configs.TrainConfig(); "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -164,3 +164,24 @@ def test_no_config_field_is_defined_twice():
 
     assert not [name for name, value in vars(train).items()
                 if isinstance(value, type) and name.endswith("Config") and value.__module__ == train.__name__]
+
+
+def test_a_config_saved_before_predictor_seed_was_removed_still_loads_and_resumes(tmp_path):
+    """``predictor.seed`` was never used: a saved config.yaml that sets it loads (the key is ignored), and the
+    resume fingerprint is the one such a run stored in its checkpoints."""
+    import yaml
+
+    from trace_train.configs import PredictorConfig, TrainConfig
+    from trace_train.predictors import build_predictor, predictor_from_state_dict
+    from trace_train.train import resume_fingerprint
+
+    saved = config_to_dict(load_config(TrainConfig, "cpu_demo"))
+    saved["predictor"]["seed"] = 0
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    assert load_config(TrainConfig, path) == load_config(TrainConfig, "cpu_demo")
+    assert not hasattr(PredictorConfig(), "seed")
+    assert resume_fingerprint(TrainConfig()) == "23bb254bc7ce58df"  # the value before the removal
+    state = build_predictor().state_dict()
+    state["config"]["seed"] = 0  # a predictor saved before the removal
+    assert predictor_from_state_dict(state).config == PredictorConfig()

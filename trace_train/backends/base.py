@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend",
+__all__ = ["pad_token_id", "Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend",
            "RequestStream", "BatchedStream", "request_stream", "generator_asleep"]
 
 
@@ -200,6 +200,12 @@ class BatchedStream:
 
     def close(self) -> None:
         self._queue = []
+
+
+def pad_token_id(source) -> int:
+    """The padding id of a tokenizer or a model's config: its pad token, else its end-of-sequence token
+    (else 0)."""
+    return source.pad_token_id if source.pad_token_id is not None else (source.eos_token_id or 0)
 
 
 def request_stream(backend: GenerationBackend, *, batched: bool = False) -> RequestStream:

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
+from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests, pad_token_id
 
 __all__ = ["HFBackend"]
 
@@ -44,7 +44,7 @@ class HFBackend:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.stats = GenerationStats()
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad_token_id(tokenizer)
         self.eos_id = tokenizer.eos_token_id
         extra = getattr(model.generation_config, "eos_token_id", None)
         extra = [extra] if isinstance(extra, int) else list(extra or [])

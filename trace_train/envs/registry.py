@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from trace_theory._registry import Registry
 
 from .base import Environment
-from .spec import TaskSpec
+from .spec import EvalSpec, TaskSpec
 
 __all__ = ["ENVIRONMENTS", "EnvFactory", "make_env_factory"]
 
@@ -134,6 +134,67 @@ def _demo_corpus(options: Mapping[str, Any]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------
+# How trace-eval scores them (``EvalSpec``; ``config`` is trace-eval's EvalConfig)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _pass_at_k(records, name: str, k: int) -> dict:
+    return {f"pass@{k}": float(sum(max(s["metrics"][name] for s in r["samples"]) for r in records) / len(records))}
+
+
+def math_metrics(records, means, *, k: int) -> dict:
+    """``accuracy`` (share of correct rollouts, mean@k) and, for k > 1, ``pass@k``."""
+    return {"accuracy": means["correct"], **(_pass_at_k(records, "correct", k) if k > 1 else {})}
+
+
+def qa_metrics(records, means, *, k: int) -> dict:
+    """``exact_match``, ``f1_match`` (exact match at F1 >= 0.3) and ``token_f1``: means over rollouts."""
+    return {name: means[name] for name in ("exact_match", "f1_match", "token_f1")}
+
+
+def bfcl_metrics(records, means, *, k: int) -> dict:
+    """``accuracy`` (the official checker), overall and per subset."""
+    subsets = sorted({r["subset"] for r in records})
+    return {"accuracy": means["accuracy"], "per_subset": {
+        s: float(sum(x["metrics"]["accuracy"] for r in records if r["subset"] == s for x in r["samples"])
+                 / sum(len(r["samples"]) for r in records if r["subset"] == s)) for s in subsets}}
+
+
+def _qa_check(config) -> None:
+    if config.corpus is not None and config.retriever_url is not None:
+        raise ValueError("give `corpus` or `retriever_url`, not both")
+    if config.data != "demo" and config.corpus is None and config.retriever_url is None:
+        raise ValueError("benchmark qa needs `corpus` (a JSONL file) or `retriever_url` unless data=demo")
+    if config.corpus is not None and not Path(config.corpus).is_file():
+        raise ValueError(f"the corpus {config.corpus!r} is not a file")
+
+
+def _qa_options(config) -> dict:
+    return _demo_corpus({"corpus": config.corpus, "retriever_url": config.retriever_url, "topk": config.topk,
+                         "max_searches": config.max_tool_calls or 4})
+
+
+BFCL_SPLITS = ("train", "test", "all")
+
+
+def _bfcl_check(config) -> None:
+    from .bfcl import SUBSETS
+
+    if config.split not in BFCL_SPLITS:
+        raise ValueError(f"bfcl `split` must be one of {BFCL_SPLITS}, got {config.split!r}")
+    if not config.subsets or any(s not in SUBSETS for s in config.subsets):
+        raise ValueError(f"`subsets` must be a non-empty list drawn from {SUBSETS}, got {config.subsets!r}")
+
+
+def _bfcl_eval_rows(config) -> list[dict]:
+    """The first ``limit`` tasks of each subset of the stored split ("all": both)."""
+    from .bfcl import bfcl_rows
+
+    split = None if config.split == "all" else config.split
+    return [row for subset in config.subsets for row in bfcl_rows([subset], split=split)[:config.limit]]
+
+
+# ---------------------------------------------------------------------------------------------------
 # The registered environments
 # ---------------------------------------------------------------------------------------------------
 
@@ -146,7 +207,9 @@ def guess_number(*, system_prompt: str | None = None) -> EnvFactory:
     return _checked("guess_number", partial(GuessNumberEnv, system_prompt=system_prompt or SYSTEM_PROMPT))
 
 
-@_with_spec(TaskSpec(math_rows))
+@_with_spec(TaskSpec(math_rows, evaluation=EvalSpec(
+    flags=("data", "max_tool_calls"), data_help="a JSONL/Parquet file or a Hub id with problem/answer columns",
+    env_options=lambda config: {"max_tool_calls": config.max_tool_calls or 8}, metrics=math_metrics)))
 @ENVIRONMENTS.register("math_python")
 def math_python(*, max_tool_calls: int = 8, observation_role: str = "tool", answer_timeout: float = 5.0,
                 system_prompt: str | None = None, sandbox: Mapping[str, Any] | None = None) -> EnvFactory:
@@ -164,7 +227,10 @@ def math_python(*, max_tool_calls: int = 8, observation_role: str = "tool", answ
 
 
 @_with_spec(TaskSpec(qa_rows, binary_rewards=lambda env: env.get("reward", "exact_match") != "token_f1",
-                     env_defaults=_demo_corpus))
+                     env_defaults=_demo_corpus, evaluation=EvalSpec(
+                         flags=("data", "corpus", "retriever_url", "max_tool_calls"),
+                         data_help="a questions file, a Hub id, or 'demo'", check=_qa_check, env_options=_qa_options,
+                         metrics=qa_metrics)))
 @ENVIRONMENTS.register("search_qa")
 def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, topk: int = 3,
               timeout: float = 10.0, reward: str = "exact_match", max_searches: int = 4,
@@ -188,7 +254,9 @@ def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, to
     return _checked("search_qa", make, tools=(SEARCH_TOOL,), binary_rewards=reward != "token_f1")
 
 
-@_with_spec(TaskSpec(bfcl_task_rows, {"subsets": None}, data="optional", default_sources=("train", "test")))
+@_with_spec(TaskSpec(bfcl_task_rows, {"subsets": None}, data="optional", default_sources=("train", "test"),
+                     evaluation=EvalSpec(max_turns=40, flags=(), check=_bfcl_check, rows=_bfcl_eval_rows,
+                                         metrics=bfcl_metrics)))
 @ENVIRONMENTS.register("bfcl")
 def bfcl(*, observation_role: str = "tool", max_steps_per_turn: int | None = None) -> EnvFactory:
     from ..tools.bfcl import MAX_STEPS_PER_TURN

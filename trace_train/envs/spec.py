@@ -14,7 +14,9 @@ Each environment carries its :class:`TaskSpec` next to it, as the attribute ``ta
 factory (a class attribute for a class); one without it gets ``TaskSpec()``: rows are read from
 ``task.train`` / ``task.eval``, a local JSONL/Parquet file or a Hugging Face data set id
 (``trace_train.data.loading.load_rows``), binary rewards. The environment may also say, as the
-attribute ``tools``, the JSON schemas of its tools (for chat templates that take ``tools=``).
+attribute ``tools``, the JSON schemas of its tools (for chat templates that take ``tools=``). The task
+spec's ``evaluation`` (:class:`EvalSpec`) is how ``trace-eval`` plays and scores the environment, so that
+``trace-eval --task <name>`` evaluates whatever ``task.name=<name>`` trains.
 
 **Row schema.** A row is one JSON object (one line of a JSONL file, one record of a Parquet file or a
 Hub data set), passed unchanged to ``Environment.reset(row)``, which reads the fields it needs and raises
@@ -36,7 +38,8 @@ from typing import Any, Callable, Mapping
 
 from .base import Environment
 
-__all__ = ["ENTRY_POINT_GROUP", "TaskSpec", "EnvironmentSource", "find_environment", "build_factory", "read_rows"]
+__all__ = ["ENTRY_POINT_GROUP", "TaskSpec", "EvalSpec", "EnvironmentSource", "find_environment", "build_factory",
+           "read_rows", "reward_metrics"]
 
 ENTRY_POINT_GROUP = "trace_rl.environments"
 DATA_MODES = ("required", "optional", "generated")
@@ -50,6 +53,40 @@ def read_rows(source: str, *, split: str, subset: str | None, size: int, seed: i
         return load_rows(source, split=split, subset=subset, limit=size)
     except FileNotFoundError as error:
         raise ValueError(str(error)) from None
+
+
+def reward_metrics(records: list[dict], means: Mapping[str, float], *, k: int) -> dict:
+    """``trace-eval``'s score of an environment without its own: ``mean_reward`` over rollouts, and with
+    0/1 rewards and k > 1 ``pass@k`` (a task counts when any of its k rollouts has reward 1)."""
+    rewards = [r for record in records for r in record["rewards"]]
+    metrics = {"mean_reward": float(sum(rewards) / len(rewards))}
+    if k > 1 and set(rewards) <= {0.0, 1.0}:
+        metrics[f"pass@{k}"] = sum(max(record["rewards"]) for record in records) / len(records)
+    return metrics
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """How ``trace-eval`` plays and scores an environment: its benchmark defaults, next to its task spec.
+
+    The hooks receive ``trace-eval``'s :class:`~trace_train.evaluate.EvalConfig`."""
+
+    max_turns: int = 8
+    """Agent turns per rollout when ``--max-turns`` is not given."""
+    flags: tuple[str, ...] = ("data",)
+    """Which of trace-eval's environment flags (``data``, ``corpus``, ``retriever_url``, ``max_tool_calls``)
+    apply; the others must stay unset."""
+    data_help: str = "a local JSONL/Parquet file or a Hugging Face data set id"
+    """What ``--data`` is, for the error when the environment needs it and it is missing."""
+    check: Callable[[Any], None] | None = None
+    """Further checks of the config (a ``ValueError`` on a bad one), run when it is built."""
+    env_options: Callable[[Any], dict] | None = None
+    """The environment options the config's flags set (``--env-options`` is applied over them)."""
+    rows: Callable[[Any], list[dict]] | None = None
+    """``rows(config)``: the tasks; None: the task spec's ``rows`` on ``--data`` (``--limit`` rows at most)."""
+    metrics: Callable[..., dict] = reward_metrics
+    """``metrics(records, means, *, k) -> dict``: the score reported (``means``: each measure of
+    ``Environment.metrics`` averaged over rollouts)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +108,8 @@ class TaskSpec:
     """Whether ``verify`` returns only 0 or 1; a function of the environment options if it depends on them."""
     env_defaults: Callable[[Mapping[str, Any]], dict] | None = None
     """Completes the environment options (``task.env``) before the environment is built."""
+    evaluation: EvalSpec = field(default_factory=EvalSpec)
+    """How ``trace-eval`` plays and scores the environment (its benchmark defaults)."""
 
     def __post_init__(self):
         if self.data not in DATA_MODES:

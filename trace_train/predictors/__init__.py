@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from trace_theory._registry import Registry
 
 from .base import HistoryLike, PosteriorPredictor, family_of, prompt_key
-from .config import PredictorConfig
+from ..configs import PredictorConfig
 
 PREDICTORS: Registry[type] = Registry("predictor kind")
 

@@ -21,7 +21,7 @@ from scipy.special import expit, logit
 
 from trace_theory import brier_score, expected_calibration_error
 
-from .config import PredictorConfig
+from ..configs import PredictorConfig
 
 EPS = 1e-4  # predictions are kept in [eps, 1 - eps]
 MAX_DEPTH = 16  # depths beyond this share one feature / one running mean
@@ -198,6 +198,7 @@ class PosteriorPredictor:
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]):
         config = {"kind": cls.kind, **state["config"]}
+        config.pop("seed", None)  # a removed, unused field that states saved before its removal still hold
         self = cls(PredictorConfig(**config))
         self._load_model_state(state)
         self.counts = {k: np.array(c, dtype=float) for k, c in zip(state["count_keys"], state["counts"])}

@@ -32,7 +32,6 @@ whatever order generations and environment calls complete.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -42,7 +41,6 @@ from trace_theory import (
     Prediction,
     RolloutBudget,
     RolloutForest,
-    get_policy,
     run_step,
 )
 from trace_theory.step import Starts, StepRecord
@@ -50,104 +48,12 @@ from trace_theory.step import Starts, StepRecord
 from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
-from ..envs.base import Environment, EpisodeLimits, Message
-from .scheduler import SCHEDULES, GrowReport, ScheduleConfig, Scheduler
+from ..envs.base import Environment, Message
+from .scheduler import GrowReport, ScheduleConfig, Scheduler
+from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
            "RolloutConfig", "RolloutEngine"]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """How one call of :meth:`RolloutEngine.rollout` spends its budget."""
-
-    policy: str = "trace"
-    """Allocation policy, by its name in ``trace_theory.POLICIES``."""
-    pool_size: int = 16
-    """Candidate prompts per call (per rank); the policy chooses among them (trace-train draws the pool)."""
-    roots: int = 16
-    """M: bare rollouts (over all ranks); a flat policy spends M (1 + N) of them instead."""
-    continuations_per_root: int = 1
-    """N: continuations per bare rollout for branching policies."""
-    token_budget: int | None = None
-    """If set, M is derived from this many generated tokens (see :meth:`RolloutEngine.plan`)."""
-    group_size: int = 8
-    """G for the uniform and PCL root rules (and DAPO's rounds)."""
-    min_group: int | None = None
-    """Smallest non-zero group (None: the policy's own, 2); trace-eval sets 1 to play every task k times."""
-    dapo_target: int | None = None
-    """Mixed groups DAPO tries to keep; None: ``AllocationPolicy.dynamic_target`` (half of the groups
-    the budget pays for, at least 1). Only for a policy with dynamic sampling."""
-    expansion_rounds: int = 1
-    """R: rounds of prefix expansion for a branching policy (``trace_theory.step``; the paper: 1)."""
-    temperature: float = 1.0
-    """Sampling temperature of every turn."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold of every turn."""
-    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
-    """Turn, per-turn token and context limits (see :mod:`trace_train.envs.base`)."""
-    binary_rewards: bool = True
-    """Whether the verifier's rewards are 0/1 (checked by the forest); False allows graded rewards
-    (trace-train and trace-eval turn it off for environments with graded rewards)."""
-    seed: int = 0
-    """Seed of a call that passes none."""
-    chat_template_kwargs: dict = field(default_factory=dict)
-    """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false} for Qwen3."""
-    schedule: str = "concurrent"
-    """How turns are scheduled (:mod:`.scheduler`): "concurrent" (each rollout's next turn is requested
-    as soon as its environment answers; environments of different rollouts step concurrently) or
-    "lockstep" (one batch per turn; environments stepped one after another)."""
-    env_workers: int = 16
-    """Worker threads for environment calls of a ``concurrency_safe`` environment (others get one)."""
-    env_timeout_s: float | None = 300.0
-    """Limit on one environment call (``step``, ``verify``, ...); past it the rollout ends with reward 0
-    and end reason ``env_timeout``. None: no limit."""
-    raise_env_errors: bool = False
-    """Raise when an environment call fails or times out, instead of ending that rollout (debugging)."""
-
-    def __post_init__(self):
-        policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
-        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
-            raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
-        RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
-        if self.roots < 1:
-            raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
-        if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
-            raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
-        self.allocation_policy  # validates G, the smallest group and the DAPO target against the policy
-        if isinstance(self.expansion_rounds, bool) or not isinstance(self.expansion_rounds, int) \
-                or self.expansion_rounds < 1:
-            raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
-        Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
-        if not isinstance(self.limits, EpisodeLimits):
-            raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
-        workers = self.env_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
-        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
-            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
-                             f"got {self.env_timeout_s!r}")
-        if policy.dynamic_sampling and not self.binary_rewards:
-            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: "
-                             "it needs binary_rewards=True")
-
-    @property
-    def allocation_policy(self):
-        changes = {} if self.min_group is None else {"min_group": self.min_group}
-        if self.dapo_target is not None:
-            changes["dapo_target"] = self.dapo_target
-        return get_policy(self.policy, group_size=self.group_size, **changes)
-
-    @property
-    def needs_predictor(self) -> bool:
-        return self.allocation_policy.needs_predictor
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -66,8 +66,6 @@ AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 SYS_MOUNT_SETATTR, SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 442, 444, 445, 446
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the code sees (with namespaces)
-NAMESPACE_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
-                    "read-only-filesystem", "private-tmp", "private-proc")
 # System calls refused with EPERM by the seccomp filter, per machine: socket (every family, which also
 # keeps the host's pathname Unix sockets out of reach), ptrace, process_vm_readv/writev, io_uring;
 # SysV IPC (shm*, sem*, msg*) and POSIX message queues (mq_*), so no segment or queue is shared with

@@ -47,47 +47,11 @@ GRPO on the paths exactly (:mod:`trace_train.update.sequences`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from ..configs import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig  # the config lives with every other
+
 __all__ = ["PolicyLossConfig", "policy_loss", "kl_penalty"]
-
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """Settings of :func:`policy_loss`, validated on construction."""
-
-    clip_low: float = 0.2
-    """eps_low: the ratio is clipped below at 1 - clip_low."""
-    clip_high: float = 0.2
-    """eps_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
-    kl_coef: float = 0.0
-    """beta: weight of the KL penalty to the reference policy (0 disables it; no reference needed)."""
-    kl_estimator: str = "k3"
-    """Per-token KL estimator: "k3" (gradient of KL(ref || pi) in the loss), "k2" (half squared log ratio:
-    gradient of KL(pi || ref)) or "k1" (log ratio; zero expected gradient, so only with kl_coef = 0); see
-    the module docstring."""
-    aggregation: str = "token_mean"
-    """How token losses are averaged; see the module docstring."""
-
-    def __post_init__(self):
-        for name in ("clip_low", "clip_high"):
-            value = getattr(self, name)
-            if not 0.0 < value < 10.0:
-                raise ValueError(f"`{name}` must lie in (0, 10), got {value!r}")
-        if not (self.kl_coef >= 0.0 and self.kl_coef < float("inf")):
-            raise ValueError(f"`kl_coef` must be finite and >= 0, got {self.kl_coef!r}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"`kl_estimator` must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        if self.kl_estimator == "k1" and self.kl_coef > 0:
-            raise ValueError("`kl_estimator` 'k1' has zero expected gradient inside the loss: use 'k2' (gradient of "
-                             "KL(pi||ref)) or 'k3' (gradient of KL(ref||pi)) with `kl_coef` > 0")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"`aggregation` must be one of {AGGREGATIONS}, got {self.aggregation!r}")
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..configs import PACKINGS
 from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
 from .sequences import TrainingSequences, build_sequences, check_inputs, nodes_on_paths, path_tokens
@@ -57,7 +58,6 @@ from .sequences import TrainingSequences, build_sequences, check_inputs, nodes_o
 __all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
            "tree_logprobs", "tree_attention_mask"]
 
-PACKINGS = ("tree", "leaf")
 ATTENTIONS = ("auto", "dense", "flex")
 
 

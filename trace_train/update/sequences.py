@@ -27,13 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..configs import SHARED_TURN_WEIGHTS
 from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
 
 __all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens", "check_inputs",
            "nodes_on_paths", "token_logprobs"]
-
-SHARED_TURN_WEIGHTS = ("leaves", "once")
 
 
 @dataclass(frozen=True)
