@@ -25,7 +25,9 @@ from trace_theory import ADVANTAGES, VALUE_METHODS, RolloutBudget, get_policy
 from .backends.base import Sampling
 from .envs.base import EpisodeLimits
 from .envs.spec import find_environment
-from .rollout.scheduler import SCHEDULES
+
+SCHEDULES = ("concurrent", "lockstep")
+"""How the rollout scheduler interleaves generation and environment calls (``trace_train.rollout.scheduler``)."""
 
 __all__ = ["RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
            "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",

@@ -72,11 +72,11 @@ from typing import Any, Callable, Sequence
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
 from .chat import ChatFormat, clean_text
+from ..configs import SCHEDULES  # the names live with the configs that validate them
 from ..envs.base import EndReason, Environment, EpisodeLimits, Message, StepResult, is_concurrency_safe
 
 __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "ScheduleConfig", "GrowReport", "Scheduler"]
 
-SCHEDULES = ("concurrent", "lockstep")
 BATCH_WINDOW_S = 0.02
 """With a back end that generates in batches, how long to wait after the first environment answer for
 the others of the same wave before generating (one larger batch instead of many small ones)."""
