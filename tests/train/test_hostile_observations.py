@@ -110,3 +110,31 @@ def test_hostile_observations_end_at_most_their_own_rollout(hf_backend, schedule
         # kept whole, and the rollout went on to its next turn
         assert any(batch.nodes[n].observation.startswith(shown) and batch.nodes[n].end_reason is None
                    for n in range(len(batch.nodes)) if target[n] == row["target"])
+
+
+class ResetRaisingEnv(GuessNumberEnv):
+    """Guess-the-number whose ``reset`` raises on one row (a task whose image or file is missing)."""
+
+    concurrency_safe = True
+    bad = POOL[2]["target"]
+
+    def reset(self, row):
+        if row["target"] == self.bad:
+            raise FileNotFoundError("the task's data file is missing")
+        return super().reset(row)
+
+
+@pytest.mark.parametrize("schedule", ["concurrent", "lockstep"])
+def test_an_environment_that_raises_at_reset_ends_only_that_rows_rollouts(hf_backend, schedule):
+    assert sum(row["target"] == ResetRaisingEnv.bad for row in POOL) == 1
+    batch = make_engine(hf_backend, ResetRaisingEnv, policy="grpo", schedule=schedule).rollout(POOL, seed=0)
+    f = batch.forest
+    bad = {n for n in f.leaves if POOL[f.prompt[n]]["target"] == ResetRaisingEnv.bad}
+    assert bad and batch.report.rollouts == f.n_leaves  # the batch went on
+    for n in f.leaves:
+        failed = batch.nodes[n].end_reason == EndReason.ENV_ERROR
+        assert failed == (n in bad)
+        assert not failed or (f.reward[n] == 0 and batch.nodes[n].observation.startswith("[env_error: "))
+    assert batch.report.end_reasons["env_error"] == len(bad)
+    assert "FileNotFoundError: the task's data file is missing" in batch.report.env_error_sample
+    assert not batch.trained_nodes()[sorted(bad)].any()  # masked like a failed step
