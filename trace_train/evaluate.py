@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends.base import Sampling
-from .config import config_from_dict, config_to_dict
+from .config import config_from_dict, config_to_dict, safe_load
 from .engine import RolloutConfig, RolloutEngine
 from .envs.base import EpisodeLimits
 from .envs.registry import EnvFactory, make_env_factory
@@ -452,15 +452,15 @@ def main(config: EvalConfig) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _parse_flag(hint: Any, raw: str) -> Any:
-    """A flag's text as the field's type: strings stay text, tuples are comma lists, the rest is YAML."""
-    import yaml
-
+def _parse_flag(hint: Any, raw: str, name: str = "") -> Any:
+    """A flag's text as the field's type: strings stay text, tuples are comma lists, the rest is YAML
+    read by trace-train's bounded loader (:func:`.config.safe_load`: alias bombs, huge integers and deep
+    nesting are one ValueError naming the flag)."""
     if hint in (str, str | None):
         return None if hint is not str and raw in ("null", "None") else raw
     if hint == tuple[str, ...]:
         return [part.strip() for part in raw.split(",") if part.strip()]
-    return yaml.safe_load(raw)
+    return safe_load(raw, f"--{name.replace('_', '-')}" if name else "a flag")
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
@@ -480,7 +480,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     print_config = args.pop("print_config")
     try:
-        config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v) for k, v in args.items()
+        config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v, k) for k, v in args.items()
                                                if v is not None})
         if print_config:
             print(json.dumps(config_to_dict(config), indent=2))

@@ -425,7 +425,8 @@ class _Grower:
         result, turn.snapshot, reward = future.result()
         try:  # what the environment returned is data: any fault in it ends this rollout only
             if result is not None:
-                observation = clean_text(result.observation)
+                # cleaned, frame tags escaped: what is stored is what is tokenised (idempotent there)
+                observation = self.chat.escape_frame_tags(clean_text(result.observation), {"role": result.role})
                 message = {"role": result.role, "content": observation}
                 turn.observation, turn.messages = observation, turn.messages + (message,)
                 if result.done:
