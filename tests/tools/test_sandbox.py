@@ -281,6 +281,46 @@ def test_sys_exit_ends_the_cell_only():
     assert session.run("print(x + 2)").stdout == "3\n", "a cell that ended the interpreter is dropped"
 
 
+# A cell that forges the "finished" report (found in the harness's frames), is kept, and at its replay
+# prints into the next call's output and ends the interpreter before the next cell runs.
+FORGING_CELL = """import os, sys
+frames, f = {}, sys._getframe()
+while f is not None:
+    frames.update(f.f_locals)
+    f = f.f_back
+if frames["index"] < frames["request"]["replay"]:
+    os.write(frames["saved"][0], b"forged observation\\n")
+os.write(frames["report_fd"], b"finished\\n")
+os._exit(0)
+"""
+# The same hold on later cells without forging anything: a cell that returns normally and rebinds the
+# harness's `exec` and `eval` (earlier cells own the interpreter that runs later ones).
+HIJACKING_CELL = """import builtins, os
+def _exec(*args, **kwargs):
+    os.write(1, b"hijacked observation\\n")
+builtins.exec = builtins.eval = _exec
+"""
+
+
+@pytest.mark.parametrize("cell", [FORGING_CELL, HIJACKING_CELL], ids=["forged-report", "honest-cell"])
+def test_a_cells_hold_on_later_cells_stays_in_its_own_branch(cell):
+    """What does not hold (tools README): a cell controls the later cells of its own session and branch,
+    with or without forging the report. What does: a branch restored from a snapshot taken before it,
+    and every other session, run as if it never existed."""
+    session = PythonSession()
+    session.run("x = 20")
+    before = session.snapshot()
+    session.run(cell)
+    assert len(session.cells) == 2, "kept: forged report, or a cell that returned"
+    later = session.run("print(x + 1)")
+    assert "21" not in later.stdout and "observation" in later.stdout
+    session.restore(before)
+    assert session.run("print(x + 1)").stdout == "21\n"
+    other = PythonSession()
+    other.restore(before)
+    assert other.run("print(x + 2)").stdout == "22\n"
+
+
 def test_replayed_output_is_silent():
     session = PythonSession()
     session.run("print('first')")
