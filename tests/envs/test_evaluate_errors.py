@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -103,3 +104,23 @@ def test_every_other_engine_field_is_reachable_through_rollout_options(math_file
     assert (engine.schedule, engine.env_workers, engine.env_timeout_s) == ("lockstep", 4, 30.0)
     assert (engine.roots, engine.group_size, engine.min_group, engine.temperature) == (6, 3, 1, 0.5)
     assert engine.limits == config.limits
+
+
+def _alias_bomb(levels: int = 9, width: int = 10) -> str:
+    """A flow-style "billion laughs" mapping: ``width ** levels`` values once its aliases are expanded."""
+    parts = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    parts += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "{" + ", ".join(parts) + "}"
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--vllm-options", _alias_bomb(), "--vllm-options: not valid YAML: the document expands to more than"),
+    ("--rollout-options", "{x: " + "[" * 100_000 + "]" * 100_000 + "}", "--rollout-options: not valid YAML: "),
+    ("--k", "9" * 5000, r"--k: not valid YAML: Exceeds the limit \(4300 digits\)"),
+])
+def test_trace_eval_reads_its_flags_with_the_bounded_yaml_loader(tmp_path, capsys, flag, value, message):
+    code = cli(["--model", str(tmp_path), "--benchmark", "math", "--output-dir", str(tmp_path / "out"),
+                flag, value, "--print-config"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert re.match("trace-eval: error: " + message, err), err

@@ -7,10 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from trace_train.tools.sandbox import PythonSession, SandboxLimits, run_python
+from trace_train.tools.sandbox import PythonSession, SandboxLimits, check_isolation, run_python
 
 ROOT = os.geteuid() == 0
 FAST = SandboxLimits(wall_seconds=10.0, cpu_seconds=1)
+# The user whose processes RLIMIT_NPROC counts: the sandbox user for a root caller, the caller itself
+# otherwise (in its user namespace).
+CODE_UID = 65534 if ROOT else os.getuid()
+
+
+def _obtained(layer):
+    """Whether this caller's sandbox gets ``layer`` from the kernel (namespaces="auto")."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return layer in check_isolation(SandboxLimits())
 
 
 def _processes_of(uid):
@@ -74,11 +86,8 @@ def test_memory_blow_up_is_a_memory_error():
     assert "MemoryError" in result.observation()
 
 
-@pytest.mark.skipif(
-    not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it"
-)
 def test_fork_bomb_is_bounded_and_fully_cleaned_up():
-    before = _processes_of(65534)
+    before = _processes_of(CODE_UID)
     start = time.monotonic()
     result = run_python(
         "import os\nwhile True:\n    os.fork()", limits=SandboxLimits(wall_seconds=3.0, max_processes=8)
@@ -86,12 +95,9 @@ def test_fork_bomb_is_bounded_and_fully_cleaned_up():
     assert time.monotonic() - start < 6.0
     assert result.status in ("timeout", "error")
     time.sleep(0.2)
-    assert _processes_of(65534) == before
+    assert _processes_of(CODE_UID) == before
 
 
-@pytest.mark.skipif(
-    not ROOT, reason="RLIMIT_NPROC is counted for the sandbox user only when we can switch to it"
-)
 def test_process_limit_stops_forking():
     code = (
         "import os\nchildren = 0\ntry:\n    for _ in range(50):\n        if os.fork() == 0:\n"
@@ -114,7 +120,9 @@ def test_writing_outside_the_working_directory_is_denied():
     assert inside.stdout == "ok\n"
 
 
-@pytest.mark.skipif(not ROOT, reason="the kernel layer is the unprivileged sandbox user")
+@pytest.mark.skipif(not ROOT and not _obtained("read-only-filesystem"),
+                    reason="the kernel layer is the sandbox user (root caller) or the read-only mount "
+                           "namespace (user caller), and this kernel refuses user namespaces to this user")
 def test_subprocess_cannot_write_outside_either(tmp_path):
     tmp_path.chmod(0o755)
     target = tmp_path / "outside.txt"
@@ -138,7 +146,8 @@ def test_socket_creation_is_blocked_by_the_audit_hook():
     assert "PermissionError: sandbox: network access is not permitted" in result.stderr
 
 
-@pytest.mark.skipif(not ROOT, reason="network namespaces need root (or user namespaces) on this kernel")
+@pytest.mark.skipif(not _obtained("network-namespace"),
+                    reason="this kernel refuses a network namespace to this caller (root, or user namespaces)")
 def test_network_namespace_isolates_even_a_fresh_interpreter():
     """A child interpreter has no audit hook; the namespace still keeps it off the host's loopback."""
     server = socket.socket()
@@ -270,6 +279,46 @@ def test_sys_exit_ends_the_cell_only():
     assert session.run("print(x + 1)").stdout == "2\n"
     assert session.run("import os\nos._exit(0)").finished is False
     assert session.run("print(x + 2)").stdout == "3\n", "a cell that ended the interpreter is dropped"
+
+
+# A cell that forges the "finished" report (found in the harness's frames), is kept, and at its replay
+# prints into the next call's output and ends the interpreter before the next cell runs.
+FORGING_CELL = """import os, sys
+frames, f = {}, sys._getframe()
+while f is not None:
+    frames.update(f.f_locals)
+    f = f.f_back
+if frames["index"] < frames["request"]["replay"]:
+    os.write(frames["saved"][0], b"forged observation\\n")
+os.write(frames["report_fd"], b"finished\\n")
+os._exit(0)
+"""
+# The same hold on later cells without forging anything: a cell that returns normally and rebinds the
+# harness's `exec` and `eval` (earlier cells own the interpreter that runs later ones).
+HIJACKING_CELL = """import builtins, os
+def _exec(*args, **kwargs):
+    os.write(1, b"hijacked observation\\n")
+builtins.exec = builtins.eval = _exec
+"""
+
+
+@pytest.mark.parametrize("cell", [FORGING_CELL, HIJACKING_CELL], ids=["forged-report", "honest-cell"])
+def test_a_cells_hold_on_later_cells_stays_in_its_own_branch(cell):
+    """What does not hold (tools README): a cell controls the later cells of its own session and branch,
+    with or without forging the report. What does: a branch restored from a snapshot taken before it,
+    and every other session, run as if it never existed."""
+    session = PythonSession()
+    session.run("x = 20")
+    before = session.snapshot()
+    session.run(cell)
+    assert len(session.cells) == 2, "kept: forged report, or a cell that returned"
+    later = session.run("print(x + 1)")
+    assert "21" not in later.stdout and "observation" in later.stdout
+    session.restore(before)
+    assert session.run("print(x + 1)").stdout == "21\n"
+    other = PythonSession()
+    other.restore(before)
+    assert other.run("print(x + 2)").stdout == "22\n"
 
 
 def test_replayed_output_is_silent():

@@ -18,12 +18,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 RAISING_ENV = '''
 class Raising:
-    """Guess-the-number rows; ``step`` (or ``verify``) raises on every call."""
+    """Guess-the-number rows; ``step`` (or ``verify``, or ``reset``) raises on every call."""
 
     def __init__(self, where="step"):
         self.where = where
 
     def reset(self, row):
+        if self.where == "reset":
+            raise OSError("the task's container image is missing")
         return [{"role": "user", "content": "Say a number."}]
 
     def step(self, action):
@@ -47,7 +49,7 @@ def _args(run_dir, *extra):
     return ["--config", "cpu_demo", f"run_dir={run_dir}", *SMALL, *extra]
 
 
-@pytest.mark.parametrize("where", ["step", "verify"])
+@pytest.mark.parametrize("where", ["step", "verify", "reset"])
 def test_an_environment_that_always_raises_stops_the_run_in_one_line(tmp_path, capsys, where):
     env_file = tmp_path / "raising_env.py"
     env_file.write_text(RAISING_ENV)
@@ -57,7 +59,8 @@ def test_an_environment_that_always_raises_stops_the_run_in_one_line(tmp_path, c
     code = cli(_args(run_dir, f"task.name={env_file}:Raising", f"task.train={tmp_path / 'rows.jsonl'}",
                      "task.rows={}", "task.eval_size=4", f"task.env={{where: {where}}}", "steps=3"))
     err = capsys.readouterr().err.strip().splitlines()
-    expected = "RuntimeError: the tool server is down" if where == "step" else "ZeroDivisionError: reward function"
+    expected = {"step": "RuntimeError: the tool server is down", "verify": "ZeroDivisionError: reward function",
+                "reset": "OSError: the task's container image is missing"}[where]
     assert code == 1
     assert err[-1].startswith("trace-train: step 1: 16 of 16 rollouts (100%) ended in an environment failure")
     assert expected in err[-1] and "max_env_failure_share=0.5" in err[-1] and "stopped with a checkpoint of step 1" in err[-1]

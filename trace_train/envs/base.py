@@ -34,8 +34,8 @@ How a rollout ends (the engine records one :class:`EndReason` per leaf):
                     not passed to the environment
 ``CONTEXT``         the context reached ``max_context_tokens``: the next turn has no room, or the
                     turn was cut by the context before finishing (not passed to the environment)
-``ENV_ERROR``       a call of the environment (``step``, ``verify``, ``snapshot``, ``restore`` or
-                    ``make_env``) raised: a bug of the environment, not of the model; reward 0
+``ENV_ERROR``       a call of the environment (``step``, ``verify``, ``snapshot``, ``restore``,
+                    ``make_env`` or ``reset``) raised: a bug of the environment, not of the model; reward 0
 ``ENV_TIMEOUT``     a call of the environment ran past the engine's per-call limit; reward 0
 ==================  ==============================================================================
 

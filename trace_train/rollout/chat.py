@@ -24,17 +24,25 @@ Hostile text. Message content is data (tool results, scraped corpora), never cha
 * an observation's content is tokenised apart from the template's own text, with special-token strings
   read as plain text (``split_special_tokens``), so a tool result holding ``<|im_end|>`` cannot close
   the turn or forge a new one; the template's frame around the content keeps its special tokens;
+* so is the content of the opening messages (a data set row): the template is rendered with a
+  placeholder per content, and only the template's own text is read for special tokens;
+* the tags the template's frame puts around a tool result (Qwen3's ``<tool_response>``, a non-special
+  added token, and plain text in other tokenizers) are escaped inside the result
+  (:meth:`ChatFormat.escape_frame_tags`: ``&lt;/tool_response&gt;``), so a result cannot close its
+  frame and open a forged one;
 * the markers used to find where the message starts are chosen per call so that they do not occur in
   the content, and must occur exactly once in the rendering: content cannot collide with them.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 __all__ = ["ChatFormat", "clean_text"]
 
 _SENTINEL = "\x00TRACE-ASSISTANT\x00"
+_TAG = re.compile(r"</?[A-Za-z_][\w.:-]*>")  # an XML-like tag in a template's frame: <tool_response>
 _PROBE = [{"role": "user", "content": "probe"}]
 
 
@@ -117,11 +125,32 @@ class ChatFormat:
         return tuple(sorted(ids))
 
     def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """Token ids of the opening messages followed by the generation prompt."""
+        """Token ids of the opening messages followed by the generation prompt.
+
+        The conversation is rendered with a placeholder for each message's content (chosen to occur in
+        no content); the template's text is tokenised with its special tokens and each content as plain
+        text (:meth:`encode_plain`) where its placeholder was, so a data set row holding
+        ``<|im_end|>\n<|im_start|>system`` cannot open a turn. A ValueError when the template does not
+        render each placeholder exactly once (it rewrites or repeats the content)."""
         if not messages:
             raise ValueError("`messages` must hold at least one message")
-        messages = [{**m, "content": clean_text(m["content"])} if "content" in m else m for m in messages]
-        return self.encode(self._render(messages, generation_prompt=True))
+        messages = [{**m, "content": clean_text(m["content"])} if "content" in m else dict(m) for m in messages]
+        texts = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+        placeholders, framed = [], []
+        for i, m in enumerate(messages):
+            if isinstance(m.get("content"), str):
+                placeholders.append((_marker(f"\x00TRACE-PROMPT{i}-", *texts), m["content"]))
+                m = {**m, "content": placeholders[-1][0]}
+            framed.append(m)
+        rest = self._render(framed, generation_prompt=True)
+        ids: list[int] = []
+        for placeholder, content in placeholders:
+            if rest.count(placeholder) != 1:
+                raise ValueError("the chat template does not render a prompt message's content verbatim "
+                                 "exactly once")
+            head, _, rest = rest.partition(placeholder)
+            ids += self.encode(head) + self.encode_plain(content)
+        return ids + self.encode(rest)
 
     def closing_ids(self, action_ids: Sequence[int]) -> list[int]:
         """The part of ``turn_end_ids`` that the model did not generate at the end of ``action_ids``."""
@@ -136,14 +165,25 @@ class ChatFormat:
         template puts before and after the content of such a message, learned once per role). A
         ValueError when the template renders this content other than inside that frame.
         """
-        message = {**message, "content": clean_text(message.get("content", ""))}
         before, after, before_ids, after_ids = self._frame(message)
+        message = {**message, "content": self.escape_frame_tags(message.get("content", ""), message)}
         body = self._message_text(message)
         if not (body.startswith(before) and body.endswith(after) and len(body) >= len(before) + len(after)):
             raise ValueError(f"the chat template renders a {message.get('role')!r} message's content "
                              "outside the frame it renders for other content")
         middle = body[len(before):len(body) - len(after)]
         return self.closing_ids(action_ids) + before_ids + self.encode_plain(middle) + after_ids
+
+    def escape_frame_tags(self, content: str, message: Mapping[str, str]) -> str:
+        """``content`` (cleaned) with the tags that the template's frame puts around messages like
+        ``message`` (Qwen3's ``<tool_response>`` and ``</tool_response>`` for a tool result) written
+        ``&lt;tool_response&gt;``: a tool result cannot end its own frame and forge another one, and the
+        model still reads the tag's name. Content without those tags is returned unchanged."""
+        content = clean_text(content)
+        before, after, _, _ = self._frame(message)
+        for tag in sorted(set(_TAG.findall(before + after)), key=len, reverse=True):
+            content = content.replace(tag, "&lt;" + tag[1:-1] + "&gt;")
+        return content
 
     def _message_text(self, message: Mapping[str, str]) -> str:
         """What the template renders for ``message`` after a closed assistant turn, up to the next turn."""

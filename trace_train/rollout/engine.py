@@ -49,7 +49,7 @@ from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
 from ..envs.base import Environment, Message
-from .scheduler import GrowReport, ScheduleConfig, Scheduler
+from .scheduler import EnvFailure, GrowReport, OpeningFailed, ScheduleConfig, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
@@ -186,15 +186,29 @@ class _Run:
     # ---- openings and predictions -----------------------------------------------------------------
 
     def _opening(self, prompt: int):
-        """Opening messages, prompt ids and initial snapshot of a pool row (computed once)."""
+        """Opening messages, prompt ids and initial snapshot of a pool row (computed once).
+
+        When ``make_env``, ``reset``, the prompt's formatting or ``snapshot`` raises, the row opens with a
+        placeholder prompt and an :class:`~.scheduler.OpeningFailed` snapshot: every rollout from it ends
+        at its first environment call with ``env_error`` and reward 0, like a failed ``step``."""
         if prompt not in self._openings:
-            env = self.engine.make_env()
-            messages = env.reset(self.pool[prompt])
-            ids = self.chat.prompt_ids(messages)
+            try:
+                env = self.engine.make_env()
+                messages = env.reset(self.pool[prompt])
+                ids = self.chat.prompt_ids(messages)
+                snapshot = env.snapshot()
+            except Exception as error:  # noqa: BLE001 - an environment fault ends this row's rollouts only
+                if self.cfg.raise_env_errors:
+                    raise EnvFailure(f"environment of pool row {prompt}: reset: "
+                                     f"{type(error).__name__}: {error}") from error
+                failed = OpeningFailed(f"pool row {prompt}: {type(error).__name__}: {error}", error)
+                messages = [{"role": "user", "content": failed.PROMPT}]
+                self._openings[prompt] = (messages, self.chat.prompt_ids(messages), failed)
+                return self._openings[prompt]
             if len(ids) >= self.cfg.limits.max_context_tokens:
                 raise ValueError(f"prompt {prompt} has {len(ids)} tokens; `max_context_tokens` is "
                                  f"{self.cfg.limits.max_context_tokens}")
-            self._openings[prompt] = (messages, ids, env.snapshot())
+            self._openings[prompt] = (messages, ids, snapshot)
         return self._openings[prompt]
 
     def _opening_history(self, prompt: int) -> History:

@@ -43,7 +43,9 @@ left padding (rare flips of near-tied samples; log-probabilities agree to about 
 **Failures end one rollout, never the batch.** An environment call that raises ends its rollout with
 end reason ``env_error``, one that runs past ``RolloutConfig.env_timeout_s`` with ``env_timeout``; both
 score 0 and are counted in the report's ``end_reasons``; the first failure's message and traceback is the
-report's ``env_error_sample``. So does an observation that cannot be formatted
+report's ``env_error_sample``. A pool row whose ``make_env``, ``reset`` or first ``snapshot`` raised opens
+with a placeholder prompt (:class:`OpeningFailed`) and each of its rollouts ends with ``env_error`` at
+its first environment call. So does an observation that cannot be formatted
 or tokenised (not text, or a template that will not frame it) and a reward that is not a finite number:
 what an environment returns is data, checked in the main thread but charged to its own rollout. Its text
 enters once through :func:`~trace_train.rollout.chat.clean_text` (lone surrogates replaced), so what is stored is
@@ -75,7 +77,7 @@ from .chat import ChatFormat, clean_text
 from ..configs import SCHEDULES  # the names live with the configs that validate them
 from ..envs.base import EndReason, Environment, EpisodeLimits, Message, StepResult, is_concurrency_safe
 
-__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "ScheduleConfig", "GrowReport", "Scheduler"]
+__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConfig", "GrowReport", "Scheduler"]
 
 BATCH_WINDOW_S = 0.02
 """With a back end that generates in batches, how long to wait after the first environment answer for
@@ -84,6 +86,22 @@ the others of the same wave before generating (one larger batch instead of many 
 
 class EnvFailure(RuntimeError):
     """An environment call raised or ran out of time (raised only with ``raise_env_errors``)."""
+
+
+class OpeningFailed:
+    """The snapshot of a pool row whose ``make_env``, ``reset`` or first ``snapshot`` raised.
+
+    The engine opens the row with :attr:`PROMPT` instead of the environment's messages; restoring this
+    snapshot raises, so each rollout from the row ends at its first environment call with ``env_error``
+    and reward 0, counted and masked like any other environment failure, and the batch goes on."""
+
+    PROMPT = "[env_error: the environment could not be reset for this task]"
+
+    def __init__(self, message: str, error: BaseException):
+        self.message, self.error = message, error
+
+    def fail(self):
+        raise RuntimeError(f"reset failed for {self.message}") from self.error
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -274,6 +292,8 @@ def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool)
     """Worker: (build and restore the environment,) step it on ``text`` unless the turn was cut (None),
     snapshot it, and verify it when ``verify`` or the environment says the episode is done."""
     w = calls.walker
+    if isinstance(snapshot, OpeningFailed):
+        calls("reset", snapshot.fail)
     if w.env is None:
         env = calls("make_env", make_env)
         calls("restore", env.restore, snapshot)
@@ -496,7 +516,8 @@ class _Grower:
         result, turn.snapshot, reward = future.result()
         try:  # what the environment returned is data: any fault in it ends this rollout only
             if result is not None:
-                observation = clean_text(result.observation)
+                # cleaned, frame tags escaped: what is stored is what is tokenised (idempotent there)
+                observation = self.chat.escape_frame_tags(clean_text(result.observation), {"role": result.role})
                 message = {"role": result.role, "content": observation}
                 turn.observation, turn.messages = observation, turn.messages + (message,)
                 if result.done:
