@@ -234,7 +234,7 @@ class PrefixAllocation(NamedTuple):
     unspent: np.ndarray
 
 
-def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
+def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None):
     """Exactly optimal continuation counts per prefix, within each prompt's budget.
 
     Parameters
@@ -249,6 +249,10 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
         Continuation budget of each prompt (m_i N in the paper).
     max_per_anchor : int, optional
         Cap on continuations per anchor.
+    start : array_like of int, shape (n_anchors,), optional
+        Continuations already placed at each anchor (a pass that continues an earlier one, as the
+        policies' pooling pass does): the gains continue from q^start (1 - q), and ``max_per_anchor``
+        caps start + k.
 
     Returns
     -------
@@ -273,6 +277,20 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
     >>> out.k.tolist(), out.unspent.tolist()
     ([1, 0, 2], [0])
     """
+    v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
+    cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))
+    q = r * v + (1.0 - r) * (1.0 - v)
+    if start is None:
+        return water_fill(q, prompt, budget, room=cap)
+    start = _checks.counts("start", _checks.vector("start", start, dtype=None))
+    _checks.same_length(v=v, start=start)
+    if (start > cap).any():
+        raise ValueError(f"`start` must not exceed `max_per_anchor` ({max_per_anchor}), got {int(start.max())}")
+    return water_fill(q, prompt, budget, room=cap - start, start=start)
+
+
+def _prefix_inputs(v, r, prompt, budget):
+    """The inputs of a prefix allocation, checked: (v, r, prompt, budget) as arrays (also the policies')."""
     v = _checks.probabilities("v", _checks.vector("v", v))
     r = _checks.probabilities("r", _checks.vector("r", r))
     prompt = _checks.counts("prompt", _checks.vector("prompt", prompt, dtype=None))
@@ -281,9 +299,7 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None):
     n_prompts = len(budget)
     if prompt.size and prompt.max() >= n_prompts:
         raise ValueError(f"`prompt` ids must lie in [0, {n_prompts - 1}] (one budget per prompt), got {int(prompt.max())}")
-    cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))
-    q = r * v + (1.0 - r) * (1.0 - v)
-    return water_fill(q, prompt, budget, room=cap)
+    return v, r, prompt, budget
 
 
 def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
