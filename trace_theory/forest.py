@@ -35,6 +35,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import _checks
+from ._forest_links import _check_parent_links, _depths, _roots, _stable_order
 
 __all__ = ["Origin", "RolloutForest", "ForestBuilder"]
 
@@ -276,7 +277,7 @@ class RolloutForest:
             root_prompt = cls._integral("prompt", prompt)
             if len(root_prompt) != is_root.sum():
                 raise ValueError(f"`prompt` gives {len(root_prompt)} ids for {int(is_root.sum())} roots")
-        root_of = _roots(parent, depth)
+        root_of = _roots(parent)
         root_rank = np.cumsum(is_root) - 1
         node_prompt = root_prompt[root_rank[root_of]] if n else np.zeros(0, np.int64)
         is_leaf = np.bincount(parent[~is_root], minlength=n) == 0 if n else np.zeros(0, bool)
@@ -458,7 +459,7 @@ class RolloutForest:
     @cached_property
     def root_of(self) -> np.ndarray:
         """Root node id of every node's tree."""
-        return _roots(self.parent, self.depth)
+        return _roots(self.parent)
 
     @cached_property
     def tree_index(self) -> np.ndarray:
@@ -625,69 +626,6 @@ class RolloutForest:
     def prefix_anchors(self) -> np.ndarray:
         """Non-terminal, non-root nodes of bare rollouts: where stage-2 continuations may branch from."""
         return np.flatnonzero((self.origin == Origin.BARE) & ~self.is_leaf)
-
-
-def _check_parent_links(parent: np.ndarray) -> None:
-    """Parent ids in range and before their children; name a cycle when there is one."""
-    n = len(parent)
-    bad = (parent < -1) | (parent >= n)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"node {i} has parent {int(parent[i])}, outside [-1, {n - 1}]")
-    offenders = np.flatnonzero(parent >= np.arange(n))
-    reaches_root: set[int] = set()  # every cycle contains an offender, so walking from each finds it
-    for start in offenders.tolist():
-        path, on_path, node = [], set(), start
-        while node != -1 and node not in reaches_root and node not in on_path:
-            path.append(node)
-            on_path.add(node)
-            node = int(parent[node])
-        if node in on_path:
-            raise ValueError(f"the parent links form a cycle through nodes {path[path.index(node):]}")
-        reaches_root.update(path)
-    if offenders.size:
-        i = int(offenders[0])
-        raise ValueError(
-            f"node {i} comes before its parent {int(parent[i])}; nodes must be in topological order "
-            "(every parent before its children)"
-        )
-
-
-def _stable_order(depth: np.ndarray) -> np.ndarray:
-    """``np.argsort(depth, kind="stable")``; as 16-bit keys (a radix sort) when depths allow it."""
-    if len(depth) and int(depth.max()) < 2**15:
-        return np.argsort(depth.astype(np.int16), kind="stable")
-    return np.argsort(depth, kind="stable")
-
-
-def _depths(parent: np.ndarray) -> np.ndarray:
-    """Depth of every node from topologically ordered parent links (a Python-free fixed point)."""
-    n = len(parent)
-    depth = np.zeros(n, dtype=np.int64)
-    nonroot = np.flatnonzero(parent != -1)
-    if nonroot.size == 0:
-        return depth
-    # Pointer jumping: after j rounds `hop` points 2^j ancestors up and `dist` counts the hops taken.
-    hop = parent.copy()
-    dist = (parent != -1).astype(np.int64)
-    while True:
-        alive = hop != -1
-        if not alive.any():
-            break
-        nxt = hop[alive]
-        dist[alive] += dist[nxt]
-        hop[alive] = hop[nxt]
-    return dist
-
-
-def _roots(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """Root of every node, by pointer jumping."""
-    root = np.where(parent == -1, np.arange(len(parent)), parent)
-    while True:
-        nxt = root[root]
-        if np.array_equal(nxt, root):
-            return root
-        root = nxt
 
 
 def _default_origin(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:

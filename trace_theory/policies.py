@@ -8,7 +8,8 @@ trainer run any of them from a config string:
   continuations per root rollout (PAPER.md, "Budget shape").
 * ``allocate_roots(v, budget, *, rng, concentration=None)``: group size per candidate prompt.
 * ``allocate_prefixes(v, r, prompt, budget, *, rng)``: continuations per anchor (a non-terminal prefix
-  of a bare rollout), per prompt budgets; budget that a prompt cannot use goes to the other prompts'
+  of a bare rollout), per prompt budgets (the "active" rule is :func:`allocate_prefixes`, the one
+  entry point of prefix allocation); budget that a prompt cannot use goes to the other prompts'
   anchors, and what is left after that is returned as ``unspent`` for the caller to spend on roots
   (see :func:`top_up_roots`).
 
@@ -53,7 +54,7 @@ import numpy as np
 
 from . import _checks
 from ._registry import Registry
-from .allocate import PrefixAllocation, allocate_roots, check_root_budget, water_fill
+from .allocate import PrefixAllocation, _prefix_inputs, allocate_prefixes, allocate_roots, check_root_budget
 
 __all__ = [
     "RolloutBudget", "AllocationPolicy", "POLICIES", "ROOT_RULES", "PREFIX_RULES", "RootRule", "PrefixRule",
@@ -81,10 +82,11 @@ class RootRule:
 
 @dataclass(frozen=True)
 class PrefixRule:
-    """A prefix rule: ``place(v, r, prompt, budget, *, room, start, rng) -> PrefixAllocation``.
+    """A prefix rule: ``place(policy, v, r, prompt, budget, *, start, rng) -> PrefixAllocation``.
 
-    One pass over the anchors: per prompt, place ``budget`` continuations on its anchors, at most
-    ``room`` more per anchor, counting from ``start`` already placed; return what could not be placed.
+    One pass over the anchors: per prompt, place ``budget`` continuations on its anchors, counting from
+    ``start`` already placed, at most ``policy.max_per_anchor`` in all per anchor; return what could not
+    be placed. The inputs are checked (:meth:`AllocationPolicy.allocate_prefixes`).
     """
 
     place: Callable[..., PrefixAllocation]
@@ -263,25 +265,17 @@ class AllocationPolicy:
         """Continuations per anchor; per-prompt budgets, leftovers pooled across prompts, then returned."""
         if not self.branches:
             raise ValueError(f"policy {self.name!r} does not branch from prefixes")
-        v = _checks.probabilities("v", _checks.vector("v", v))
-        r = _checks.probabilities("r", _checks.vector("r", r))
-        prompt = _checks.counts("prompt", _checks.vector("prompt", prompt, dtype=None))
-        budget = _checks.counts("budget", _checks.vector("budget", budget, dtype=None))
-        _checks.same_length(v=v, r=r, prompt=prompt)
-        if prompt.size and prompt.max() >= len(budget):
-            raise ValueError(f"`prompt` ids must lie in [0, {len(budget) - 1}], got {int(prompt.max())}")
+        v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
         rule = PREFIX_RULES[self.prefix_rule]
         if rule.randomised and rng is None:
             raise ValueError(f"policy {self.name!r} is randomised: pass `rng` (a numpy.random.Generator)")
-        caps = np.full(len(v), np.inf if self.max_per_anchor is None else float(self.max_per_anchor))
         zero = np.zeros(len(v), dtype=np.int64)
-        first = rule.place(v, r, prompt, budget, room=caps, start=zero, rng=rng)
+        first = rule.place(self, v, r, prompt, budget, start=zero, rng=rng)
         leftover = int(first.unspent.sum())
         if leftover == 0 or prompt.size == 0:
             return first
         # Pool what some prompts could not use and place it on all anchors, continuing from `first`.
-        second = rule.place(v, r, np.zeros_like(prompt), np.array([leftover]), room=caps - first.k,
-                            start=first.k, rng=rng)
+        second = rule.place(self, v, r, np.zeros_like(prompt), np.array([leftover]), start=first.k, rng=rng)
         still = int(second.unspent[0])
         # Report what is still unspent against the prompts that gave it up, in prompt order.
         unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
@@ -321,22 +315,26 @@ def _groups_in_order(policy, order: np.ndarray, budget: int) -> np.ndarray:
 
 
 @prefix_rule("uniform", predicts=False)
-def _uniform_prefixes(v, r, prompt, budget, *, room, start, rng):
+def _uniform_prefixes(policy, v, r, prompt, budget, *, start, rng):
     """Round-robin over each prompt's anchors in anchor order."""
-    return _spread(prompt, budget, room, None)
+    return _spread(prompt, budget, _room(policy, start), None)
 
 
 @prefix_rule("random", predicts=False, randomised=True)
-def _random_prefixes(v, r, prompt, budget, *, room, start, rng):
+def _random_prefixes(policy, v, r, prompt, budget, *, start, rng):
     """Round-robin over each prompt's anchors in a random order (TreePO / Tree-GRPO-style)."""
-    return _spread(prompt, budget, room, rng)
+    return _spread(prompt, budget, _room(policy, start), rng)
 
 
 @prefix_rule("active", predicts=True, reads_outcomes=True)
-def _active_prefixes(v, r, prompt, budget, *, room, start, rng):
-    """TRACE stage 2: the largest flip gains q^k (1 - q), q = r v + (1 - r)(1 - v) (``water_fill``)."""
-    q = r * v + (1.0 - r) * (1.0 - v)
-    return water_fill(q, prompt, budget, room=room, start=start)
+def _active_prefixes(policy, v, r, prompt, budget, *, start, rng):
+    """TRACE stage 2: :func:`~trace_theory.allocate.allocate_prefixes`, the largest flip gains q^k (1 - q)."""
+    return allocate_prefixes(v, r, prompt, budget, max_per_anchor=policy.max_per_anchor, start=start)
+
+
+def _room(policy, start: np.ndarray) -> np.ndarray:
+    """Continuations each anchor can still take under ``policy.max_per_anchor`` (inf: no cap)."""
+    return (np.inf if policy.max_per_anchor is None else float(policy.max_per_anchor)) - start
 
 
 def _even_groups(n: int, budget: int, group_size: int, min_group: int, max_group: int) -> np.ndarray:

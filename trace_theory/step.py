@@ -108,8 +108,8 @@ class World(Protocol):
 
 
 RootAllocator = Callable[..., np.ndarray]
-"""``root_allocator(policy, v, budget, rng, concentration) -> m``: replaces ``policy.allocate_roots``
-(the distributed trainer allocates over every rank's pool together)."""
+"""``root_allocator(policy, v, budget, *, rng, concentration) -> m``: replaces ``policy.allocate_roots``
+(same keywords; the distributed trainer allocates over every rank's pool together)."""
 
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 _EMPTY_F = np.zeros(0)
@@ -139,6 +139,9 @@ class StepRecord:
         Rounds of generation at the roots: 1, or DAPO's number of rounds (0 if none was affordable).
     kept : ndarray of int64 or None
         DAPO: candidate prompts whose group mixed (what the update trains on); None for other policies.
+    planned : RolloutBudget or None
+        The budget after the policy's split (``policy.split``): the M roots and N continuations per root
+        the step spent; the driver is the one place that splits.
     """
 
     forest: RolloutForest
@@ -154,6 +157,7 @@ class StepRecord:
     continuations_by_round: tuple[int, ...] = ()
     rounds: int = 1
     kept: np.ndarray | None = None
+    planned: RolloutBudget | None = None
 
     @property
     def rollouts(self) -> int:
@@ -205,7 +209,8 @@ def run_step(
     policy : AllocationPolicy
         Any registered policy (``get_policy(name, ...)``).
     budget : RolloutBudget
-        M roots and N continuations per root; ``policy.split`` decides what the policy spends where.
+        M roots and N continuations per root, unsplit: ``policy.split`` (here, and only here) decides
+        what the policy spends where; the record's ``planned`` holds the result.
     pool : int
         Candidate prompts.
     rng : numpy.random.Generator
@@ -213,7 +218,8 @@ def run_step(
     expansion_rounds : int, default 1
         R: rounds of prefix expansion for a branching policy (the paper: 1).
     root_allocator : callable, optional
-        ``root_allocator(policy, v, budget, rng, concentration) -> m`` instead of ``policy.allocate_roots``.
+        ``root_allocator(policy, v, budget, *, rng, concentration) -> m`` instead of
+        ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration)``.
         A distributed one allocates ``budget`` over every rank's pool and returns this rank's slice, which
         may sum to less (or more) than ``budget``; everything after the roots is local to the rank.
 
@@ -224,9 +230,10 @@ def run_step(
     pool = _checks.count("pool", pool)
     if _checks.count("expansion_rounds", expansion_rounds) < 1:
         raise ValueError(f"`expansion_rounds` must be at least 1, got {expansion_rounds}")
+    planned = RolloutBudget(*policy.split(budget))
     if policy.dynamic_sampling:
-        return _dynamic_sampling(world, policy, budget.total, pool)
-    n_roots, per_root = policy.split(budget)
+        return _dynamic_sampling(world, policy, planned, pool)
+    n_roots, per_root = planned.roots, planned.continuations_per_root
     prompts = np.arange(pool)
     record: dict = {}
     if policy.predicts_roots:
@@ -236,7 +243,7 @@ def run_step(
     else:  # the rule ignores values: none are asked for
         v, kappa = np.full(pool, 0.5), None
     allocate = root_allocator or _allocate_roots_locally
-    m = np.asarray(allocate(policy, v, n_roots, rng, kappa), dtype=np.int64)
+    m = np.asarray(allocate(policy, v, n_roots, rng=rng, concentration=kappa), dtype=np.int64)
     if m.shape != (pool,) or (m < 0).any():  # a distributed allocator returns this rank's share of the budget
         raise ValueError(f"the root allocator must return {pool} non-negative counts, got {m!r}")
     active = np.flatnonzero(m > 0)
@@ -247,10 +254,11 @@ def run_step(
     if policy.branches and per_root > 0 and active.size:
         forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
                                       counts)
-    return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, **record)
+    return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,
+                      **record)
 
 
-def _allocate_roots_locally(policy, v, budget, rng, concentration):
+def _allocate_roots_locally(policy, v, budget, *, rng, concentration):
     """The default root allocator: this process's pool is the whole candidate pool."""
     return policy.allocate_roots(v, budget, rng=rng, concentration=concentration)
 
@@ -360,9 +368,9 @@ def _numbered_by_rollout(forest: RolloutForest) -> bool:
     return bool((forest.starts_rollout | (parent == -1) | (parent == np.arange(len(parent)) - 1)).all())
 
 
-def _dynamic_sampling(world: World, policy: AllocationPolicy, budget: int, pool: int) -> StepRecord:
+def _dynamic_sampling(world: World, policy: AllocationPolicy, planned: RolloutBudget, pool: int) -> StepRecord:
     """DAPO: rounds of G rollouts for fresh prompts (pool order) until the target, the budget or the pool."""
-    g = policy.group_size
+    g, budget = policy.group_size, planned.total
     state = DynamicSamplingState(target=policy.dynamic_target(budget), group_size=g, budget=budget)
     drawn, rounds, kept, forest = 0, 0, [], None
     while not state.done and drawn < pool:
@@ -380,4 +388,5 @@ def _dynamic_sampling(world: World, policy: AllocationPolicy, budget: int, pool:
     counts = dict.fromkeys(KINDS, 0)
     counts["bare"] = int(groups.sum())
     kept_ids = np.concatenate(kept) if kept else _EMPTY_I
-    return StepRecord(forest, groups, counts=counts, rounds=rounds, kept=kept_ids.astype(np.int64))
+    return StepRecord(forest, groups, counts=counts, rounds=rounds, kept=kept_ids.astype(np.int64),
+                      planned=planned)

@@ -33,7 +33,7 @@ from trace_theory import RolloutBudget
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, by_arm, register, summarise, tidy_metrics, unit_rng
-from .common import YIELD_METRICS, PAPER_GRPO_RATIO, calibrated, check_arms, online_batches
+from .common import PAPER_GRPO_RATIO, YIELD_METRICS, BatchChecks, calibrated, check_arms, online_batches
 
 NAME = "ablation"
 CLAIM = (
@@ -50,7 +50,7 @@ METRICS = (*YIELD_METRICS, "effective_ratio", "mixed_prompts", "mixed_anchor_rat
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(BatchChecks):
     seed: int = 0
     seeds: int = 6
     batches: int = 8
@@ -73,12 +73,7 @@ class Config:
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
 
     def __post_init__(self):
-        for name in ("seeds", "batches", "pool", "prompt_set", "group_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
-            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+        self.check_batches("seeds", "batches", "pool", "prompt_set", "group_size")
         shapes = [tuple(self.ablation_shape)] + list(itertools.product(self.roots, self.continuations))
         if not self.roots or not self.continuations:
             raise ValueError("`roots` and `continuations` must each list at least one value")
@@ -93,8 +88,7 @@ class Config:
         check_arms(self.ablation_arms)
         if not self.pool_modes or any(m not in POOL_MODES for m in self.pool_modes):
             raise ValueError(f"`pool_modes` must name some of {', '.join(POOL_MODES)}, got {self.pool_modes!r}")
-        if not 0.0 < self.target_ratio < 1.0:
-            raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
+        self.check_target_ratio()
 
     @classmethod
     def quick(cls) -> Config:

@@ -29,7 +29,33 @@ V_BINS = 10
 """Equal-width bins of an anchor's true V for the ``rollout_share_v_*`` metrics."""
 
 
-class BatchShape:
+class BatchChecks:
+    """Checks shared by the configs of the batch experiments, called from their ``__post_init__``.
+
+    Every such config has ``seed``, ``seeds``, ``batches``, ``warmup`` and ``group_size`` fields (most also
+    ``roots``, ``continuations``, ``pool_factor``, ``target_ratio`` and ``model``); each declares them itself,
+    with its own defaults and in an order the results' ``config.json`` keeps, and states the checks here.
+    """
+
+    def check_batches(self, *positive: str) -> None:
+        """The fields ``positive`` are positive integers and ``warmup`` lies in [0, batches)."""
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
+            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+
+    def check_pool_factor(self) -> None:
+        if not self.pool_factor >= 1.0:
+            raise ValueError(f"`pool_factor` must be at least 1, got {self.pool_factor!r}")
+
+    def check_target_ratio(self) -> None:
+        if not 0.0 < self.target_ratio < 1.0:
+            raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
+
+
+class BatchShape(BatchChecks):
     """Derived sizes shared by the experiment configs that have ``roots``, ``continuations`` and, for
     candidate pools, ``pool_factor`` and ``group_size`` fields."""
 

@@ -85,12 +85,7 @@ class Config(BatchShape):
     """The world; its pass rates are rescaled to ``target_ratio``."""
 
     def __post_init__(self):
-        for name in ("seeds", "batches", "roots", "group_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
-            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+        self.check_batches("seeds", "batches", "roots", "group_size")
         if not (isinstance(self.continuations, int) and self.continuations >= 0):
             raise ValueError(f"`continuations` must be a non-negative integer, got {self.continuations!r}")
         if self.group_size < 2:
@@ -102,8 +97,7 @@ class Config(BatchShape):
                 "`pool_factor` must be at least 1 (GRPO needs M (1 + N) / G prompts), "
                 f"got {self.pool_factor!r}"
             )
-        if not 0.0 < self.target_ratio < 1.0:
-            raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
+        self.check_target_ratio()
         check_arms(self.arms)
         if self.turn_reference not in self.arms:
             raise ValueError(f"`turn_reference` {self.turn_reference!r} must be one of `arms`")

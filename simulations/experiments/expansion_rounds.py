@@ -63,16 +63,10 @@ class Config(BatchShape):
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
 
     def __post_init__(self):
-        for name in ("seeds", "batches", "roots", "continuations", "group_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
-            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+        self.check_batches("seeds", "batches", "roots", "continuations", "group_size")
         if not self.rounds or any(not isinstance(r, int) or r < 1 for r in self.rounds):
             raise ValueError(f"`rounds` must be positive integers, got {self.rounds!r}")
-        if not self.pool_factor >= 1.0:
-            raise ValueError(f"`pool_factor` must be at least 1, got {self.pool_factor!r}")
+        self.check_pool_factor()
         check_arms(self.arms)
         flat = [a for a in self.arms if not get_policy(Arm.parse(a).policy).branches]
         if flat:

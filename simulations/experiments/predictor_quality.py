@@ -61,15 +61,9 @@ class Config(BatchShape):
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
 
     def __post_init__(self):
-        for name in ("seeds", "batches", "roots", "group_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
-            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+        self.check_batches("seeds", "batches", "roots", "group_size")
         RolloutBudget(self.roots, self.continuations)
-        if not self.pool_factor >= 1.0:
-            raise ValueError(f"`pool_factor` must be at least 1, got {self.pool_factor!r}")
+        self.check_pool_factor()
         if len(self.noises) < 2 or sorted(set(self.noises)) != list(self.noises) or self.noises[0] < 0:
             raise ValueError(
                 f"`noises` must be at least two increasing non-negative values, got {self.noises!r}"
@@ -77,8 +71,7 @@ class Config(BatchShape):
         if 1.0 not in self.temperatures or not all(t > 0 for t in self.temperatures):
             raise ValueError(f"`temperatures` must be positive and include 1.0, got {self.temperatures!r}")
         check_arms(self.references)
-        if not 0.0 < self.target_ratio < 1.0:
-            raise ValueError(f"`target_ratio` must lie in (0, 1), got {self.target_ratio!r}")
+        self.check_target_ratio()
 
     @classmethod
     def quick(cls) -> Config:

@@ -29,7 +29,15 @@ from trace_theory import RolloutBudget
 from ..model import BernoulliTreeModel
 from ..runner import Arm
 from .base import Experiment, Outcome, Units, register, summarise, tidy_metrics, unit_rng
-from .common import PAPER_GRPO_RATIO, PAPER_TRACE_RATIO, YIELD_METRICS, calibrated, check_arms, online_batches
+from .common import (
+    PAPER_GRPO_RATIO,
+    PAPER_TRACE_RATIO,
+    YIELD_METRICS,
+    BatchChecks,
+    calibrated,
+    check_arms,
+    online_batches,
+)
 
 NAME = "sensitivity"
 CLAIM = (
@@ -41,7 +49,7 @@ METRICS = (*YIELD_METRICS, "effective_ratio", "mixed_prompts")
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(BatchChecks):
     seed: int = 0
     seeds: int = 4
     batches: int = 7
@@ -62,12 +70,7 @@ class Config:
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
 
     def __post_init__(self):
-        for name in ("seeds", "batches", "roots", "group_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
-            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+        self.check_batches("seeds", "batches", "roots", "group_size")
         RolloutBudget(self.roots, self.continuations)
         for name in ("noises", "pool_factors", "informativeness"):
             values = getattr(self, name)

@@ -75,12 +75,7 @@ class Config(BatchShape):
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
 
     def __post_init__(self):
-        for name in ("seeds", "batches", "roots", "group_size", "bins"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-        if not (isinstance(self.warmup, int) and 0 <= self.warmup < self.batches):
-            raise ValueError(f"`warmup` must be an integer in [0, batches), got {self.warmup!r}")
+        self.check_batches("seeds", "batches", "roots", "group_size", "bins")
         if self.seeds < 2:
             raise ValueError(f"`seeds` must be at least 2 to give standard errors, got {self.seeds}")
         if not (isinstance(self.continuations, int) and self.continuations >= 1):
@@ -88,8 +83,7 @@ class Config(BatchShape):
                 "`continuations` must be at least 1 (this experiment is about branching), "
                 f"got {self.continuations!r}"
             )
-        if not self.pool_factor >= 1.0:
-            raise ValueError(f"`pool_factor` must be at least 1, got {self.pool_factor!r}")
+        self.check_pool_factor()
         check_arms(self.arms)
         flat = [a for a in self.arms if not get_policy(Arm.parse(a).policy).branches]
         if flat:

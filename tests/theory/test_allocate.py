@@ -214,7 +214,8 @@ def test_closed_form_roots_equal_the_table_on_random_pools():
     than rounding: no prompt with 0 < v (1 - v) < 1e-6 (its utility is linear to ~1e-15, so splits of it
     are ties) and a threshold lambda* >= 1e-10 (below it, units differ by less than the 1e-12 tolerance).
     Elsewhere both are optimal up to that tolerance per prompt."""
-    from trace_theory.allocate import _closed_form_threshold, check_root_budget
+    from trace_theory._roots_closed_form import _closed_form_threshold
+    from trace_theory.allocate import check_root_budget
 
     rng = np.random.default_rng(20261201)
     strict = 0
@@ -387,7 +388,7 @@ def test_prefix_allocation_near_certain_repeat_does_not_enumerate_the_bracket():
 # ---------------------------------------------------------------------------------------------------
 
 
-from trace_theory.allocate import _FLOOR  # noqa: E402
+from trace_theory._water_fill import _FLOOR  # noqa: E402
 
 
 def greedy_prefixes(v, r, prompt, budget, cap):
@@ -471,7 +472,7 @@ def test_prefix_water_level_with_near_equal_gains_keeps_the_tie_order():
     st.booleans(),
 )
 def test_the_order_within_groups_is_lexsort_of_group_then_key_with_ties_in_index_order(items, sort_groups):
-    from trace_theory.allocate import _order_in_groups
+    from trace_theory._water_fill import _order_in_groups
 
     group = np.array([g for g, _ in items], dtype=np.int64)
     key = np.array([k for _, k in items], dtype=float)

@@ -204,7 +204,7 @@ def test_dapo_rounds_with_fixed_outcomes():
 def test_the_root_allocator_hook_replaces_the_local_allocation():
     calls = []
 
-    def everything_on_the_last_two(policy, v, budget, rng, concentration):
+    def everything_on_the_last_two(policy, v, budget, *, rng, concentration):
         calls.append((policy.name, v.size, budget))
         m = np.zeros(v.size, dtype=np.int64)
         m[-2:] = budget // 2, budget - budget // 2
@@ -218,11 +218,11 @@ def test_the_root_allocator_hook_replaces_the_local_allocation():
     assert record.rollouts == 20
     # A distributed allocator returns this rank's share of the global budget: the rest of the step is local.
     share = run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8,
-                     rng=np.random.default_rng(0), root_allocator=lambda *args: np.full(8, 2))
+                     rng=np.random.default_rng(0), root_allocator=lambda *args, **kwargs: np.full(8, 2))
     assert share.counts["bare"] == 16 and share.rollouts == 32
     with pytest.raises(ValueError, match="the root allocator must return 8 non-negative counts"):
         run_step(ScriptedWorld(8), get_policy("trace"), RolloutBudget(10, 1), pool=8, rng=np.random.default_rng(0),
-                 root_allocator=lambda *args: np.ones(7, dtype=np.int64))
+                 root_allocator=lambda *args, **kwargs: np.ones(7, dtype=np.int64))
 
 
 def test_bad_input_fails_with_one_line_messages():

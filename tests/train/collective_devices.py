@@ -69,7 +69,7 @@ def helpers(info, expected: torch.device, log: list) -> None:
         "merge_metrics": lambda: merge_metrics({"a": 1.0}, 1.0, info),
         "gather_objects": lambda: gather_objects(info.rank, info),
         "GlobalRootAllocator": lambda: GlobalRootAllocator(info)(get_policy("grpo"), np.full(2, 0.5), 4,
-                                                                 np.random.default_rng(0), None),
+                                                                 rng=np.random.default_rng(0), concentration=None),
         "full_optimizer_state_dict": lambda: full_optimizer_state_dict(model, optimizer, info),
         "full_state_dict": lambda: full_state_dict(model, info, torch.bfloat16),
         "checkpoint_state_dict": lambda: checkpoint_state_dict(model, info),

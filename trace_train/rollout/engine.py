@@ -74,7 +74,7 @@ class RolloutEngine:
     chat : ChatFormat, optional
         Token-level chat formatting; defaults to the back end tokenizer's template.
     root_allocator : callable, optional
-        ``root_allocator(policy, v, budget, rng, concentration) -> m`` replaces
+        ``root_allocator(policy, v, budget, *, rng, concentration) -> m`` replaces
         ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration)``. The distributed
         trainer passes one that allocates the budget over the candidate pools of all ranks together
         (``trace_train.run.distributed.GlobalRootAllocator``).
@@ -105,9 +105,10 @@ class RolloutEngine:
     # -----------------------------------------------------------------------------------------------
 
     def plan(self) -> RolloutBudget:
-        """The budget of the next call after the policy's split.
+        """The budget of the next call, unsplit: ``run_step`` applies the policy's split (the report's
+        ``planned`` is the split budget, from the step record).
 
-        With a rollout budget this is ``policy.split(RolloutBudget(M, N))``. With ``token_budget`` T,
+        With a rollout budget this is ``RolloutBudget(M, N)``. With ``token_budget`` T,
         a flat policy gets M = T / L roots and a branching one M = T / (L (1 + N c)), where L is the
         average of tokens per bare rollout over earlier calls (initially half of ``max_turns *
         max_turn_tokens``) and c that of a continuation's tokens relative to a bare rollout's: equal
@@ -115,7 +116,7 @@ class RolloutEngine:
         """
         cfg, policy = self.config, self.policy
         if cfg.token_budget is None:
-            return RolloutBudget(*policy.split(RolloutBudget(cfg.roots, cfg.continuations_per_root)))
+            return RolloutBudget(cfg.roots, cfg.continuations_per_root)
         tokens = self.tokens_per_rollout or 0.5 * cfg.limits.max_turns * cfg.limits.max_turn_tokens
         n = cfg.continuations_per_root if policy.branches else 0
         roots = int(cfg.token_budget // (tokens * (1.0 + n * self.continuation_cost_ratio)))
@@ -257,19 +258,19 @@ class _Run:
 
     # ---- the call and its result ------------------------------------------------------------------
 
-    def execute(self, planned: RolloutBudget) -> RolloutBatch:
-        record = run_step(self, self.engine.policy, planned, pool=len(self.pool), rng=self.rng,
+    def execute(self, budget: RolloutBudget) -> RolloutBatch:
+        record = run_step(self, self.engine.policy, budget, pool=len(self.pool), rng=self.rng,
                           expansion_rounds=self.cfg.expansion_rounds,
                           root_allocator=self.engine.root_allocator)
-        return self._finish(planned, record)
+        return self._finish(record)
 
-    def _finish(self, planned: RolloutBudget, record: StepRecord) -> RolloutBatch:
+    def _finish(self, record: StepRecord) -> RolloutBatch:
         seconds = time.perf_counter() - self.start
         forest, grown = record.forest, self.grown
         stats = self.engine.backend.stats.since(self.stats_before)
         counts = record.counts
         report = RolloutReport(
-            policy=self.cfg.policy, planned=planned, rollouts=forest.n_leaves,
+            policy=self.cfg.policy, planned=record.planned, rollouts=forest.n_leaves,
             bare_rollouts=counts["bare"] + counts["top_up"], continuations=counts["continuation"],
             top_up_rollouts=counts["top_up"], generated_tokens=int(forest.cost.sum()),
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,

@@ -80,7 +80,7 @@ class GlobalRootAllocator:
     def __init__(self, info: DistInfo):
         self.info = info
 
-    def __call__(self, policy, v, budget, rng, concentration):
+    def __call__(self, policy, v, budget, *, rng, concentration):
         parts = [None] * self.info.world_size
         dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration)))
         sizes = [len(p[0]) for p in parts]
