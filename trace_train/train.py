@@ -262,6 +262,8 @@ class _PredictorFit:
         elif run.info.enabled:  # one predictor for the job: gather here, fit on the worker
             self._future = pool.submit(_fit_predictor, run.predictor, _job_fit_inputs(batch, target, run.info))
         else:
+            if getattr(run.predictor, "needs_states", False):  # the policy's states, before it updates
+                run.predictor.prepare(_fit_inputs(batch, target)[0])
             self._future = pool.submit(_update_predictor, run.predictor, batch, target)
 
     def result(self) -> dict:
@@ -450,6 +452,22 @@ def build_run(cfg: TrainConfig) -> Run:
         raise
 
 
+def _attach_policy_states(run: Run) -> None:
+    """Give a predictor that reads the policy's hidden states (``predictor.kind=probe``) the policy's forward.
+
+    One process only: under FSDP the forward is a collective every rank must join with the same shapes,
+    and each rank predicts its own pool."""
+    if not getattr(run.predictor, "needs_states", False):
+        return
+    if run.info.enabled:
+        raise ValueError(f"predictor.kind={run.cfg.predictor.kind} reads the policy's hidden states and runs on "
+                         "one process for now (under FSDP that forward is a collective every rank must join in "
+                         "step); with torchrun use predictor.kind=ngram or running_mean")
+    from .predictors.hidden_states import PolicyStates
+
+    run.predictor.attach(PolicyStates(run.policy, compute_dtype=getattr(torch, run.cfg.model.dtype)))
+
+
 def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
     """One run per directory (rank 0 holds ``run.lock``); then remove what killed checkpoint writes left."""
     if not info.is_main:
@@ -499,6 +517,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.resume(ckpt)
         if info.is_main:
             print(f"trace-train: resuming from step {ckpt.step} of {run_dir}", file=sys.stderr)
+    _attach_policy_states(run)
     if info.is_main:
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,

@@ -18,7 +18,7 @@ class PredictorConfig:
     learning_rate: float = 0.1
     """Adam step size (``ngram``)."""
     steps_per_update: int = 200
-    """Adam steps per call of ``update`` (``ngram``)."""
+    """Adam steps (``ngram``) or at most this many L-BFGS iterations (``probe``) per call of ``update``."""
     l2: float = 1e-4
     """Ridge penalty on the weights (not the bias)."""
     prior_strength: float = 4.0
@@ -28,13 +28,15 @@ class PredictorConfig:
     seed: int = 0
     """Unused: the fit is deterministic (kept so that saved configs still load)."""
     kind: str = "ngram"
-    """Which predictor (``trace_train.predictors.PREDICTORS``): ``ngram`` or ``running_mean``."""
+    """Which predictor (``trace_train.predictors.PREDICTORS``): ``ngram``, ``running_mean`` or ``probe`` (the
+    policy's own hidden states; one process only for now)."""
     fit: str = "lazy_adam"
     """``ngram``'s optimiser: ``lazy_adam`` (Adam on the features present in the batch only: the moments
     and weights of absent features are left as they are, as in lazy/sparse Adam) or ``adam`` (dense Adam
     over every bucket, each step; the fit before lazy Adam, ~30x slower at 2^18 buckets)."""
     mean_decay: float = 0.9
-    """``running_mean``: each update multiplies the (family, depth) sums of past targets by this."""
+    """``running_mean``: each update multiplies the (family, depth) sums of past targets by this; ``probe``:
+    the same for its running moments of the hidden states."""
 
     def __post_init__(self):
         if not (isinstance(self.n_buckets, int) and self.n_buckets >= 16):
