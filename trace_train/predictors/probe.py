@@ -35,7 +35,7 @@ Encoder = Callable[[list[Sequence[int]]], np.ndarray]
 """token sequences -> (n, hidden) array: the state at each sequence's last token."""
 
 
-def _key(token_ids: Sequence[int]) -> bytes:
+def state_key(token_ids: Sequence[int]) -> bytes:
     return hashlib.blake2b(np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
@@ -66,7 +66,7 @@ class HiddenStateProbe(PosteriorPredictor):
         self._states(list(histories))
 
     def _states(self, histories: list[HistoryLike]) -> np.ndarray:
-        keys = [_key(h.token_ids) for h in histories]
+        keys = [state_key(h.token_ids) for h in histories]
         missing = {k: h.token_ids for k, h in zip(keys, histories) if k not in self._cache}
         if missing:
             if self._encoder is None:
