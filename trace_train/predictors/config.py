@@ -34,6 +34,9 @@ class PredictorConfig:
     """``ngram``'s optimiser: ``lazy_adam`` (Adam on the features present in the batch only: the moments
     and weights of absent features are left as they are, as in lazy/sparse Adam) or ``adam`` (dense Adam
     over every bucket, each step; the fit before lazy Adam, ~30x slower at 2^18 buckets)."""
+    probe_step: float = 1.0
+    """``probe``: eta, the proximal step of each fit (``||theta - theta_previous||^2 / (2 eta)``): smaller
+    keeps more of what earlier steps taught."""
     mean_decay: float = 0.9
     """``running_mean``: each update multiplies the (family, depth) sums of past targets by this; ``probe``:
     the same for its running moments of the hidden states."""
@@ -58,5 +61,7 @@ class PredictorConfig:
         PREDICTORS.check(self.kind)
         if self.fit not in FITS:
             raise ValueError(f"`fit` must be one of {', '.join(FITS)}, got {self.fit!r}")
+        if not self.probe_step > 0:
+            raise ValueError(f"`probe_step` must be positive, got {self.probe_step!r}")
         if not 0 < self.mean_decay <= 1:
             raise ValueError(f"`mean_decay` must lie in (0, 1], got {self.mean_decay!r}")
