@@ -188,7 +188,7 @@ class PredictorConfig:
     learning_rate: float = 0.1
     """Adam step size (``ngram``)."""
     steps_per_update: int = 200
-    """Adam steps per call of ``update`` (``ngram``)."""
+    """Adam steps (``ngram``) or at most this many L-BFGS iterations (``probe``) per call of ``update``."""
     l2: float = 1e-4
     """Ridge penalty on the weights (not the bias)."""
     prior_strength: float = 4.0
@@ -196,13 +196,18 @@ class PredictorConfig:
     history_decay: float = 0.9
     """Each update multiplies a prompt's past counts by this (the policy changes; old outcomes fade)."""
     kind: str = "ngram"
-    """Which predictor (``trace_train.predictors.PREDICTORS``): ``ngram`` or ``running_mean``."""
+    """Which predictor (``trace_train.predictors.PREDICTORS``): ``ngram``, ``running_mean`` or ``probe`` (the
+    policy's own hidden states; one process only for now)."""
     fit: str = "lazy_adam"
     """``ngram``'s optimiser: ``lazy_adam`` (Adam on the features present in the batch only: the moments
     and weights of absent features are left as they are, as in lazy/sparse Adam) or ``adam`` (dense Adam
     over every bucket, each step; the fit before lazy Adam, ~30x slower at 2^18 buckets)."""
     mean_decay: float = 0.9
-    """``running_mean``: each update multiplies the (family, depth) sums of past targets by this."""
+    """``running_mean``: each update multiplies the (family, depth) sums of past targets by this; ``probe``:
+    the same for its running moments of the hidden states."""
+    probe_step: float = 1.0
+    """``probe``: eta, the proximal step of each fit (``||theta - theta_previous||^2 / (2 eta)``): smaller
+    keeps more of what earlier steps taught."""
 
     def __post_init__(self):
         if not (isinstance(self.n_buckets, int) and self.n_buckets >= 16):
@@ -226,6 +231,8 @@ class PredictorConfig:
             raise ValueError(f"`fit` must be one of {', '.join(PREDICTOR_FITS)}, got {self.fit!r}")
         if not 0 < self.mean_decay <= 1:
             raise ValueError(f"`mean_decay` must lie in (0, 1], got {self.mean_decay!r}")
+        if not self.probe_step > 0:
+            raise ValueError(f"`probe_step` must be positive, got {self.probe_step!r}")
 
 
 # ---------------------------------------------------------------------------------------------------

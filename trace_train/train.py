@@ -260,6 +260,8 @@ class _PredictorFit:
         elif run.info.enabled:  # one predictor for the job: gather here, fit on the worker
             self._future = pool.submit(_fit_predictor, run.predictor, _job_fit_inputs(batch, target, run.info))
         else:
+            if getattr(run.predictor, "needs_states", False):  # the policy's states, before it updates
+                run.predictor.prepare(_fit_inputs(batch, target)[0])
             self._future = pool.submit(_update_predictor, run.predictor, batch, target)
 
     def result(self) -> dict:
@@ -448,6 +450,22 @@ def build_run(cfg: TrainConfig) -> Run:
         raise
 
 
+def _attach_policy_states(run: Run) -> None:
+    """Give a predictor that reads the policy's hidden states (``predictor.kind=probe``) the policy's forward.
+
+    One process only: under FSDP the forward is a collective every rank must join with the same shapes,
+    and each rank predicts its own pool."""
+    if not getattr(run.predictor, "needs_states", False):
+        return
+    if run.info.enabled:
+        raise ValueError(f"predictor.kind={run.cfg.predictor.kind} reads the policy's hidden states and runs on "
+                         "one process for now (under FSDP that forward is a collective every rank must join in "
+                         "step); with torchrun use predictor.kind=ngram or running_mean")
+    from .predictors.hidden_states import PolicyStates
+
+    run.predictor.attach(PolicyStates(run.policy, compute_dtype=getattr(torch, run.cfg.model.dtype)))
+
+
 def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
     """One run per directory (rank 0 holds ``run.lock``); then remove what killed checkpoint writes left."""
     if not info.is_main:
@@ -497,6 +515,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.resume(ckpt)
         if info.is_main:
             print(f"trace-train: resuming from step {ckpt.step} of {run_dir}", file=sys.stderr)
+    _attach_policy_states(run)
     if info.is_main:
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
@@ -676,16 +695,22 @@ _NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorb
 
 # Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume.
 _REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
+# Fields added after checkpoints existed: left out of the hash while they hold the default every older run
+# had, so older runs still resume (a run that sets another value is another trajectory, and hashes it).
+_ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}}
 
 
 def resume_fingerprint(cfg: TrainConfig) -> str:
     """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
-    Fields added after checkpoints existed (``_ADDED_SINKS``) are left out, and removed ones
-    (``_REMOVED_IN_FINGERPRINT``) put back at their old default, so older runs still resume."""
+    Fields added after checkpoints existed (``_ADDED_SINKS``, and ``_ADDED_IN_FINGERPRINT`` at their
+    defaults) are left out, and removed ones (``_REMOVED_IN_FINGERPRINT``) put back at their old default,
+    so older runs still resume."""
     plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT})
     data = {k: v for k, v in config_to_dict(plain).items() if k not in _ADDED_SINKS}
     for section, fields in _REMOVED_IN_FINGERPRINT.items():
         data[section] = {**data[section], **fields}
+    for section, fields in _ADDED_IN_FINGERPRINT.items():
+        data[section] = {k: v for k, v in data[section].items() if not (k in fields and v == fields[k])}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

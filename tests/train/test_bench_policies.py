@@ -114,3 +114,26 @@ def test_a_subset_of_policies_without_trace_reports_their_own_numbers(tmp_path, 
     summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
     assert summary["best"]["policies"]["dapo"]["gain"] == pytest.approx(0.2)
     assert summary["best"]["trace_minus"] == {} and "no paired TRACE" in summary["best"]["conclusion"]
+
+
+def _timed(policy, seed, seconds_per_step, successes):
+    """A result whose evaluations come every 2 steps of ``seconds_per_step`` each, starting at 0 s."""
+    rows = [{"step": 0, "eval_success": successes[0]}]
+    for k, success in enumerate(successes[1:], start=1):
+        rows.append({"step": 2 * k - 1, "rollout_seconds": seconds_per_step / 2, "train_seconds": seconds_per_step / 2})
+        rows.append({"step": 2 * k, "rollout_seconds": seconds_per_step / 2, "train_seconds": seconds_per_step / 2,
+                     "eval_success": success})
+    return dict(_result(policy, 1e-3, seed, 0.0), **bench.run_result(rows), seed=seed)
+
+
+def test_at_equal_time_reads_each_run_at_its_seeds_shortest_run():
+    # trace's steps cost 2 s, grpo's 1 s: after grpo's 4 s trace has done 2 steps, its first evaluation
+    results = [_timed("trace", 0, 2.0, [0.1, 0.5, 0.7]), _timed("grpo", 0, 1.0, [0.1, 0.2, 0.3])]
+    assert [r["train_seconds"] for r in results] == [8.0, 4.0]
+    timed = bench.at_equal_time(results)
+    assert [r["equal_time_seconds"] for r in timed] == [4.0, 4.0]
+    assert timed[0]["gain_at_equal_time"] == pytest.approx(0.4)  # trace at 4 s: 0.5, its eval after 2 steps
+    assert timed[1]["gain_at_equal_time"] == pytest.approx(0.2)  # grpo's whole run
+    assert timed[0]["gain"] == pytest.approx(0.5)  # at equal tokens: the mean of the last two, 0.6, minus 0.1
+    halfway = bench.at_equal_time([_timed("trace", 1, 2.0, [0.1, 0.5, 0.7]), _timed("grpo", 1, 1.0, [0.1, 0.3])])
+    assert halfway[0]["gain_at_equal_time"] == pytest.approx(0.2)  # 2 s of trace: halfway to its first eval

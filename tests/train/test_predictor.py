@@ -99,7 +99,7 @@ def test_state_dict_round_trip_is_exact():
         (dict(l2=-1.0), r"`l2` must be >= 0, got -1.0"),
         (dict(prior_strength=0.0), r"`prior_strength` must be positive, got 0.0"),
         (dict(history_decay=1.5), r"`history_decay` must lie in \(0, 1\], got 1.5"),
-        (dict(kind="probe"), r"unknown predictor kind 'probe'; known: ngram, running_mean"),
+        (dict(kind="mlp"), r"unknown predictor kind 'mlp'; known: ngram, probe, running_mean"),
         (dict(fit="sgd"), r"`fit` must be one of lazy_adam, adam, got 'sgd'"),
         (dict(mean_decay=0.0), r"`mean_decay` must lie in \(0, 1\], got 0.0"),
     ],
@@ -196,17 +196,28 @@ def test_running_mean_is_the_shrunk_decayed_mean_per_family_and_depth():
     assert pred.concentration(hard).tolist() == [8.0]
 
 
+def _toy_states(sequences):
+    """A deterministic stand-in for the policy's states (kinds that read them): token statistics."""
+    return np.array([[len(s), np.mean(s), np.std(s), s[-1] % 7] for s in sequences], dtype=float)
+
+
+def _with_states(pred):
+    if getattr(pred, "needs_states", False):
+        pred.attach(_toy_states)
+    return pred
+
+
 @pytest.mark.parametrize("kind", sorted(PREDICTORS))
 def test_every_kind_round_trips_exactly_and_fits_deterministically(kind):
     hists, y, w = _stream(3)
     config = PredictorConfig(kind=kind, n_buckets=512, steps_per_update=5)
-    a, b = build_predictor(config), build_predictor(config)
+    a, b = _with_states(build_predictor(config)), _with_states(build_predictor(config))
     for pred in (a, b):  # two ranks given the same data hold the same predictor
         pred.update(hists, y, w)
         pred.observe(hists[:4], [1, 0, 2, 1], [0, 2, 1, 1])
         pred(hists)
     assert np.array_equal(a(hists), b(hists))
-    clone = predictor_from_state_dict(a.state_dict())
+    clone = _with_states(predictor_from_state_dict(a.state_dict()))
     assert type(clone) is type(a) and np.array_equal(clone(hists), a(hists))
     assert np.array_equal(clone.concentration(hists), a.concentration(hists))
     a.update(hists[::-1], y, w)

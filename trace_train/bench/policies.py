@@ -18,10 +18,11 @@ many tokens, whatever the policy) and the same held-out prompts. Two stages:
    policy, so differences are paired by seed.
 
 Reported per policy: held-out success at the start and at the end (mean of the last two evaluations),
-the gain, the batches' contrast yield (mixed prompts per 1,000 rollouts and per 1,000 generated tokens,
+the gain, the gain at equal training time (each seed's runs read at the training seconds of its shortest
+run, interpolated between evaluations: wall clock as the budget, not only tokens), the batches' contrast yield (mixed prompts per 1,000 rollouts and per 1,000 generated tokens,
 which filtering cannot inflate) and effective ratio, tokens and minutes; then TRACE minus each other
 policy, paired by seed, with a 95% confidence interval (Student t) and a paired t-test, and one line
-saying whether TRACE's lead is significant.
+each saying whether TRACE's lead is significant at equal tokens and at equal training time.
 
 Resumable: each run writes ``result.json`` in its directory when it finishes; a rerun skips finished
 runs (the trainer resumes unfinished ones from their last checkpoint) and recomputes the summary from
@@ -70,6 +71,10 @@ def run_one(
     if done.exists():
         result = json.loads(done.read_text())
         if result.get("steps") == steps and result.get("eval_every", 5) == eval_every:
+            if "curve" not in result and (folder / "metrics.jsonl").exists():  # written before wall clock was
+                # reported: read it off the metrics
+                result.update({k: v for k, v in run_result(read_metrics(folder / "metrics.jsonl")).items()
+                               if k in ("curve", "train_seconds")})
             return result
     cfg = load_config(TrainConfig, "cpu_demo", [
         f"run_dir={folder}", f"seed={seed}", f"steps={steps}", f"rollout.policy={policy}",
@@ -92,17 +97,48 @@ def run_one(
 
 
 def run_result(rows: list[dict]) -> dict:
-    """Held-out success at the start and the end (mean of the last two evaluations), batch metrics, tokens."""
+    """Held-out success at the start and the end (mean of the last two evaluations), batch metrics, tokens,
+    and the success curve against training seconds (``curve``: [seconds, success] at each evaluation, the
+    seconds summed over the steps before it of ``rollout_seconds + train_seconds``: generation, allocation,
+    prediction, the update and the weight sync; evaluations themselves are not counted)."""
     evals = [r["eval_success"] for r in rows if "eval_success" in r]
     if len(evals) < 2:
         raise ValueError(f"a run needs at least two evaluations (eval.every <= steps), found {len(evals)}")
     start, end = float(evals[0]), float(np.mean(evals[-2:]))
     out = {"success_start": start, "success_end": end, "gain": end - start}
+    seconds, curve = 0.0, []
+    for r in rows:
+        seconds += float(r.get("rollout_seconds", 0.0)) + float(r.get("train_seconds", 0.0))
+        if "eval_success" in r:
+            curve.append([seconds, float(r["eval_success"])])
+    out["curve"], out["train_seconds"] = curve, seconds
     for key in ("effective_ratio", *YIELDS):
         values = [r[key] for r in rows if key in r]
         out[key] = float(np.nanmean(values)) if values else float("nan")
     out["generated_tokens"] = float(sum(r.get("generated_tokens", 0.0) for r in rows))
     return out
+
+
+def success_at(curve: list, seconds: float) -> float:
+    """Held-out success after ``seconds`` of training, linear between evaluations (the last one past it)."""
+    t, y = np.array(curve, dtype=float).reshape(-1, 2).T
+    return float(np.interp(seconds, t, y))
+
+
+def at_equal_time(results: list[dict]) -> list[dict]:
+    """Each result with ``gain_at_equal_time``: its success after as many training seconds as the shortest
+    run of its seed took (``equal_time_seconds``), minus its start.
+
+    Runs of one seed share games, model and held-out prompts; a policy whose steps cost more has done fewer
+    of them by that time. Wall clock is load-dependent: the runs of a comparison should share a machine.
+    """
+    shortest: dict[int, float] = {}
+    timed = [r for r in results if "curve" in r]  # results of earlier versions without their metrics: left out
+    for r in timed:
+        shortest[r["seed"]] = min(shortest.get(r["seed"], np.inf), r["train_seconds"])
+    return [dict(r, equal_time_seconds=shortest[r["seed"]],
+                 gain_at_equal_time=success_at(r["curve"], shortest[r["seed"]]) - r["success_start"])
+            if "curve" in r else dict(r, equal_time_seconds=np.nan, gain_at_equal_time=np.nan) for r in results]
 
 
 def best_rates(results: list[dict]) -> dict[str, float]:
@@ -128,7 +164,7 @@ def at_grid_edge(rates: dict[str, float], lrs) -> list[str]:
 
 def paired(results: list[dict], reference: str = "trace", metric: str = "gain") -> dict[str, dict]:
     """``reference`` minus each other policy, paired by seed: mean, 95% CI (Student t), t-test p-value."""
-    by = {(r["policy"], r["seed"]): r[metric] for r in results}
+    by = {(r["policy"], r["seed"]): r[metric] for r in results if np.isfinite(r.get(metric, np.nan))}
     out = {}
     for policy in dict.fromkeys(r["policy"] for r in results):
         seeds = sorted(s for p, s in by if p == policy and (reference, s) in by)
@@ -148,8 +184,9 @@ def per_policy(results: list[dict]) -> dict[str, dict]:
     out = {}
     for policy in dict.fromkeys(r["policy"] for r in results):
         rows = [r for r in results if r["policy"] == policy]
-        keys = ("success_start", "success_end", "gain", *YIELDS, "effective_ratio", "generated_tokens", "minutes")
-        entry = {k: float(np.nanmean([r.get(k, np.nan) for r in rows])) for k in keys}
+        keys = ("success_start", "success_end", "gain", "gain_at_equal_time", *YIELDS, "effective_ratio",
+                "generated_tokens", "train_seconds", "minutes")
+        entry = {k: _finite_mean([r.get(k, np.nan) for r in rows]) for k in keys}
         gains = [r["gain"] for r in rows]
         entry["gain_stderr"] = float(np.std(gains, ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else float("nan")
         entry.update(lr=rows[0]["lr"], seeds=len(rows))
@@ -157,27 +194,34 @@ def per_policy(results: list[dict]) -> dict[str, dict]:
     return out
 
 
-def conclusion(gaps: dict[str, dict], against: str = "grpo") -> str:
+def _finite_mean(values) -> float:
+    """Mean of the finite values; nan (without a warning) when there are none."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def conclusion(gaps: dict[str, dict], against: str = "grpo", budget: str = "") -> str:
     """One line: is TRACE's lead over ``against`` significant (95% CI of the paired difference above 0)?"""
     gap = gaps.get(against)
     if gap is None:
         return f"no paired TRACE vs {against} runs"
     lo, hi = gap["ci95"]
     verdict = "significant" if lo > 0 else ("a significant deficit" if hi < 0 else "not significant")
-    return (f"TRACE minus {against} in held-out success gain: {gap['mean']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, "
-            f"p = {gap['p_value']:.2f}, {gap['seeds']} paired seeds): {verdict}.")
+    return (f"TRACE minus {against} in held-out success gain{budget}: {gap['mean']:+.3f} (95% CI {lo:+.3f} to "
+            f"{hi:+.3f}, p = {gap['p_value']:.2f}, {gap['seeds']} paired seeds): {verdict}.")
 
 
 def table(policies: dict[str, dict]) -> str:
-    lines = ["| policy | lr | held-out success: start -> end | gain (± SE) | mixed prompts / 1k rollouts | "
-             "/ 1k tokens | effective ratio | tokens | minutes per run |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| policy | lr | held-out success: start -> end | gain (± SE) | gain at equal time | "
+             "mixed prompts / 1k rollouts | / 1k tokens | effective ratio | tokens | training s | minutes per run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for policy, s in policies.items():
         lines.append(
             f"| {policy} | {s['lr']:g} | {s['success_start']:.3f} -> {s['success_end']:.3f} | {s['gain']:+.3f} ± "
-            f"{s['gain_stderr']:.3f} | {s['mixed_prompts_per_1k_rollouts']:.1f} | "
+            f"{s['gain_stderr']:.3f} | {s['gain_at_equal_time']:+.3f} | {s['mixed_prompts_per_1k_rollouts']:.1f} | "
             f"{s['mixed_prompts_per_1k_tokens']:.2f} | {s['effective_ratio']:.1%} | {s['generated_tokens']:,.0f} | "
-            f"{s['minutes']:.1f} |")
+            f"{s['train_seconds']:.0f} | {s['minutes']:.1f} |")
     return "\n".join(lines)
 
 
@@ -213,9 +257,12 @@ def benchmark(args) -> dict:
     for name, lr_of in (("best", rates), ("shared", {p: args.shared_lr for p in args.policies})):
         if name == "shared" and args.shared_lr is None:
             continue
-        results = run_all(args.out, [(p, s, lr_of[p]) for p in args.policies for s in args.seeds], **one)
-        gaps = paired(results)
-        summary[name] = {"policies": per_policy(results), "trace_minus": gaps, "conclusion": conclusion(gaps)}
+        results = at_equal_time(run_all(args.out, [(p, s, lr_of[p]) for p in args.policies for s in args.seeds],
+                                        **one))
+        gaps, timed = paired(results), paired(results, metric="gain_at_equal_time")
+        summary[name] = {"policies": per_policy(results), "trace_minus": gaps, "conclusion": conclusion(gaps),
+                         "trace_minus_at_equal_time": timed,
+                         "conclusion_at_equal_time": conclusion(timed, budget=" at equal training time")}
     summary["minutes_this_invocation"] = round((time.perf_counter() - start) / 60, 1)
     summary["load_average"] = round(os.getloadavg()[0], 1)
     return summary
@@ -261,7 +308,8 @@ def cli(argv=None) -> int:
               f"--lrs {' '.join(f'{x:g}' for x in args.lrs)}; widen the grid for a best-against-best comparison")
     for name in ("best", "shared"):
         if name in summary:
-            print(f"\n{name} learning rates:\n{table(summary[name]['policies'])}\n{summary[name]['conclusion']}")
+            print(f"\n{name} learning rates:\n{table(summary[name]['policies'])}\n{summary[name]['conclusion']}\n"
+                  f"{summary[name]['conclusion_at_equal_time']}")
     print(f"runs and summary.json in {args.out / args.task} ({summary['minutes_this_invocation']} min)")
     return 0
 

@@ -1,12 +1,14 @@
 """Success predictors measured online on real rollouts: Brier, ECE and AUC at roots and anchors, and fit cost.
 
     python -m trace_train.bench.predictor                      # collect 80 TRACE steps of cpu_demo's mixed games (~2 min), replay
-    python -m trace_train.bench.predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50
+    python -m trace_train.bench.predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50 probe
 
 **Collect** (once; cached in ``--out``/stream.pkl): the ``cpu_demo`` preset on the mixed-difficulty games
 (``bench_policies``'s ``--task mixed``) with TRACE, recording what each step's predictor fit received
 (every non-terminal node's history with its recursive target and weight) and each step's evaluation
-data: the roots with the rewards of the rollouts sampled at them (``root_outcomes``) and every prefix
+data: the policy's last-layer states of every history, taken in the main thread before the step's update
+(what ``predictor.kind=probe`` reads; their forward's seconds are the probe's state cost per step), the roots
+with the rewards of the rollouts sampled at them (``root_outcomes``) and every prefix
 anchor of a bare rollout with the reward its own rollout reached (``factual_leaf``), a Bernoulli draw of
 the prefix's true value drawn before any allocation looked at it.
 
@@ -51,35 +53,49 @@ def collect(out: Path, steps: int, seed: int = 0) -> list[dict]:
     from .. import train as train_module
     from ..config_loader import load_config
 
+    from ..predictors.hidden_states import PolicyStates
+    from ..predictors.probe import state_key
+
     path = out / "stream.pkl"
     if path.exists():
         stream = pickle.loads(path.read_bytes())
-        if len(stream) >= steps:
+        if len(stream) >= steps and all("states" in step for step in stream):
             return stream[:steps]
     stream: list[dict] = []
-    original = train_module._update_predictor
+    original = train_module._PredictorFit
 
-    def recording(predictor, batch, value_target):
-        f = batch.forest
-        nodes = np.flatnonzero(~f.is_leaf)
-        values, weights = node_targets(f, value_target)
-        roots, m, s = root_outcomes(f)
-        anchors = f.prefix_anchors()
-        stream.append({
-            "fit": (train_module._histories(batch, nodes), values[nodes], weights[nodes]),
-            "roots": (train_module._histories(batch, roots), s, m - s),
-            "anchors": (train_module._histories(batch, anchors), f.reward[f.factual_leaf[anchors]]),
-        })
-        return original(predictor, batch, value_target)
+    class Recording(original):
+        """Records the step's predictor data, and the policy's states of every history in it, in the main
+        thread before the policy updates (what ``predictor.kind=probe`` would have read at that step)."""
+
+        def __init__(self, pool, run, batch):
+            f = batch.forest
+            nodes = np.flatnonzero(~f.is_leaf)
+            values, weights = node_targets(f, run.cfg.algorithm.value_target)
+            roots, m, s = root_outcomes(f)
+            anchors = f.prefix_anchors()
+            step = {
+                "fit": (train_module._histories(batch, nodes), values[nodes], weights[nodes]),
+                "roots": (train_module._histories(batch, roots), s, m - s),
+                "anchors": (train_module._histories(batch, anchors), f.reward[f.factual_leaf[anchors]]),
+            }
+            seqs = {state_key(h.token_ids): list(h.token_ids) for part in ("fit", "roots", "anchors")
+                    for h in step[part][0]}
+            t0 = time.perf_counter()
+            states = PolicyStates(run.policy)(list(seqs.values())) if seqs else np.zeros((0, 0))
+            step["state_seconds"] = time.perf_counter() - t0
+            step["states"] = dict(zip(seqs, states))
+            stream.append(step)
+            super().__init__(pool, run, batch)
 
     cfg = load_config(train_module.TrainConfig, "cpu_demo", [
         f"run_dir={out / 'run'}", f"seed={seed}", f"steps={steps}", "rollout.policy=trace", "eval.every=0",
         "tensorboard=false", f"checkpoint_every={steps}", f"task.rows={MIXED_ROWS}"])
-    train_module._update_predictor = recording
+    train_module._PredictorFit = Recording
     try:
         train_module.main(cfg)
     finally:
-        train_module._update_predictor = original
+        train_module._PredictorFit = original
     out.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(stream))
     return stream
@@ -102,9 +118,13 @@ def parse_kind(spec: str):
 
 def replay(stream: list[dict], spec: str) -> dict:
     """One kind, online over the stream (module docstring); returns its scores and mean fit cost."""
+    from ..predictors.probe import state_key
+
     predictor = parse_kind(spec)
     root_p, root_y, anchor_p, anchor_y, cpu, wall = [], [], [], [], [], []
     for step in stream:
+        if getattr(predictor, "needs_states", False):  # the states of the policy at this step
+            predictor.attach(lambda seqs, table=step["states"]: np.stack([table[state_key(q)] for q in seqs]))
         hists, s, f = step["roots"]
         p = np.asarray(predictor(hists))
         root_p.append(np.repeat(np.concatenate([p, p]), np.concatenate([s, f]).astype(int)))
@@ -125,20 +145,22 @@ def replay(stream: list[dict], spec: str) -> dict:
                     f"{where}_ece": expected_calibration_error(p, y), f"{where}_auc": auc(p, y),
                     f"{where}_constant_brier": float(y.var())})
     out["fit_cpu_s"] = float(np.mean(cpu[1:] if len(cpu) > 1 else cpu))
+    out["state_s"] = float(np.mean([step["state_seconds"] for step in stream])) \
+        if getattr(predictor, "needs_states", False) else 0.0
     out["fit_wall_s"] = float(np.mean(wall[1:] if len(wall) > 1 else wall))
     return out
 
 
 def table(results: list[dict]) -> str:
     lines = ["| predictor kind | roots Brier | roots ECE | roots AUC | anchors Brier | anchors ECE | anchors AUC | "
-             "fit CPU-s / step |", "|---|---|---|---|---|---|---|---|"]
+             "fit CPU-s / step | states s / step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['kind']} | {r['roots_brier']:.4f} | {r['roots_ece']:.4f} | {r['roots_auc']:.3f} | "
                      f"{r['anchors_brier']:.4f} | {r['anchors_ece']:.4f} | {r['anchors_auc']:.3f} | "
-                     f"{r['fit_cpu_s']:.4f} |")
+                     f"{r['fit_cpu_s']:.4f} | {r['state_s']:.4f} |")
     r = results[0]
     lines.append(f"| (constant: the outcomes' variance) | {r['roots_constant_brier']:.4f} | | 0.5 | "
-                 f"{r['anchors_constant_brier']:.4f} | | 0.5 | |")
+                 f"{r['anchors_constant_brier']:.4f} | | 0.5 | | |")
     return "\n".join(lines)
 
 
@@ -147,7 +169,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/bench_predictor"))
-    parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram_adam200", "ngram"])
+    parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram", "probe"])
     args = parser.parse_args(argv)
     from ..run.threads import set_compute_threads
 

@@ -11,6 +11,7 @@ data, so ranks given the same data hold the same predictor.
 ==============  ===========================================================================================
 ``ngram``       logistic model on signed hashed token n-grams + a depth one-hot (:mod:`.ngram`)
 ``running_mean``  decayed running mean of the targets per (task family, depth): the floor to beat (:mod:`.running_mean`)
+``probe``       logistic model on the policy's own last-layer hidden state at the history's end (:mod:`.probe`)
 ==============  ===========================================================================================
 """
 
@@ -27,12 +28,14 @@ PREDICTORS: Registry[type] = Registry("predictor kind")
 
 from .ngram import HashedSuccessPredictor  # noqa: E402  (registers "ngram")
 from .running_mean import RunningMeanPredictor  # noqa: E402  (registers "running_mean")
+from .probe import HiddenStateProbe  # noqa: E402  (registers "probe")
 
 PREDICTORS.add("ngram", HashedSuccessPredictor)
 PREDICTORS.add("running_mean", RunningMeanPredictor)
+PREDICTORS.add("probe", HiddenStateProbe)
 
 __all__ = ["PREDICTORS", "PredictorConfig", "PosteriorPredictor", "HashedSuccessPredictor", "RunningMeanPredictor",
-           "HistoryLike", "build_predictor", "predictor_from_state_dict", "prompt_key", "family_of"]
+           "HiddenStateProbe", "HistoryLike", "build_predictor", "predictor_from_state_dict", "prompt_key", "family_of"]
 
 
 def build_predictor(config: PredictorConfig = PredictorConfig()) -> PosteriorPredictor:
