@@ -293,6 +293,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
     n_micro = max_over_ranks(max(1, len(parts)), info)
     device = next(model.parameters()).device
+    bad_loss = None  # a non-finite loss of this rank
     for i in range(n_micro):
         if i >= len(parts):
             ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
@@ -315,8 +316,8 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
                               token_weights=part.weights.to(device), sequence_ids=seq_ids)
         share = part.normaliser(per_token) / max(total, 1e-12)
         scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(f"loss is {float(loss)}")
+        if not torch.isfinite(loss) and bad_loss is None:
+            bad_loss = float(loss.detach())  # raised below, once every rank knows: FSDP's backward is a collective
         scaled.backward()
         stats["loss"] += float(loss.detach()) * share * info.world_size
         for k in ("pg_loss", "kl", "clip_fraction"):  # weighted as the loss is, so packing cannot change them
@@ -324,6 +325,8 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
         weight += share
     for k in ("pg_loss", "kl", "clip_fraction"):
         stats[k] /= max(weight, 1e-12)
+    if max_over_ranks(bad_loss is not None, info):  # all ranks stop together, none is left in a collective
+        raise NonFiniteLossError(f"loss is {bad_loss}" if bad_loss is not None else "loss is not finite on another rank")
     clip = cfg.optim.grad_clip or float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
     if not math.isfinite(grad_norm):

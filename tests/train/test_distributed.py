@@ -93,3 +93,19 @@ def test_a_checkpoint_refuses_ranks_whose_predictors_differ():
     _check_one_predictor([{"predictor_digest": _predictor_digest(a)}] * 2)
     with pytest.raises(RuntimeError, match=r"the ranks' success predictors differ \(2 distinct states\)"):
         _check_one_predictor([{"predictor_digest": _predictor_digest(p)} for p in (a, b)])
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_on_one_rank_stops_every_rank(tmp_path):
+    """Rank 0's loss is NaN at the second update, rank 1's is not: both stop with the message and a
+    checkpoint of the last good step, instead of rank 1 waiting forever in FSDP's backward."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",
+           str(Path(__file__).with_name("nonfinite_on_one_rank.py")), str(tmp_path / "log"), str(tmp_path / "run")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    logs = [json.loads((tmp_path / "log" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [log["updates"] for log in logs] == [2, 2]
+    assert "step 2: loss is nan" in logs[0]["error"]
+    assert "step 2: loss is not finite on another rank" in logs[1]["error"]
+    assert all("stopped with a checkpoint of step 1" in log["error"] for log in logs)
