@@ -35,6 +35,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import _checks
+from ._forest_checks import check_forest, default_origin, integral
 from ._forest_links import _check_parent_links, _depths, _roots, _stable_order
 
 __all__ = ["Origin", "RolloutForest", "ForestBuilder"]
@@ -96,12 +97,12 @@ class RolloutForest:
         arrays = {
             "parent": _checks.vector("parent", self.parent, dtype=np.int64)
             if np.issubdtype(np.asarray(self.parent).dtype, np.integer)
-            else self._integral("parent", self.parent),
-            "prompt": self._integral("prompt", self.prompt),
-            "depth": self._integral("depth", self.depth),
+            else integral("parent", self.parent),
+            "prompt": integral("prompt", self.prompt),
+            "depth": integral("depth", self.depth),
             "reward": _checks.vector("reward", self.reward, dtype=float),
             "is_leaf": _checks.vector("is_leaf", self.is_leaf, dtype=bool),
-            "origin": self._integral("origin", self.origin).astype(np.int8),
+            "origin": integral("origin", self.origin).astype(np.int8),
             "cost": _checks.vector("cost", self.cost, dtype=float),
         }
         _checks.same_length(**arrays)
@@ -109,105 +110,13 @@ class RolloutForest:
             object.__setattr__(self, name, _readonly(arr))
         self.validate()
 
-    @staticmethod
-    def _integral(name: str, x) -> np.ndarray:
-        arr = np.asarray(x)
-        if arr.ndim != 1:
-            raise ValueError(f"`{name}` must be one-dimensional, got shape {arr.shape}")
-        if not np.issubdtype(arr.dtype, np.integer):
-            as_float = arr.astype(float)
-            bad = ~(np.isfinite(as_float) & (as_float == np.round(as_float)))
-            if bad.any():
-                raise ValueError(f"`{name}` must hold integers, got {float(as_float[bad][0])!r}")
-        return arr.astype(np.int64)
-
     # -----------------------------------------------------------------------------------------------
     # Validation
     # -----------------------------------------------------------------------------------------------
 
     def validate(self) -> "RolloutForest":
         """Check every invariant; raise ValueError naming the first offending node. Returns ``self``."""
-        n = len(self.parent)
-        parent = self.parent
-        if n == 0:
-            return self
-        _check_parent_links(parent)
-        is_root = parent == -1
-        nonroot = np.flatnonzero(~is_root)
-        p = parent[nonroot]
-
-        wrong_depth = np.flatnonzero(is_root & (self.depth != 0))
-        if wrong_depth.size:
-            raise ValueError(f"root {int(wrong_depth[0])} has depth {int(self.depth[wrong_depth[0]])}, expected 0")
-        bad = self.depth[nonroot] != self.depth[p] + 1
-        if bad.any():
-            i = int(nonroot[bad][0])
-            raise ValueError(
-                f"node {i} has depth {int(self.depth[i])} but its parent {int(parent[i])} has depth "
-                f"{int(self.depth[parent[i]])}; a child is one turn deeper than its parent"
-            )
-
-        bad = self.prompt[nonroot] != self.prompt[p]
-        if bad.any():
-            i = int(nonroot[bad][0])
-            raise ValueError(
-                f"node {i} has prompt {int(self.prompt[i])} but its parent {int(parent[i])} has prompt "
-                f"{int(self.prompt[parent[i]])}"
-            )
-        root_prompts = self.prompt[is_root]
-        if (root_prompts < 0).any():
-            raise ValueError(f"prompt ids must be non-negative, got {int(root_prompts[root_prompts < 0][0])}")
-        uniq, first, cnt = np.unique(root_prompts, return_index=True, return_counts=True)
-        if (cnt > 1).any():
-            raise ValueError(f"prompt {int(uniq[cnt > 1][0])} has {int(cnt[cnt > 1][0])} roots; expected one per prompt")
-
-        n_children = np.bincount(p, minlength=n)
-        has_children = n_children > 0
-        bad = self.is_leaf == has_children
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            state = "is marked as a leaf but has children" if self.is_leaf[i] else "is not marked as a leaf but has no children"
-            raise ValueError(f"node {i} {state}")
-        empty_roots = np.flatnonzero(is_root & ~has_children)
-        if empty_roots.size:
-            i = int(empty_roots[0])
-            raise ValueError(f"root {i} (prompt {int(self.prompt[i])}) has no rollouts")
-
-        leaf_reward = self.reward[self.is_leaf]
-        bad = ~np.isfinite(leaf_reward)
-        if bad.any():
-            i = int(np.flatnonzero(self.is_leaf)[bad][0])
-            raise ValueError(f"leaf {i} has no reward (got {float(self.reward[i])!r})")
-        if self.binary_rewards:
-            bad = ~((leaf_reward == 0.0) | (leaf_reward == 1.0))
-            if bad.any():
-                i = int(np.flatnonzero(self.is_leaf)[bad][0])
-                raise ValueError(
-                    f"leaf {i} has reward {float(self.reward[i])!r}, but rewards are declared binary (0 or 1); "
-                    "pass binary_rewards=False for other rewards"
-                )
-        bad = ~np.isnan(self.reward[~self.is_leaf])
-        if bad.any():
-            i = int(np.flatnonzero(~self.is_leaf)[bad][0])
-            raise ValueError(f"internal node {i} has reward {float(self.reward[i])!r}; only leaves carry rewards (NaN elsewhere)")
-
-        valid_origin = np.isin(self.origin, [int(o) for o in Origin])
-        if not valid_origin.all():
-            i = int(np.flatnonzero(~valid_origin)[0])
-            raise ValueError(f"node {i} has origin code {int(self.origin[i])}, not one of {[int(o) for o in Origin]}")
-        bad = (self.origin == Origin.ROOT) != is_root
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"node {i}: origin ROOT is for exactly the nodes without a parent")
-        bad = (self.origin[nonroot] == Origin.BARE) & (self.origin[p] == Origin.CONTINUATION)
-        if bad.any():
-            i = int(nonroot[bad][0])
-            raise ValueError(f"node {i} has origin BARE but its parent {int(parent[i])} is a CONTINUATION turn")
-
-        bad = ~(np.isfinite(self.cost) & (self.cost >= 0))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"node {i} has cost {float(self.cost[i])!r}; costs must be finite and non-negative")
+        check_forest(self)
         return self
 
     # -----------------------------------------------------------------------------------------------
@@ -252,7 +161,7 @@ class RolloutForest:
         ['ROOT', 'BARE', 'BARE', 'BARE', 'CONTINUATION']
         """
         if validate:
-            parent = cls._integral("parent", parent)
+            parent = integral("parent", parent)
             reward = _checks.vector("reward", reward, dtype=float)
             _checks.same_length(parent=parent, reward=reward)
             _check_parent_links(parent)
@@ -263,7 +172,7 @@ class RolloutForest:
         if depth is None:
             depth = derived
         elif validate:
-            depth = cls._integral("depth", depth)
+            depth = integral("depth", depth)
             _checks.same_length(parent=parent, depth=depth)
             if not np.array_equal(depth, derived):
                 i = int(np.flatnonzero(depth != derived)[0])
@@ -274,7 +183,7 @@ class RolloutForest:
         if prompt is None:
             root_prompt = np.arange(int(is_root.sum()))
         else:
-            root_prompt = cls._integral("prompt", prompt)
+            root_prompt = integral("prompt", prompt)
             if len(root_prompt) != is_root.sum():
                 raise ValueError(f"`prompt` gives {len(root_prompt)} ids for {int(is_root.sum())} roots")
         root_of = _roots(parent)
@@ -282,7 +191,7 @@ class RolloutForest:
         node_prompt = root_prompt[root_rank[root_of]] if n else np.zeros(0, np.int64)
         is_leaf = np.bincount(parent[~is_root], minlength=n) == 0 if n else np.zeros(0, bool)
         if origin is None:
-            origin = _default_origin(parent, depth)
+            origin = default_origin(parent, depth)
         if cost is None:
             cost = np.where(is_root, 0.0, 1.0)
         if validate:
@@ -372,7 +281,7 @@ class RolloutForest:
         """
         if not validate:
             return self._append_trusted(np.asarray(parent, np.int64), np.asarray(reward, float), origin, cost)
-        parent = self._integral("parent", parent)
+        parent = integral("parent", parent)
         reward = _checks.vector("reward", reward, dtype=float)
         _checks.same_length(parent=parent, reward=reward)
         if (parent == -1).any():
@@ -628,106 +537,4 @@ class RolloutForest:
         return np.flatnonzero((self.origin == Origin.BARE) & ~self.is_leaf)
 
 
-def _default_origin(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """ROOT / BARE / CONTINUATION by the first-child convention of the module docstring."""
-    n = len(parent)
-    origin = np.full(n, int(Origin.CONTINUATION), dtype=np.int8)
-    origin[parent == -1] = Origin.ROOT
-    nonroot = np.flatnonzero(parent != -1)
-    first = np.full(n, -1, dtype=np.int64)
-    # The minimum child id of each parent is its first child; reversed assignment keeps the minimum.
-    first[parent[nonroot[::-1]]] = nonroot[::-1]
-    order = np.argsort(depth, kind="stable")
-    for d in range(1, int(depth.max(initial=0)) + 1):
-        level = order[depth[order] == d]
-        p = parent[level]
-        bare = (origin[p] == Origin.ROOT) | ((origin[p] == Origin.BARE) & (first[p] == level))
-        origin[level[bare]] = Origin.BARE
-    return origin
-
-
-class ForestBuilder:
-    """Grow a forest one node at a time, then freeze it with :meth:`build`.
-
-    The rollout engine uses it to record turns as they are generated: roots first, then turns, then the
-    reward of each finished rollout.
-
-    Examples
-    --------
-    >>> b = ForestBuilder()
-    >>> root = b.add_root(prompt=7)
-    >>> t1 = b.add_turn(root, cost=12)
-    >>> t2 = b.add_turn(t1, cost=30)
-    >>> b.finish(t2, 1.0)
-    >>> branch = b.add_turn(t1, origin=Origin.CONTINUATION, cost=25)
-    >>> b.finish(branch, 0.0)
-    >>> f = b.build()
-    >>> f.prompt.tolist(), f.leaf_count[root].item()
-    ([7, 7, 7, 7], 2)
-    """
-
-    def __init__(self, *, binary_rewards: bool = True):
-        self.binary_rewards = binary_rewards
-        self._parent: list[int] = []
-        self._prompt: list[int] = []
-        self._origin: list[int] = []
-        self._cost: list[float] = []
-        self._reward: dict[int, float] = {}
-        self._has_children: set[int] = set()
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    def add_root(self, prompt: int, *, cost: float = 0.0) -> int:
-        prompt = _checks.count("prompt", prompt)
-        self._parent.append(-1)
-        self._prompt.append(prompt)
-        self._origin.append(int(Origin.ROOT))
-        self._cost.append(float(cost))
-        return len(self._parent) - 1
-
-    def add_turn(self, parent: int, *, origin: Origin | None = None, cost: float = 1.0) -> int:
-        """Add one turn below ``parent``. By default a root's or bare node's first child is BARE."""
-        parent = _checks.count("parent", parent)
-        if parent >= len(self._parent):
-            raise ValueError(f"`parent` must be an existing node id in [0, {len(self._parent) - 1}], got {parent}")
-        if parent in self._reward:
-            raise ValueError(f"node {parent} is a finished leaf (it has a reward) and cannot get children")
-        if origin is None:
-            po = self._origin[parent]
-            first = parent not in self._has_children
-            origin = Origin.BARE if po == Origin.ROOT or (po == Origin.BARE and first) else Origin.CONTINUATION
-        self._has_children.add(parent)
-        self._parent.append(parent)
-        self._prompt.append(self._prompt[parent])
-        self._origin.append(int(origin))
-        self._cost.append(float(cost))
-        return len(self._parent) - 1
-
-    def finish(self, node: int, reward: float) -> None:
-        """Record the terminal reward of a leaf."""
-        node = _checks.count("node", node)
-        if node >= len(self._parent) or self._parent[node] == -1:
-            raise ValueError(f"`node` must be an existing non-root node, got {node}")
-        if node in self._has_children:
-            raise ValueError(f"node {node} has children; only leaves carry rewards")
-        if node in self._reward:
-            raise ValueError(f"node {node} already has reward {self._reward[node]!r}")
-        self._reward[node] = float(reward)
-
-    def build(self) -> RolloutForest:
-        n = len(self._parent)
-        reward = np.full(n, np.nan)
-        if self._reward:
-            idx = np.fromiter(self._reward.keys(), dtype=np.int64)
-            reward[idx] = np.fromiter(self._reward.values(), dtype=float)
-        parent = np.asarray(self._parent, dtype=np.int64)
-        roots = parent == -1
-        return RolloutForest.from_parents(
-            parent,
-            reward,
-            prompt=np.asarray(self._prompt, dtype=np.int64)[roots],
-            origin=np.asarray(self._origin, dtype=np.int8),
-            cost=np.asarray(self._cost),
-            binary_rewards=self.binary_rewards,
-        )
+from ._forest_builder import ForestBuilder  # noqa: E402  (it builds RolloutForest: imported after it)
