@@ -15,7 +15,7 @@ Also recorded: the dtypes of the weights the generator is given (``full_state_di
 dtype) and, per step, how many predictor examples this rank contributed (a spy on ``_fit_inputs``).
 
 Writes ``<out>/rank<r>.json``: {"helpers": [...], "training": [...], "generator_dtypes": [...],
-"local_examples": [...]}, one ``[name, devices]`` per collective, ``"off-device"`` where a tensor was
+"local_examples": [...], "roots_of_disagreeing_budgets": [...]}, one ``[name, devices]`` per collective, ``"off-device"`` where a tensor was
 elsewhere.
 """
 
@@ -113,6 +113,13 @@ def main(out: str, run_dir: str) -> None:
     log: dict[str, list] = {"helpers": [], "training": [], "local_examples": []}
     helpers(info, expected, log["helpers"])
     log["generator_dtypes"] = generator_weights(info)
+    # ranks that estimate different budgets (each sizes M from its own tokens per rollout): one allocation
+    from trace_theory import get_policy
+    from trace_train.run.distributed import GlobalRootAllocator
+
+    m = GlobalRootAllocator(info)(get_policy("trace"), np.array([0.5, 0.3, 0.9]), 8 + 4 * info.rank,
+                                  rng=np.random.default_rng(info.rank), concentration=None)
+    log["roots_of_disagreeing_budgets"] = m.tolist()
     fit_inputs = trainer._fit_inputs
 
     def spy(batch, value_target):  # observes what this rank contributes; the trainer's own function runs

@@ -64,6 +64,15 @@ def test_the_generator_gets_the_masters_rounded_once_to_the_compute_dtype(two_ra
 
 
 @pytest.mark.slow
+def test_ranks_with_different_budget_estimates_share_one_root_allocation(two_ranks):
+    """Under ``rollout.token_budget`` each rank sizes M from its own tokens per rollout: the global root
+    allocation uses one agreed budget (the ranks' mean, 8 and 12 -> 10), so the slices add up to it."""
+    logs, _ = two_ranks
+    m = [x for log in logs for x in log["roots_of_disagreeing_budgets"]]
+    assert len(m) == 6 and sum(m) == 10
+
+
+@pytest.mark.slow
 def test_one_predictor_counts_its_examples_once(two_ranks):
     """Every rank fits the job's predictor on the gathered targets, so its metrics are already global: the
     logged predictor_examples is the sum of the ranks' own examples, not world_size times it."""

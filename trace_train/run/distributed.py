@@ -82,11 +82,15 @@ class GlobalRootAllocator:
 
     def __call__(self, policy, v, budget, *, rng, concentration):
         parts = [None] * self.info.world_size
-        dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration)))
+        dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration),
+                                       int(budget)))
         sizes = [len(p[0]) for p in parts]
         v_all = np.concatenate([p[0] for p in parts])
         kappa_all = None if concentration is None else np.concatenate([p[1] for p in parts])
-        m_all = policy.allocate_roots(v_all, budget, rng=rng, concentration=kappa_all)
+        # One budget for the job: with ``rollout.token_budget`` each rank sizes M from its own running
+        # tokens-per-rollout estimate, so the ranks' budgets may differ; every rank allocates their mean.
+        agreed = sum(p[2] for p in parts) // len(parts)
+        m_all = policy.allocate_roots(v_all, agreed, rng=rng, concentration=kappa_all)
         start = sum(sizes[: self.info.rank])
         return m_all[start:start + sizes[self.info.rank]]
 
