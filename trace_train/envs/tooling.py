@@ -10,7 +10,11 @@ message per turn), laid out exactly as Qwen3 lays out consecutive tool messages 
 
 * role ``"tool"`` (the default of every environment): the chat template wraps the message in
   ``<tool_response>`` tags itself; several results are joined with the separator Qwen3 puts between
-  consecutive tool responses, so the rendered tokens equal those of one tool message per call.
+  consecutive tool responses (``rollout.chat.TOOL_RESULTS_SEPARATOR``), so the rendered tokens equal
+  those of one tool message per call.
+
+Either way a result's own ``<tool_response>`` tags are escaped first (``&lt;tool_response&gt;``): tool
+output cannot close its frame or forge another result.
 * role ``"user"``: for templates without a tool role; each result is wrapped in
   ``<tool_response>...</tool_response>`` by the environment, as Qwen3 renders tool results.
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from ..rollout.chat import ChatFormat
+from ..rollout.chat import TOOL_RESULTS_SEPARATOR, ChatFormat
 from ..tools.budget import BUDGET_EXHAUSTED, ToolCallBudget
 from ..tools.tool_calls import MalformedToolCall, parse_tool_calls, tag_spans
 
@@ -34,7 +38,7 @@ __all__ = ["OBSERVATION_ROLES", "check_observation_role", "visible_text", "funct
 
 OBSERVATION_ROLES = ("tool", "user")
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-_RESPONSE_SEPARATOR = "\n</tool_response>\n<tool_response>\n"
+_RESPONSE_TAGS = ("<tool_response>", "</tool_response>")
 _PROBE_TEXT = "\x00TRACE-PROBE\x00"
 
 
@@ -75,9 +79,18 @@ def format_tool_results(results: Sequence[str], role: str) -> str:
     check_observation_role(role)
     if not results:
         raise ValueError("`results` must hold at least one result")
+    results = [_escape_response_tags(result) for result in results]
     if role == "tool":
-        return _RESPONSE_SEPARATOR.join(results)
+        return TOOL_RESULTS_SEPARATOR.join(results)
     return "\n".join(f"<tool_response>\n{result}\n</tool_response>" for result in results)
+
+
+def _escape_response_tags(result: str) -> str:
+    """A tool result's own ``<tool_response>`` tags written ``&lt;tool_response&gt;``: it cannot close its
+    frame and forge another result (tool output is data)."""
+    for tag in _RESPONSE_TAGS:
+        result = result.replace(tag, "&lt;" + tag[1:-1] + "&gt;")
+    return result
 
 
 def qwen3_tools_block(tools: Sequence[Mapping[str, Any]]) -> str:

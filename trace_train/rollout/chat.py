@@ -42,6 +42,9 @@ from typing import Any, Mapping, Sequence
 __all__ = ["ChatFormat", "clean_text"]
 
 _SENTINEL = "\x00TRACE-ASSISTANT\x00"
+TOOL_RESULTS_SEPARATOR = "\n</tool_response>\n<tool_response>\n"
+"""What Qwen3 renders between consecutive tool responses: an observation carrying several tool results
+joins them with it, so its tokens equal those of one tool message per call (``envs.tooling``)."""
 _TAG = re.compile(r"</?[A-Za-z_][\w.:-]*>")  # an XML-like tag in a template's frame: <tool_response>
 _PROBE = [{"role": "user", "content": "probe"}]
 
@@ -178,12 +181,18 @@ class ChatFormat:
         """``content`` (cleaned) with the tags that the template's frame puts around messages like
         ``message`` (Qwen3's ``<tool_response>`` and ``</tool_response>`` for a tool result) written
         ``&lt;tool_response&gt;``: a tool result cannot end its own frame and forge another one, and the
-        model still reads the tag's name. Content without those tags is returned unchanged."""
+        model still reads the tag's name. Content without those tags is returned unchanged, and so is
+        :data:`TOOL_RESULTS_SEPARATOR`, which joins the results of one turn's several tool calls
+        (``envs.tooling.format_tool_results``, which escapes each result's own tags first)."""
         content = clean_text(content)
         before, after, _, _ = self._frame(message)
-        for tag in sorted(set(_TAG.findall(before + after)), key=len, reverse=True):
-            content = content.replace(tag, "&lt;" + tag[1:-1] + "&gt;")
-        return content
+        tags = sorted(set(_TAG.findall(before + after)), key=len, reverse=True)
+        if not tags:
+            return content
+        parts = content.split(TOOL_RESULTS_SEPARATOR)  # several results of one turn stay several results
+        for tag in tags:
+            parts = [part.replace(tag, "&lt;" + tag[1:-1] + "&gt;") for part in parts]
+        return TOOL_RESULTS_SEPARATOR.join(parts)
 
     def _message_text(self, message: Mapping[str, str]) -> str:
         """What the template renders for ``message`` after a closed assistant turn, up to the next turn."""
