@@ -100,7 +100,7 @@ class RolloutConfig:
     """Raise when an environment call fails or times out, instead of ending that rollout (debugging)."""
 
     def __post_init__(self):
-        policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
+        get_policy(self.policy)  # unknown names fail here, with the list of known ones
         if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
         RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
@@ -123,9 +123,7 @@ class RolloutConfig:
         if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
             raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
                              f"got {self.env_timeout_s!r}")
-        if policy.dynamic_sampling and not self.binary_rewards:
-            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: "
-                             "it needs binary_rewards=True")
+        _check_dynamic_sampling(self.policy, self.binary_rewards, "it needs binary_rewards=True")
 
     @property
     def allocation_policy(self):
@@ -142,6 +140,13 @@ class RolloutConfig:
 # ---------------------------------------------------------------------------------------------------
 # The update and the predictor
 # ---------------------------------------------------------------------------------------------------
+
+
+def _check_dynamic_sampling(policy: str, binary_rewards: bool, why: str) -> None:
+    """DAPO's requirement: a dynamic-sampling policy keeps the groups with mixed 0/1 rewards, so its
+    rewards must be binary (``why`` says what makes them graded)."""
+    if get_policy(policy).dynamic_sampling and not binary_rewards:
+        raise ValueError(f"policy {policy!r} keeps groups with mixed 0/1 rewards: {why}")
 
 
 @dataclass(frozen=True)
@@ -518,9 +523,9 @@ class TrainConfig:
         if self.rollout.temperature == 0.0:
             raise ValueError("`rollout.temperature` = 0 (greedy decoding) gives no policy gradient: the trainer "
                              "needs a temperature > 0")
-        if not self.task.binary_rewards and get_policy(self.rollout.policy).dynamic_sampling:
-            raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
-                             f"with reward {self.task.env.get('reward')!r} gives graded ones")
+        _check_dynamic_sampling(self.rollout.policy, self.task.binary_rewards,
+                                f"task {self.task.name!r} with reward {self.task.env.get('reward')!r} "
+                                "gives graded ones")
         if not (0 <= self.env_failure_warn_share <= self.max_env_failure_share <= 1):
             raise ValueError("`env_failure_warn_share` and `max_env_failure_share` must satisfy 0 <= warn <= max <= 1, "
                              f"got {self.env_failure_warn_share!r} and {self.max_env_failure_share!r}")

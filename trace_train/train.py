@@ -502,7 +502,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
-    rollout = dataclasses.replace(cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards)
+    rollout = _rollout_config(cfg, task)
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     eval_engine = None
@@ -778,6 +778,11 @@ def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _rollout_config(cfg: TrainConfig, task) -> RolloutConfig:
+    """The engine's config: ``cfg.rollout`` with ``binary_rewards`` off where the task's rewards are graded."""
+    return dataclasses.replace(cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
