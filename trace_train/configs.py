@@ -29,7 +29,7 @@ from .envs.spec import find_environment
 SCHEDULES = ("concurrent", "lockstep")
 """How the rollout scheduler interleaves generation and environment calls (``trace_train.rollout.scheduler``)."""
 
-__all__ = ["RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
+__all__ = ["ScheduleConfig", "RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
            "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",
            "AGGREGATIONS", "KL_ESTIMATORS", "PREDICTOR_FITS"]
 
@@ -49,6 +49,28 @@ PREDICTOR_FITS = ("lazy_adam", "adam")
 # The rollout engine
 # ---------------------------------------------------------------------------------------------------
 
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How :class:`~.rollout.scheduler.Scheduler` runs turns: the :class:`RolloutConfig` fields of these names
+    (documented there; :attr:`RolloutConfig.schedule_config`), which are validated here."""
+
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    schedule: str = "concurrent"
+    env_workers: int = 16
+    env_timeout_s: float | None = 300.0
+    raise_env_errors: bool = False
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
+        workers = self.env_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
+        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
+            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
+                             f"got {self.env_timeout_s!r}")
 
 
 @dataclass(frozen=True)
@@ -115,15 +137,14 @@ class RolloutConfig:
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
-        workers = self.env_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
-        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
-            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
-                             f"got {self.env_timeout_s!r}")
+        self.schedule_config  # validates the schedule, env_workers and env_timeout_s
         _check_dynamic_sampling(self.policy, self.binary_rewards, "it needs binary_rewards=True")
+
+    @property
+    def schedule_config(self) -> ScheduleConfig:
+        """The scheduler's settings."""
+        return ScheduleConfig(limits=self.limits, schedule=self.schedule, env_workers=self.env_workers,
+                              env_timeout_s=self.env_timeout_s, raise_env_errors=self.raise_env_errors)
 
     @property
     def allocation_policy(self):

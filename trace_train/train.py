@@ -53,7 +53,7 @@ from .rollout.batch import History, RolloutBatch
 from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
                          save_checkpoint)
 from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
-from .configs import TrainConfig
+from .configs import RolloutConfig, TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                           full_state_dict, gather_objects, global_normaliser, init_distributed,
