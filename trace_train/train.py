@@ -10,7 +10,7 @@ One step of ``main`` is the algorithm, one line each (the machinery lives in the
     batch      = engine.rollout(pool, predictor)            # predict V~; allocate roots, then prefixes; generate
     advantages = compute_advantages(forest, advantage)      # tree advantages (trace_theory)
     fit        = predictor update on node_targets(forest)   # on a worker thread, only if the policy reads V~
-    update     = policy_loss(packed trees of batch, adv)     # clipped token-level PG (loss.py, packing.py)
+    update     = policy_loss(packed trees of batch, adv)     # clipped token-level PG (update/: loss, packing)
     sync weights; log(metrics); maybe evaluate, checkpoint  # metrics.jsonl, TensorBoard; atomic checkpoints
 
 :func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
