@@ -69,7 +69,7 @@ class RolloutEngine:
     backend : GenerationBackend
         Where tokens come from.
     make_env : callable
-        Returns a fresh :class:`~.envs.base.Environment`; one is made per rollout.
+        Returns a fresh :class:`~..envs.base.Environment`; one is made per rollout.
     config : RolloutConfig
     chat : ChatFormat, optional
         Token-level chat formatting; defaults to the back end tokenizer's template.

@@ -8,7 +8,7 @@ reasons, environment time, the first environment failure, the sampling seeds it 
 factory, the chat format, the sampling settings and a :class:`ScheduleConfig`. Each rollout is a *walker*
 that alternates two kinds of work:
 
-* **generation** of its next turn, through the back end's request stream (:mod:`.backends.base`): on
+* **generation** of its next turn, through the back end's request stream (:mod:`..backends.base`): on
   vLLM a request joins the running batch as soon as it is submitted (continuous batching); other back
   ends generate whatever is queued as one batch per poll, after waiting up to ``BATCH_WINDOW_S`` for
   the rest of a wave of environment answers. When environments have answered faster than one engine
