@@ -78,7 +78,8 @@ class ConcurrencyBenchConfig:
 
 
 def _run(backend, make_env, pool, config: ConcurrencyBenchConfig, schedule: str, seed: int) -> dict:
-    from ..rollout.engine import RolloutConfig, RolloutEngine
+    from ..configs import RolloutConfig
+    from ..rollout.engine import RolloutEngine
     from ..envs.base import EpisodeLimits
 
     rollout = RolloutConfig(

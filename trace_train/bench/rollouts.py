@@ -101,7 +101,8 @@ def _backend(name: str, model: str):
 
 
 def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
-    from ..rollout.engine import RolloutConfig, RolloutEngine
+    from ..configs import RolloutConfig
+    from ..rollout.engine import RolloutEngine
     from ..envs.base import EpisodeLimits
 
     g, n = config.group_size, config.continuations_per_root
