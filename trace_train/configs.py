@@ -29,7 +29,7 @@ from .envs.spec import find_environment
 SCHEDULES = ("concurrent", "lockstep")
 """How the rollout scheduler interleaves generation and environment calls (``trace_train.rollout.scheduler``)."""
 
-__all__ = ["RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
+__all__ = ["ScheduleConfig", "RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
            "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",
            "AGGREGATIONS", "KL_ESTIMATORS", "PREDICTOR_FITS"]
 
@@ -49,6 +49,28 @@ PREDICTOR_FITS = ("lazy_adam", "adam")
 # The rollout engine
 # ---------------------------------------------------------------------------------------------------
 
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How :class:`~.rollout.scheduler.Scheduler` runs turns: the :class:`RolloutConfig` fields of these names
+    (documented there; :attr:`RolloutConfig.schedule_config`), which are validated here."""
+
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    schedule: str = "concurrent"
+    env_workers: int = 16
+    env_timeout_s: float | None = 300.0
+    raise_env_errors: bool = False
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
+        workers = self.env_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
+        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
+            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
+                             f"got {self.env_timeout_s!r}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +122,7 @@ class RolloutConfig:
     """Raise when an environment call fails or times out, instead of ending that rollout (debugging)."""
 
     def __post_init__(self):
-        policy = get_policy(self.policy)  # unknown names fail here, with the list of known ones
+        get_policy(self.policy)  # unknown names fail here, with the list of known ones
         if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
         RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
@@ -115,17 +137,14 @@ class RolloutConfig:
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
-        workers = self.env_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"`env_workers` must be a positive integer, got {self.env_workers!r}")
-        if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
-            raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
-                             f"got {self.env_timeout_s!r}")
-        if policy.dynamic_sampling and not self.binary_rewards:
-            raise ValueError(f"policy {self.policy!r} keeps groups with mixed 0/1 rewards: "
-                             "it needs binary_rewards=True")
+        self.schedule_config  # validates the schedule, env_workers and env_timeout_s
+        _check_dynamic_sampling(self.policy, self.binary_rewards, "it needs binary_rewards=True")
+
+    @property
+    def schedule_config(self) -> ScheduleConfig:
+        """The scheduler's settings."""
+        return ScheduleConfig(limits=self.limits, schedule=self.schedule, env_workers=self.env_workers,
+                              env_timeout_s=self.env_timeout_s, raise_env_errors=self.raise_env_errors)
 
     @property
     def allocation_policy(self):
@@ -142,6 +161,13 @@ class RolloutConfig:
 # ---------------------------------------------------------------------------------------------------
 # The update and the predictor
 # ---------------------------------------------------------------------------------------------------
+
+
+def _check_dynamic_sampling(policy: str, binary_rewards: bool, why: str) -> None:
+    """DAPO's requirement: a dynamic-sampling policy keeps the groups with mixed 0/1 rewards, so its
+    rewards must be binary (``why`` says what makes them graded)."""
+    if get_policy(policy).dynamic_sampling and not binary_rewards:
+        raise ValueError(f"policy {policy!r} keeps groups with mixed 0/1 rewards: {why}")
 
 
 @dataclass(frozen=True)
@@ -518,9 +544,9 @@ class TrainConfig:
         if self.rollout.temperature == 0.0:
             raise ValueError("`rollout.temperature` = 0 (greedy decoding) gives no policy gradient: the trainer "
                              "needs a temperature > 0")
-        if not self.task.binary_rewards and get_policy(self.rollout.policy).dynamic_sampling:
-            raise ValueError(f"policy {self.rollout.policy!r} needs 0/1 rewards; task {self.task.name!r} "
-                             f"with reward {self.task.env.get('reward')!r} gives graded ones")
+        _check_dynamic_sampling(self.rollout.policy, self.task.binary_rewards,
+                                f"task {self.task.name!r} with reward {self.task.env.get('reward')!r} "
+                                "gives graded ones")
         if not (0 <= self.env_failure_warn_share <= self.max_env_failure_share <= 1):
             raise ValueError("`env_failure_warn_share` and `max_env_failure_share` must satisfy 0 <= warn <= max <= 1, "
                              f"got {self.env_failure_warn_share!r} and {self.max_env_failure_share!r}")

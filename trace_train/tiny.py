@@ -130,8 +130,8 @@ def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5
     """``n`` guess-the-number episodes played by a random guesser, as (token ids, loss mask) pairs.
 
     The guesser picks uniformly among the numbers still possible, so every transcript is a valid,
-    well-formatted game; masks are 1 on the assistant's tokens only. Built with :class:`ChatFormat`
-    exactly as the rollout engine builds contexts.
+    well-formatted game; masks are 1 on the assistant's tokens only. Built with
+    :class:`~.rollout.chat.ChatFormat` exactly as the rollout engine builds contexts.
     """
     import numpy as np
 

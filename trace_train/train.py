@@ -10,7 +10,7 @@ One step of ``main`` is the algorithm, one line each (the machinery lives in the
     batch      = engine.rollout(pool, predictor)            # predict V~; allocate roots, then prefixes; generate
     advantages = compute_advantages(forest, advantage)      # tree advantages (trace_theory)
     fit        = predictor update on node_targets(forest)   # on a worker thread, only if the policy reads V~
-    update     = policy_loss(packed trees of batch, adv)     # clipped token-level PG (loss.py, packing.py)
+    update     = policy_loss(packed trees of batch, adv)     # clipped token-level PG (update/: loss, packing)
     sync weights; log(metrics); maybe evaluate, checkpoint  # metrics.jsonl, TensorBoard; atomic checkpoints
 
 :func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
@@ -53,7 +53,7 @@ from .rollout.batch import History, RolloutBatch
 from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
                          save_checkpoint)
 from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
-from .configs import TrainConfig
+from .configs import RolloutConfig, TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                           full_state_dict, gather_objects, global_normaliser, init_distributed,
@@ -502,7 +502,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
-    rollout = dataclasses.replace(cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards)
+    rollout = _rollout_config(cfg, task)
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     eval_engine = None
@@ -778,6 +778,11 @@ def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _rollout_config(cfg: TrainConfig, task) -> RolloutConfig:
+    """The engine's config: ``cfg.rollout`` with ``binary_rewards`` off where the task's rewards are graded."""
+    return dataclasses.replace(cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:

@@ -3,3 +3,17 @@
 Timings live here, never in pass/fail tests. See the README's "What we measured" for each script's
 conditions and latest numbers.
 """
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def write_results(results: dict[str, Any], out: str) -> None:
+    """Write a benchmark's ``results`` to the JSON file ``out`` (NumPy scalars as floats) and say where."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(results, fh, indent=1, default=float)
+    print(f"results written to {out}")

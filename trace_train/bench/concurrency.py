@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import tempfile
 import time
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+
+from . import write_results
 
 __all__ = ["ConcurrencyBenchConfig", "main"]
 
@@ -77,7 +78,8 @@ class ConcurrencyBenchConfig:
 
 
 def _run(backend, make_env, pool, config: ConcurrencyBenchConfig, schedule: str, seed: int) -> dict:
-    from ..rollout.engine import RolloutConfig, RolloutEngine
+    from ..configs import RolloutConfig
+    from ..rollout.engine import RolloutEngine
     from ..envs.base import EpisodeLimits
 
     rollout = RolloutConfig(
@@ -136,10 +138,7 @@ def main(config: ConcurrencyBenchConfig) -> dict:
             del backend
     results["load_average_end"] = os.getloadavg()
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    os.makedirs(os.path.dirname(os.path.abspath(config.out)), exist_ok=True)
-    with open(config.out, "w") as fh:
-        json.dump(results, fh, indent=1)
-    print(f"results written to {config.out}")
+    write_results(results, config.out)
     return results
 
 

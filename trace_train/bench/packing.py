@@ -89,7 +89,7 @@ def demo_batch(policy: str, run_dir: str, seed: int):
     from ..predictors import build_predictor
     from ..tasks import build_task
     from ..configs import TrainConfig
-    from ..train import PromptSampler, _build_backend, _load_policy, _model_path, _step_seed
+    from ..train import PromptSampler, _build_backend, _load_policy, _model_path, _rollout_config, _step_seed
 
     cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={run_dir}", f"rollout.policy={policy}", f"seed={seed}"])
     task = build_task(cfg.task, seed=cfg.seed)
@@ -97,9 +97,7 @@ def demo_batch(policy: str, run_dir: str, seed: int):
     model, tokenizer = _load_policy(path, cfg, "cpu")
     backend = _build_backend(cfg, path, model, tokenizer, DistInfo())
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
-    engine = RolloutEngine(backend, task.make_env, dataclasses.replace(
-        cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards),
-                           chat=chat)
+    engine = RolloutEngine(backend, task.make_env, _rollout_config(cfg, task), chat=chat)
     pool = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed).next_pool()
     batch = engine.rollout(pool, predictor=build_predictor(cfg.predictor), seed=_step_seed(cfg.seed, 0, 0))
     nodes = tuple(dataclasses.replace(p, snapshot=None) for p in batch.nodes)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import tempfile
 import time
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+
+from . import write_results
 
 __all__ = ["BenchConfig", "main"]
 
@@ -100,7 +101,8 @@ def _backend(name: str, model: str):
 
 
 def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
-    from ..rollout.engine import RolloutConfig, RolloutEngine
+    from ..configs import RolloutConfig
+    from ..rollout.engine import RolloutEngine
     from ..envs.base import EpisodeLimits
 
     g, n = config.group_size, config.continuations_per_root
@@ -172,10 +174,7 @@ def main(config: BenchConfig) -> dict:
                 "cpu_seconds": tree["cpu_seconds_per_run"] / flat["cpu_seconds_per_run"],
             }
             results["backends"][name] = modes
-    os.makedirs(os.path.dirname(os.path.abspath(config.out)), exist_ok=True)
-    with open(config.out, "w") as fh:
-        json.dump(results, fh, indent=1, default=float)
-    print(f"results written to {config.out}")
+    write_results(results, config.out)
     return results
 
 

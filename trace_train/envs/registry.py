@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 
 from trace_theory._registry import Registry
 
+from ..verifiers.qa import check_reward, is_binary_reward
 from .base import Environment
 from .spec import EvalSpec, TaskSpec
 
@@ -226,7 +227,7 @@ def math_python(*, max_tool_calls: int = 8, observation_role: str = "tool", answ
     return _checked("math_python", make, tools=(PYTHON_TOOL,))
 
 
-@_with_spec(TaskSpec(qa_rows, binary_rewards=lambda env: env.get("reward", "exact_match") != "token_f1",
+@_with_spec(TaskSpec(qa_rows, binary_rewards=lambda env: is_binary_reward(env.get("reward", "exact_match")),
                      env_defaults=_demo_corpus, evaluation=EvalSpec(
                          flags=("data", "corpus", "retriever_url", "max_tool_calls"),
                          data_help="a questions file, a Hub id, or 'demo'", check=_qa_check, env_options=_qa_options,
@@ -236,13 +237,12 @@ def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, to
               timeout: float = 10.0, reward: str = "exact_match", max_searches: int = 4,
               observation_role: str = "tool", system_prompt: str | None = None) -> EnvFactory:
     from ..tools.search import BM25Retriever, HttpRetriever, SearchTool
-    from .search_qa import REWARDS, SEARCH_TOOL, SearchQAEnv
+    from .search_qa import SEARCH_TOOL, SearchQAEnv
 
     if (corpus is None) == (retriever_url is None):
         raise ValueError("search_qa needs exactly one of `corpus` (a JSONL file for BM25) "
                          "and `retriever_url`")
-    if reward not in REWARDS:  # before the index is built
-        raise ValueError(f"`reward` must be one of {REWARDS}, got {reward!r}")
+    check_reward(reward)  # before the index is built
     if corpus is not None:
         if not Path(corpus).is_file():
             raise ValueError(f"search_qa: the corpus {str(corpus)!r} is not a file")
@@ -251,7 +251,7 @@ def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, to
         retriever = HttpRetriever(retriever_url, timeout=timeout)
     make = partial(SearchQAEnv, SearchTool(retriever, topk=topk), reward=reward, max_searches=max_searches,
                    observation_role=observation_role, system_prompt=system_prompt)
-    return _checked("search_qa", make, tools=(SEARCH_TOOL,), binary_rewards=reward != "token_f1")
+    return _checked("search_qa", make, tools=(SEARCH_TOOL,), binary_rewards=is_binary_reward(reward))
 
 
 @_with_spec(TaskSpec(bfcl_task_rows, {"subsets": None}, data="optional", default_sources=("train", "test"),

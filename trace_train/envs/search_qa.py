@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 from ..tools.budget import ToolCallBudget
 from ..tools.search import SearchTool
 from ..verifiers.answers import extract_answer_tag
-from ..verifiers.qa import exact_match, f1_match, token_f1
+from ..verifiers.qa import REWARDS, check_reward, exact_match, f1_match, is_binary_reward, token_f1
 from .base import Message, StepResult
 from .tooling import (
     check_observation_role,
@@ -47,7 +47,6 @@ from .tooling import (
 
 __all__ = ["SearchQAEnv", "QAState", "SEARCH_TOOL", "REWARDS", "qa_rows"]
 
-REWARDS = ("exact_match", "f1_match", "token_f1")
 SEARCH_TOOL = function_schema(
     "search",
     "Search the knowledge base and return the most relevant passages.",
@@ -115,9 +114,7 @@ class SearchQAEnv:
                  observation_role: str = "tool", system_prompt: str | None = None):
         if not isinstance(search, SearchTool):
             raise ValueError(f"`search` must be a SearchTool, got {type(search).__name__}")
-        if reward not in REWARDS:
-            raise ValueError(f"`reward` must be one of {REWARDS}, got {reward!r}")
-        self.search, self.reward = search, reward
+        self.search, self.reward = search, check_reward(reward)
         self._budget = ToolCallBudget(max_searches)
         self.observation_role = check_observation_role(observation_role)
         self.system_prompt = (system_prompt or SYSTEM_PROMPT).format(topk=search.topk,
@@ -127,7 +124,7 @@ class SearchQAEnv:
     @property
     def binary_rewards(self) -> bool:
         """Whether :meth:`verify` returns only 0 or 1 (False for ``reward="token_f1"``)."""
-        return self.reward != "token_f1"
+        return is_binary_reward(self.reward)
 
     @property
     def state(self) -> QAState:

@@ -49,7 +49,7 @@ from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
 from ..envs.base import Environment, Message
-from .scheduler import EnvFailure, GrowReport, OpeningFailed, ScheduleConfig, Scheduler
+from .scheduler import EnvFailure, GrowReport, OpeningFailed, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
@@ -69,7 +69,7 @@ class RolloutEngine:
     backend : GenerationBackend
         Where tokens come from.
     make_env : callable
-        Returns a fresh :class:`~.envs.base.Environment`; one is made per rollout.
+        Returns a fresh :class:`~..envs.base.Environment`; one is made per rollout.
     config : RolloutConfig
     chat : ChatFormat, optional
         Token-level chat formatting; defaults to the back end tokenizer's template.
@@ -94,9 +94,7 @@ class RolloutEngine:
         self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
                                  max_new_tokens=config.limits.max_turn_tokens,
                                  stop_token_ids=self.chat.stop_token_ids)
-        self.scheduler = Scheduler(backend, make_env, self.chat, self.sampling, ScheduleConfig(
-            limits=config.limits, schedule=config.schedule, env_workers=config.env_workers,
-            env_timeout_s=config.env_timeout_s, raise_env_errors=config.raise_env_errors))
+        self.scheduler = Scheduler(backend, make_env, self.chat, self.sampling, config.schedule_config)
         self.tokens_per_rollout: float | None = None
         """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for ``plan``."""
         self.continuation_cost_ratio: float = 0.5

@@ -8,7 +8,7 @@ reasons, environment time, the first environment failure, the sampling seeds it 
 factory, the chat format, the sampling settings and a :class:`ScheduleConfig`. Each rollout is a *walker*
 that alternates two kinds of work:
 
-* **generation** of its next turn, through the back end's request stream (:mod:`.backends.base`): on
+* **generation** of its next turn, through the back end's request stream (:mod:`..backends.base`): on
   vLLM a request joins the running batch as soon as it is submitted (continuous batching); other back
   ends generate whatever is queued as one batch per poll, after waiting up to ``BATCH_WINDOW_S`` for
   the rest of a wave of environment answers. When environments have answered faster than one engine
@@ -74,8 +74,8 @@ from typing import Any, Callable, Sequence
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
 from .chat import ChatFormat, clean_text
-from ..configs import SCHEDULES  # the names live with the configs that validate them
-from ..envs.base import EndReason, Environment, EpisodeLimits, Message, StepResult, is_concurrency_safe
+from ..configs import SCHEDULES, ScheduleConfig  # they live with the configs that validate them
+from ..envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
 
 __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConfig", "GrowReport", "Scheduler"]
 
@@ -175,26 +175,6 @@ def _measure(intervals) -> float:
 # ---------------------------------------------------------------------------------------------------
 # What the scheduler is given and what it reports
 # ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """How :class:`Scheduler` runs turns (the engine passes the ``RolloutConfig`` fields of these names)."""
-
-    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
-    """Turn, per-turn token and context limits."""
-    schedule: str = "concurrent"
-    """One of :data:`SCHEDULES` (see the module docstring)."""
-    env_workers: int = 16
-    """Worker threads for a ``concurrency_safe`` environment's calls (others get one)."""
-    env_timeout_s: float | None = 300.0
-    """Limit on one environment call; past it the rollout ends with ``env_timeout``. None: no limit."""
-    raise_env_errors: bool = False
-    """Raise :class:`EnvFailure` instead of ending the rollout whose environment failed."""
-
-    def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {self.schedule!r}")
 
 
 @dataclass(frozen=True)

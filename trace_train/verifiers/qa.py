@@ -17,8 +17,23 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 
+REWARDS = ("exact_match", "f1_match", "token_f1")
+"""The metrics a QA environment can use as its reward; see :func:`is_binary_reward`."""
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
+
+
+def check_reward(reward: str) -> str:
+    """``reward`` if it is one of :data:`REWARDS`, else a ``ValueError`` naming them."""
+    if reward not in REWARDS:
+        raise ValueError(f"`reward` must be one of {REWARDS}, got {reward!r}")
+    return reward
+
+
+def is_binary_reward(reward: str) -> bool:
+    """Whether the QA reward ``reward`` is 0 or 1: ``token_f1`` is graded (in [0, 1]), the others are not."""
+    return reward != "token_f1"
 
 
 def normalize_answer(text: str) -> str:
