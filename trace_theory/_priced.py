@@ -27,6 +27,11 @@ from .contrast import mixed_probability
 _TOL = 1e-9  # relative slack on the spend, so that prices summing to the budget up to rounding fit
 
 
+def units_within(budget, price):
+    """How many units of ``price`` fit in ``budget``: floor(budget / price), up to rounding."""
+    return np.floor(np.asarray(budget) / price * (1.0 + _TOL) + _TOL)
+
+
 def prefix_greedy(ratio, price, group, budget):
     """Per group, take units in decreasing ``ratio`` (ties: input order) while the spend fits ``budget``.
 
@@ -54,7 +59,7 @@ def priced_prefixes(q, price, group, budget, room, start):
 
     Returns (k, unspent): unspent is the whole rollouts of each group's budget left, floor(B - spent).
     """
-    n_units = np.minimum(room, np.floor(budget[group] / price * (1.0 + _TOL) + _TOL))
+    n_units = np.minimum(room, units_within(budget[group], price))
     n_units = np.maximum(n_units, 0).astype(np.int64)
     anchor = np.repeat(np.arange(len(q)), n_units)
     k = np.arange(n_units.sum()) - np.repeat(np.cumsum(n_units) - n_units, n_units) + start[anchor]
@@ -70,7 +75,7 @@ def priced_prefixes(q, price, group, budget, room, start):
 def priced_roots(v, price, budget, min_group, max_group):
     """Group sizes by value per price: a block of m^ rollouts first, then single rollouts (module notes)."""
     n = len(v)
-    top = np.minimum(max_group, np.floor(budget / price * (1.0 + _TOL) + _TOL)).astype(np.int64)
+    top = np.minimum(max_group, units_within(budget, price)).astype(np.int64)
     items_v, items_price, items_count, items_prompt = [], [], [], []
     for i in np.flatnonzero(top >= min_group):
         m = np.arange(min_group, top[i] + 1)

@@ -185,7 +185,8 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     min_group = _checks.count("min_group", min_group)
     if min_group < 1:
         raise ValueError(f"`min_group` must be at least 1, got {min_group}")
-    if max_group is None:
+    capped = max_group is not None
+    if not capped:
         max_group = max(budget, min_group)
     else:
         max_group = _checks.count("max_group", max_group)
@@ -198,9 +199,11 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
         price = _checks.per_item("cost", cost, n, _checks.positive).astype(float)
         if kappa is not None:
             raise ValueError("`cost` (token pricing) is not defined with `concentration`; pass one of them")
-        if n and np.all(price == price[0]) and _splittable(n, int(budget // price[0]), min_group, max_group):
-            return allocate_roots(v, int(budget // price[0]), min_group=min_group, max_group=max_group)
-        return _priced.priced_roots(v, price, budget, min_group, max_group)
+        units = _priced.units_within(budget, price).astype(np.int64)
+        hi = max_group if capped else max(int(units.max(initial=0)), min_group)
+        if n and np.all(price == price[0]) and _splittable(n, int(units[0]), min_group, hi):
+            return allocate_roots(v, int(units[0]), min_group=min_group, max_group=hi)
+        return _priced.priced_roots(v, price, budget, min_group, hi)
     check_root_budget(n, budget, min_group, max_group)
     if budget == 0:
         return np.zeros(n, dtype=np.int64)
