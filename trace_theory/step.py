@@ -30,7 +30,9 @@ anchors with their round), the rollouts grown by kind, the rounds, and DAPO's ke
 **Priced in tokens.** For a policy with ``price="tokens"`` whose world returns ``Prediction.cost``,
 the driver hands the rules prices in the budget's unit: a root rollout of prompt i costs
 c_i / mean(c) (the root budget M is M rollouts of the pool's average cost), a continuation from anchor
-a of tree i costs c_a / c_i (its prompt's share m_i N is m_i N rollouts of that prompt). Both stages
+a of tree i costs c_a / c_i (its prompt's share m_i N is m_i N rollouts of that prompt). Equal root
+costs leave the roots rollout-priced (the same allocation), and ``root_allocator`` is handed ``cost``
+only when they differ. Both stages
 then spend at most their budget in tokens (:func:`~trace_theory.allocate.allocate_roots`,
 :func:`~trace_theory.allocate.allocate_prefixes` with ``cost``); whole rollouts' worth left over top up
 the roots as usual. The step is then no longer M (1 + N) rollouts but about that many rollouts' tokens.
@@ -255,8 +257,8 @@ def run_step(
         guess = _checked(world.predict_prompts(prompts, concentration=policy.posterior), pool, policy)
         v, kappa, root_cost = guess.v, guess.concentration, guess.cost
         record.update(prompt_ids=prompts, prompt_v=v, prompt_concentration=kappa)
-        if root_cost is not None and pool:
-            priced = {"cost": root_cost / root_cost.mean()}
+        if root_cost is not None and pool and not np.all(root_cost == root_cost[0]):
+            priced = {"cost": root_cost / root_cost.mean()}  # equal prices: the rollout-priced roots
     else:  # the rule ignores values: none are asked for
         v, kappa = np.full(pool, 0.5), None
     allocate = root_allocator or _allocate_roots_locally
