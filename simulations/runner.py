@@ -15,9 +15,8 @@ dry; DAPO trains on its mixed groups only. Turns are counted for equal-token vie
 
 from __future__ import annotations
 
-import dataclasses
-
 import ast
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field

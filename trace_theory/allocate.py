@@ -177,6 +177,8 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     [0, 5, 0, 0, 7]
     >>> allocate_roots([0.5, 0.5, 0.5], 5).tolist()  # 2 + 3 beats 5 on one prompt
     [3, 2, 0]
+    >>> allocate_roots([0.5, 0.5, 0.5], 5, cost=[2.0, 1.0, 1.0]).tolist()  # the dear prompt is left out
+    [0, 3, 2]
     """
     v = _checks.vector("v", v)
     v = _checks.probabilities("v", v)
@@ -319,6 +321,11 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None, 
     >>> out = allocate_prefixes([0.9, 0.9, 0.5], [0, 1, 1], [0, 0, 0], [3])
     >>> out.k.tolist(), out.unspent.tolist()
     ([1, 0, 2], [0])
+
+    Priced in tokens, a continuation from a deeper anchor (a third of a rollout) is worth buying thrice:
+
+    >>> allocate_prefixes([0.5, 0.5], [1, 1], [0, 0], [2], cost=[1.0, 1 / 3]).k.tolist()
+    [1, 3]
     """
     v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
     cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))

@@ -52,7 +52,7 @@ def greedy_prefixes(q, price, budget, cap):
 
 
 def best_prefix_value(v, r, price, capacity, cap):
-    ranges = [range(0, min(cap, int(np.floor(capacity / p * (1 + TOL) + TOL))) + 1) for p in price]
+    ranges = [range(min(cap, int(np.floor(capacity / p * (1 + TOL) + TOL))) + 1) for p in price]
     return max(
         flip_probability(v, r, np.array(k)).sum()
         for k in itertools.product(*ranges)
