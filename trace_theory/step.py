@@ -32,10 +32,10 @@ the driver hands the rules prices in the budget's unit: a root rollout of prompt
 c_i / mean(c) (the root budget M is M rollouts of the pool's average cost), a continuation from anchor
 a of tree i costs c_a / c_i (its prompt's share m_i N is m_i N rollouts of that prompt). Equal root
 costs leave the roots rollout-priced (the same allocation), and ``root_allocator`` is handed ``cost``
-only when they differ. Both stages
-then spend at most their budget in tokens (:func:`~trace_theory.allocate.allocate_roots`,
-:func:`~trace_theory.allocate.allocate_prefixes` with ``cost``); whole rollouts' worth left over top up
-the roots as usual. The step is then no longer M (1 + N) rollouts but about that many rollouts' tokens.
+only when they differ. Both stages then spend at most their budget in tokens
+(:func:`~trace_theory.allocate.allocate_roots`, :func:`~trace_theory.allocate.allocate_prefixes` with
+``cost``); whole rollouts' worth left over top up the roots as usual. The step is then no longer
+M (1 + N) rollouts but at most that many rollouts' tokens.
 """
 
 from __future__ import annotations
