@@ -16,6 +16,10 @@ greedy is exact. Roots need a block: F(1) = 0, so a prompt's first m^ rollouts (
 over the allowed group sizes) are one indivisible unit of value F(m^) (its concave envelope's linear
 piece); envelope and F agree at 0 and at every m >= m^, the only counts the greedy produces, so the
 argument above holds unchanged.
+
+Cost: one sort of the units, sum over items of min(cap, budget / c) of them (a prefix budget of m_i N
+is a few dozen units per anchor). Roots are listed prompt by prompt, O(sum_i min(U, M / c_i)); the
+driver takes this path only when root prices differ (the simulator's and the engine's do not).
 """
 
 from __future__ import annotations
