@@ -164,6 +164,10 @@ class MDPWorld:
         z = logit(np.clip(v, _SIGNAL_CLIP, 1 - _SIGNAL_CLIP)) + self.tasks.signal_noise[task, state]
         return {"task": task, "state": state, "action": action, "v": v, "signal": z}
 
+    def expected_turns(self, depth) -> np.ndarray:
+        """Turns of a rollout sampled from a node at ``depth``: H - d (every episode runs to the horizon)."""
+        return self.tasks.mdp.horizon - np.asarray(depth, dtype=float)
+
     def sample_prompts(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """``n`` distinct tasks in random order (the candidate pool)."""
         n_tasks = self.tasks.mdp.n_tasks

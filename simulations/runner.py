@@ -16,6 +16,7 @@ dry; DAPO trains on its mixed groups only. Turns are counted for equal-token vie
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -110,6 +111,10 @@ class World(Protocol):
     def rollouts(
         self, anchors: dict[str, np.ndarray], depth: np.ndarray, rng: np.random.Generator
     ) -> Rollouts: ...
+
+    def expected_turns(self, depth) -> np.ndarray:
+        """Expected turns of a rollout from a node at ``depth`` (the cost a token-priced policy reads)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -207,10 +212,19 @@ class BernoulliWorld:
 
     def predict_prompts(self, prompts, *, concentration: bool) -> Prediction:
         payload = {k: a[prompts] for k, a in self.prompts.items()}
-        return self.predictor.predict(payload, np.zeros(len(prompts), dtype=np.int64), self.rng)
+        return self._priced(self.predictor.predict(payload, np.zeros(len(prompts), dtype=np.int64), self.rng),
+                            np.zeros(len(prompts)))
 
     def predict_nodes(self, nodes, *, concentration: bool) -> Prediction:
-        return self.predictor.predict(self.sim.payload(nodes), self.sim.forest.depth[nodes], self.rng)
+        depth = self.sim.forest.depth[nodes]
+        return self._priced(self.predictor.predict(self.sim.payload(nodes), depth, self.rng), depth)
+
+    def _priced(self, guess: Prediction, depth: np.ndarray) -> Prediction:
+        """The prediction with its cost: the world's expected turns of a rollout from that depth (1 token
+        per turn; a continuation re-reads its prefix for free, as with a prefix cache). Read only by a
+        policy priced in tokens. A world without ``expected_turns`` leaves the cost unknown."""
+        turns = getattr(self.world, "expected_turns", None)
+        return guess if turns is None else dataclasses.replace(guess, cost=turns(depth))
 
     def plant(self, prompts, counts):
         planted = np.flatnonzero(self.m)

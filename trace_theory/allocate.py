@@ -60,7 +60,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _water_fill
+from . import _checks, _priced, _water_fill
 from ._roots_closed_form import _solve_closed_form
 from ._roots_table import _beta_mixed_table, _mixed_table, _solve_threshold_problem, _solve_with_table
 
@@ -119,7 +119,7 @@ def check_root_budget(n: int, budget: int, min_group: int, max_group: int) -> No
         )
 
 
-def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None):
+def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None, cost=None):
     """Exactly optimal integer group sizes for the prompts of a candidate pool.
 
     Parameters
@@ -138,11 +138,16 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
         (kappa = a + b, for example 2 + the number of rewards seen). When given, the objective is the
         posterior expectation of the mixed probability (``beta_mixed_probability``), which discounts
         predictions backed by little evidence.
+    cost : array_like, shape (n,), optional
+        Price c_i > 0 of one rollout of each prompt (expected tokens), in the unit of ``budget``: the
+        allocation is then priced in tokens, sum_i c_i m_i <= ``budget`` (see Notes). None (default):
+        every rollout costs 1, the rollout-priced problem.
 
     Returns
     -------
     ndarray of int64, shape (n,)
         m_i in {0} U [min_group, max_group], summing to ``budget``, maximising sum_i mixed(v_i, m_i).
+        Priced in tokens: sum_i c_i m_i <= ``budget`` instead.
 
     Raises
     ------
@@ -156,6 +161,14 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     prediction is 0 or 1 have zero utility and receive rollouts only when the budget cannot be placed
     elsewhere (for example because of ``max_group``).
 
+    Priced in tokens (``cost``), the problem is max sum_i mixed(v_i, m_i) s.t. sum_i c_i m_i <= budget.
+    With equal prices c it is the rollout-priced problem with floor(budget / c) rollouts, solved exactly
+    as above. With unequal prices it is a knapsack, solved by the ratio greedy on the concave envelope
+    (``trace_theory._priced``): a block of m^_i = argmax_m mixed(v_i, m) / m rollouts first, then single
+    rollouts, in decreasing utility per token. The result is optimal among allocations spending at most
+    what it spends, and falls short of the optimum at the full budget by less than the utility of the
+    first block or rollout that did not fit (< 1 mixed group). Not defined with ``concentration``.
+
     Examples
     --------
     Budget goes to prompts with mixed outcomes likely; certain successes and failures are filtered out:
@@ -164,6 +177,8 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     [0, 5, 0, 0, 7]
     >>> allocate_roots([0.5, 0.5, 0.5], 5).tolist()  # 2 + 3 beats 5 on one prompt
     [3, 2, 0]
+    >>> allocate_roots([0.5, 0.5, 0.5], 5, cost=[2.0, 1.0, 1.0]).tolist()  # the dear prompt is left out
+    [0, 3, 2]
     """
     v = _checks.vector("v", v)
     v = _checks.probabilities("v", v)
@@ -172,7 +187,8 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     min_group = _checks.count("min_group", min_group)
     if min_group < 1:
         raise ValueError(f"`min_group` must be at least 1, got {min_group}")
-    if max_group is None:
+    capped = max_group is not None
+    if not capped:
         max_group = max(budget, min_group)
     else:
         max_group = _checks.count("max_group", max_group)
@@ -181,10 +197,27 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     kappa = None
     if concentration is not None:
         kappa = _checks.per_item("concentration", concentration, n, _checks.positive).astype(float)
+    if cost is not None:
+        price = _checks.per_item("cost", cost, n, _checks.positive).astype(float)
+        if kappa is not None:
+            raise ValueError("`cost` (token pricing) is not defined with `concentration`; pass one of them")
+        units = _priced.units_within(budget, price).astype(np.int64)
+        hi = max_group if capped else max(int(units.max(initial=0)), min_group)
+        if n and np.all(price == price[0]) and _splittable(n, int(units[0]), min_group, hi):
+            return allocate_roots(v, int(units[0]), min_group=min_group, max_group=hi)
+        return _priced.priced_roots(v, price, budget, min_group, hi)
     check_root_budget(n, budget, min_group, max_group)
     if budget == 0:
         return np.zeros(n, dtype=np.int64)
     return _solve_roots(v, kappa, budget, min_group, min(max_group, budget))
+
+
+def _splittable(n: int, budget: int, min_group: int, max_group: int) -> bool:
+    try:
+        check_root_budget(n, budget, min_group, max_group)
+    except ValueError:
+        return False
+    return True
 
 
 _SMALL_TABLE = 8192  # table entries below which one table beats the closed form's fixed cost (~0.5 ms)
@@ -234,7 +267,7 @@ class PrefixAllocation(NamedTuple):
     unspent: np.ndarray
 
 
-def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None):
+def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None, cost=None):
     """Exactly optimal continuation counts per prefix, within each prompt's budget.
 
     Parameters
@@ -253,13 +286,18 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None):
         Continuations already placed at each anchor (a pass that continues an earlier one, as the
         policies' pooling pass does): the gains continue from q^start (1 - q), and ``max_per_anchor``
         caps start + k.
+    cost : array_like, shape (n_anchors,), optional
+        Price c_a > 0 of one continuation from each anchor (expected tokens of its remaining turns), in
+        the unit of ``budget`` (for example, rollouts of the anchor's prompt: a continuation from depth
+        d of a T-turn rollout costs about (T - d) / T). None (default): every continuation costs 1.
 
     Returns
     -------
     PrefixAllocation
         ``k`` maximising sum_a flip(v_a, r_a, k_a) subject to sum of k over each prompt's anchors =
         budget minus ``unspent``; ``unspent`` is non-zero only for prompts without anchors or whose
-        anchors are all capped.
+        anchors are all capped. Priced in tokens: sum of c_a k_a over each prompt's anchors <= budget,
+        and ``unspent`` = floor(budget - spend), the whole rollouts' worth left.
 
     Notes
     -----
@@ -269,6 +307,13 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None):
     below a level in closed form, #{k : q^k (1 - q) > lambda} = ceil(log(lambda / (1 - q)) / log q);
     the last units are the ties at the level, which go to lower anchor indices first.
 
+    Priced in tokens (``cost``): max sum_a flip(v_a, r_a, k_a) s.t. sum_a c_a k_a <= B per prompt, a
+    knapsack with concave items. Units are taken in decreasing gain per token q^k (1 - q) / c_a (ties:
+    lower anchor) while the spend fits, stopping at the first unit that does not. This is optimal among
+    allocations spending at most what it spends, and short of the optimum at the full budget by less
+    than the gain of the first unit that did not fit (< 1 flip); with equal prices it is exact
+    (``trace_theory._priced``).
+
     Examples
     --------
     A failed rollout through a promising prefix is the best place to branch:
@@ -276,16 +321,28 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None):
     >>> out = allocate_prefixes([0.9, 0.9, 0.5], [0, 1, 1], [0, 0, 0], [3])
     >>> out.k.tolist(), out.unspent.tolist()
     ([1, 0, 2], [0])
+
+    Priced in tokens, a continuation from a deeper anchor (a third of a rollout) is worth buying thrice:
+
+    >>> allocate_prefixes([0.5, 0.5], [1, 1], [0, 0], [2], cost=[1.0, 1 / 3]).k.tolist()
+    [1, 3]
     """
     v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
     cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))
     q = r * v + (1.0 - r) * (1.0 - v)
+    if start is not None:
+        start = _checks.counts("start", _checks.vector("start", start, dtype=None))
+        _checks.same_length(v=v, start=start)
+        if (start > cap).any():
+            raise ValueError(f"`start` must not exceed `max_per_anchor` ({max_per_anchor}), got {int(start.max())}")
+    if cost is not None:
+        price = _checks.positive("cost", _checks.vector("cost", cost))
+        _checks.same_length(v=v, cost=price)
+        start = np.zeros(len(v), dtype=np.int64) if start is None else start
+        k, unspent = _priced.priced_prefixes(q, price, prompt, budget, cap - start, start)
+        return PrefixAllocation(k=k, unspent=unspent)
     if start is None:
         return water_fill(q, prompt, budget, room=cap)
-    start = _checks.counts("start", _checks.vector("start", start, dtype=None))
-    _checks.same_length(v=v, start=start)
-    if (start > cap).any():
-        raise ValueError(f"`start` must not exceed `max_per_anchor` ({max_per_anchor}), got {int(start.max())}")
     return water_fill(q, prompt, budget, room=cap - start, start=start)
 
 

@@ -26,6 +26,7 @@ name                          roots            prefixes         what it stands f
 ``prefix_only``               uniform          active           TRACE stage 2 alone
 ``trace``                     active           active           TRACE
 ``trace_beta``                active (Beta)    active           TRACE with the posterior utility
+``trace_tokens``              active (priced)  active (priced)  TRACE priced in tokens (see below)
 ============================  ===============  ===============  =====================================
 
 A policy is a name plus a root rule and a prefix rule, registered functions with one signature each
@@ -33,6 +34,13 @@ A policy is a name plus a root rule and a prefix rule, registered functions with
 order (the sampler's random order), G = ``group_size`` each; "active" roots are :func:`allocate_roots`,
 "active" prefixes :func:`allocate_prefixes`. Each rule says whether it reads predictions, so callers ask
 the policy (``needs_predictor``, ``predicts_roots``, ``predicts_prefixes``) instead of comparing names.
+
+**Priced in tokens** (``price="tokens"``, the ``trace_tokens`` entry): the rules are handed the price
+of one unit (``cost``: a rollout of each candidate, a continuation from each anchor, in the unit of the
+budget) and maximise the same utilities under sum c m <= budget instead of sum m = budget
+(:func:`allocate_roots`, :func:`allocate_prefixes` with ``cost``), so the budget buys the most mixed
+outcomes per token: a continuation from a deep prefix is cheap. Without ``cost`` (a world that does
+not know its costs) such a policy is rollout-priced; rollout-priced policies never read ``cost``.
 
 DAPO oversamples and filters, which needs rounds of generation: the ``dapo`` entry sets
 ``dynamic_sampling``, and :func:`trace_theory.step.run_step` runs the rounds with
@@ -69,24 +77,28 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RootRule:
-    """A root rule: ``allocate(policy, v, budget, *, concentration) -> m``, group size per candidate.
+    """A root rule: ``allocate(policy, v, budget, *, concentration, cost) -> m``, group size per candidate.
 
     ``v`` is validated, ``budget`` a non-negative integer and ``concentration`` the Beta concentration
-    per candidate for a posterior policy (None otherwise); ``m`` must sum to ``budget``.
+    per candidate for a posterior policy (None otherwise); ``m`` must sum to ``budget``. ``cost`` is the
+    price of one rollout per candidate for a token-priced policy (None otherwise); then sum c m <= budget.
     """
 
     allocate: Callable[..., np.ndarray]
     predicts: bool
     """Whether the rule reads ``v`` (then the caller must predict the candidate pool)."""
+    priced: bool = False
+    """Whether the rule can price in tokens (reads ``cost``)."""
 
 
 @dataclass(frozen=True)
 class PrefixRule:
-    """A prefix rule: ``place(policy, v, r, prompt, budget, *, start, rng) -> PrefixAllocation``.
+    """A prefix rule: ``place(policy, v, r, prompt, budget, *, start, rng, cost) -> PrefixAllocation``.
 
     One pass over the anchors: per prompt, place ``budget`` continuations on its anchors, counting from
     ``start`` already placed, at most ``policy.max_per_anchor`` in all per anchor; return what could not
-    be placed. The inputs are checked (:meth:`AllocationPolicy.allocate_prefixes`).
+    be placed. The inputs are checked (:meth:`AllocationPolicy.allocate_prefixes`). ``cost`` is the
+    price of one continuation per anchor for a token-priced policy (None otherwise).
     """
 
     place: Callable[..., PrefixAllocation]
@@ -96,27 +108,30 @@ class PrefixRule:
     """Whether the rule draws from ``rng`` (then the allocation is not a function of the inputs)."""
     reads_outcomes: bool = False
     """Whether placement depends on the factual rewards ``r`` (outcome-dependent branching)."""
+    priced: bool = False
+    """Whether the rule can price in tokens (reads ``cost``)."""
 
 
 ROOT_RULES: Registry[RootRule] = Registry("root rule")
 PREFIX_RULES: Registry[PrefixRule] = Registry("prefix rule")
 
 
-def root_rule(name: str, *, predicts: bool):
+def root_rule(name: str, *, predicts: bool, priced: bool = False):
     """Register ``allocate`` as the root rule ``name``."""
 
     def decorator(allocate):
-        ROOT_RULES.add(name, RootRule(allocate, predicts))
+        ROOT_RULES.add(name, RootRule(allocate, predicts, priced))
         return allocate
 
     return decorator
 
 
-def prefix_rule(name: str, *, predicts: bool, randomised: bool = False, reads_outcomes: bool = False):
+def prefix_rule(name: str, *, predicts: bool, randomised: bool = False, reads_outcomes: bool = False,
+                priced: bool = False):
     """Register ``place`` as the prefix rule ``name``."""
 
     def decorator(place):
-        PREFIX_RULES.add(name, PrefixRule(place, predicts, randomised, reads_outcomes))
+        PREFIX_RULES.add(name, PrefixRule(place, predicts, randomised, reads_outcomes, priced))
         return place
 
     return decorator
@@ -171,6 +186,9 @@ class AllocationPolicy:
     """DAPO-style rounds of oversampling and filtering (run by :func:`trace_theory.step.run_step`)."""
     dapo_target: int | None = None
     """Mixed groups a dynamic-sampling batch aims to keep; None: :meth:`dynamic_target`'s default."""
+    price: str = "rollouts"
+    """Unit the rules price the budget in: "rollouts" (every rollout costs 1; the paper) or "tokens" (the
+    ``cost`` of a rollout or continuation where the caller passes one; see the module)."""
 
     def __post_init__(self):
         if self.root_rule not in ROOT_RULES:
@@ -188,6 +206,15 @@ class AllocationPolicy:
             _checks.count("max_per_anchor", self.max_per_anchor)
         if self.dynamic_sampling and (self.branches or self.predicts_roots):
             raise ValueError("dynamic sampling is defined for uniform roots without branching")
+        if self.price not in PRICES:
+            raise ValueError(f"`price` must be one of {PRICES}, got {self.price!r}")
+        if self.price == "tokens":
+            rules = [ROOT_RULES[self.root_rule]] + ([PREFIX_RULES[self.prefix_rule]] if self.branches else [])
+            if self.posterior or not all(rule.priced for rule in rules):
+                raise ValueError(
+                    f"`price=\"tokens\"` needs rules that read `cost` (root rule \"active\", prefix rule None or "
+                    f"\"active\") and no posterior; policy {self.name!r} has {self.root_rule!r}, {self.prefix_rule!r}"
+                    f"{' with a posterior' if self.posterior else ''}")
         if self.dapo_target is not None:
             if not self.dynamic_sampling:
                 raise ValueError(
@@ -216,6 +243,11 @@ class AllocationPolicy:
     def branches_on_outcomes(self) -> bool:
         """Whether where continuations go depends on the factual rewards of the bare rollouts."""
         return self.branches and PREFIX_RULES[self.prefix_rule].reads_outcomes
+
+    @property
+    def priced_in_tokens(self) -> bool:
+        """Whether the rules read the ``cost`` of a rollout and of a continuation (``price="tokens"``)."""
+        return self.price == "tokens"
 
     @property
     def needs_predictor(self) -> bool:
@@ -252,30 +284,49 @@ class AllocationPolicy:
             return self.dapo_target
         return max(1, budget // (2 * self.group_size))
 
-    def allocate_roots(self, v, budget, *, rng=None, concentration=None) -> np.ndarray:
-        """Group size per candidate prompt, summing to ``budget``."""
+    def allocate_roots(self, v, budget, *, rng=None, concentration=None, cost=None) -> np.ndarray:
+        """Group size per candidate prompt, summing to ``budget``.
+
+        ``cost`` (price of one rollout per candidate, in the unit of ``budget``) is read by a policy
+        priced in tokens, which then spends sum c m <= ``budget``; other policies ignore it.
+        """
         v = _checks.probabilities("v", _checks.vector("v", v))
         budget = _checks.count("budget", budget)
         if self.posterior and concentration is None:
             raise ValueError(f"policy {self.name!r} uses the Beta-posterior utility: pass `concentration`")
+        if self.price == "tokens" and cost is not None:
+            cost = _checks.per_item("cost", cost, len(v), _checks.positive).astype(float)
+        else:
+            cost = None
         return ROOT_RULES[self.root_rule].allocate(self, v, budget,
-                                                   concentration=concentration if self.posterior else None)
+                                                   concentration=concentration if self.posterior else None,
+                                                   cost=cost)
 
-    def allocate_prefixes(self, v, r, prompt, budget, *, rng=None) -> PrefixAllocation:
-        """Continuations per anchor; per-prompt budgets, leftovers pooled across prompts, then returned."""
+    def allocate_prefixes(self, v, r, prompt, budget, *, rng=None, cost=None) -> PrefixAllocation:
+        """Continuations per anchor; per-prompt budgets, leftovers pooled across prompts, then returned.
+
+        ``cost`` (price of one continuation per anchor, in the unit of ``budget``: rollouts of the
+        anchor's prompt) is read by a policy priced in tokens; other policies ignore it.
+        """
         if not self.branches:
             raise ValueError(f"policy {self.name!r} does not branch from prefixes")
         v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
         rule = PREFIX_RULES[self.prefix_rule]
         if rule.randomised and rng is None:
             raise ValueError(f"policy {self.name!r} is randomised: pass `rng` (a numpy.random.Generator)")
+        if self.price == "tokens" and cost is not None:
+            cost = _checks.positive("cost", _checks.vector("cost", cost))
+            _checks.same_length(v=v, cost=cost)
+        else:
+            cost = None
         zero = np.zeros(len(v), dtype=np.int64)
-        first = rule.place(self, v, r, prompt, budget, start=zero, rng=rng)
+        first = rule.place(self, v, r, prompt, budget, start=zero, rng=rng, cost=cost)
         leftover = int(first.unspent.sum())
         if leftover == 0 or prompt.size == 0:
             return first
         # Pool what some prompts could not use and place it on all anchors, continuing from `first`.
-        second = rule.place(self, v, r, np.zeros_like(prompt), np.array([leftover]), start=first.k, rng=rng)
+        second = rule.place(self, v, r, np.zeros_like(prompt), np.array([leftover]), start=first.k, rng=rng,
+                            cost=cost)
         still = int(second.unspent[0])
         # Report what is still unspent against the prompts that gave it up, in prompt order.
         unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
@@ -288,20 +339,23 @@ class AllocationPolicy:
 
 
 @root_rule("uniform", predicts=False)
-def _uniform_roots(policy, v, budget, *, concentration):
+def _uniform_roots(policy, v, budget, *, concentration, cost):
     """Groups of about G for the first prompts in pool order (the sampler's random order)."""
     return _groups_in_order(policy, np.arange(len(v)), budget)
 
 
 @root_rule("pcl", predicts=True)
-def _pcl_roots(policy, v, budget, *, concentration):
+def _pcl_roots(policy, v, budget, *, concentration, cost):
     """Groups of about G for the prompts whose predicted v is nearest 0.5 (PCL-style filtering)."""
     return _groups_in_order(policy, np.lexsort((np.arange(len(v)), np.abs(v - 0.5))), budget)
 
 
-@root_rule("active", predicts=True)
-def _active_roots(policy, v, budget, *, concentration):
-    """TRACE stage 1: :func:`~trace_theory.allocate.allocate_roots` (the posterior utility with kappa)."""
+@root_rule("active", predicts=True, priced=True)
+def _active_roots(policy, v, budget, *, concentration, cost):
+    """TRACE stage 1: :func:`~trace_theory.allocate.allocate_roots` (the posterior utility with kappa;
+    priced in tokens with ``cost``)."""
+    if cost is not None:
+        return allocate_roots(v, budget, min_group=policy.min_group, max_group=policy.max_group, cost=cost)
     return allocate_roots(v, budget, min_group=policy.min_group, max_group=policy.max_group,
                           concentration=concentration)
 
@@ -315,20 +369,24 @@ def _groups_in_order(policy, order: np.ndarray, budget: int) -> np.ndarray:
 
 
 @prefix_rule("uniform", predicts=False)
-def _uniform_prefixes(policy, v, r, prompt, budget, *, start, rng):
+def _uniform_prefixes(policy, v, r, prompt, budget, *, start, rng, cost):
     """Round-robin over each prompt's anchors in anchor order."""
     return _spread(prompt, budget, _room(policy, start), None)
 
 
 @prefix_rule("random", predicts=False, randomised=True)
-def _random_prefixes(policy, v, r, prompt, budget, *, start, rng):
+def _random_prefixes(policy, v, r, prompt, budget, *, start, rng, cost):
     """Round-robin over each prompt's anchors in a random order (TreePO / Tree-GRPO-style)."""
     return _spread(prompt, budget, _room(policy, start), rng)
 
 
-@prefix_rule("active", predicts=True, reads_outcomes=True)
-def _active_prefixes(policy, v, r, prompt, budget, *, start, rng):
-    """TRACE stage 2: :func:`~trace_theory.allocate.allocate_prefixes`, the largest flip gains q^k (1 - q)."""
+@prefix_rule("active", predicts=True, reads_outcomes=True, priced=True)
+def _active_prefixes(policy, v, r, prompt, budget, *, start, rng, cost):
+    """TRACE stage 2: :func:`~trace_theory.allocate.allocate_prefixes`, the largest flip gains q^k (1 - q)
+    (per token with ``cost``)."""
+    if cost is not None:
+        return allocate_prefixes(v, r, prompt, budget, max_per_anchor=policy.max_per_anchor, start=start,
+                                 cost=cost)
     return allocate_prefixes(v, r, prompt, budget, max_per_anchor=policy.max_per_anchor, start=start)
 
 
@@ -401,6 +459,9 @@ def top_up_roots(m, extra) -> np.ndarray:
     return out
 
 
+PRICES = ("rollouts", "tokens")
+"""Units a policy can price its budget in (:attr:`AllocationPolicy.price`)."""
+
 POLICIES: Registry[AllocationPolicy] = Registry("allocation policy")
 
 
@@ -418,6 +479,7 @@ _register(AllocationPolicy("active_root_uniform_prefix", "active", "uniform"))
 _register(AllocationPolicy("prefix_only", "uniform", "active"))
 _register(AllocationPolicy("trace", "active", "active"))
 _register(AllocationPolicy("trace_beta", "active", "active", posterior=True))
+_register(AllocationPolicy("trace_tokens", "active", "active", price="tokens"))
 
 
 def get_policy(name: str, **changes) -> AllocationPolicy:

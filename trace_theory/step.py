@@ -26,6 +26,16 @@ therefore spends exactly M (1 + N) rollouts for every R; R = 1 is the paper's al
 
 What happened is recorded once, in a :class:`StepRecord`: every prediction (candidate prompts, then
 anchors with their round), the rollouts grown by kind, the rounds, and DAPO's kept groups.
+
+**Priced in tokens.** For a policy with ``price="tokens"`` whose world returns ``Prediction.cost``,
+the driver hands the rules prices in the budget's unit: a root rollout of prompt i costs
+c_i / mean(c) (the root budget M is M rollouts of the pool's average cost), a continuation from anchor
+a of tree i costs c_a / c_i (its prompt's share m_i N is m_i N rollouts of that prompt). Equal root
+costs leave the roots rollout-priced (the same allocation), and ``root_allocator`` is handed ``cost``
+only when they differ. Both stages then spend at most their budget in tokens
+(:func:`~trace_theory.allocate.allocate_roots`, :func:`~trace_theory.allocate.allocate_prefixes` with
+``cost``); whole rollouts' worth left over top up the roots as usual. The step is then no longer
+M (1 + N) rollouts but at most that many rollouts' tokens.
 """
 
 from __future__ import annotations
@@ -59,10 +69,16 @@ class Kind(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted success probability ``v`` per node, and the Beta ``concentration`` kappa where asked."""
+    """Predicted success probability ``v`` per node, and the Beta ``concentration`` kappa where asked.
+
+    ``cost``, optional: the expected tokens of one rollout from each node (a fresh rollout at a prompt,
+    a continuation of its remaining turns at an anchor), read only by a policy priced in tokens
+    (``price="tokens"``). None: the world does not know its costs, and every policy is rollout-priced.
+    """
 
     v: np.ndarray
     concentration: np.ndarray | None = None
+    cost: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -236,14 +252,17 @@ def run_step(
     n_roots, per_root = planned.roots, planned.continuations_per_root
     prompts = np.arange(pool)
     record: dict = {}
+    root_cost, priced = None, {}
     if policy.predicts_roots:
         guess = _checked(world.predict_prompts(prompts, concentration=policy.posterior), pool, policy)
-        v, kappa = guess.v, guess.concentration
+        v, kappa, root_cost = guess.v, guess.concentration, guess.cost
         record.update(prompt_ids=prompts, prompt_v=v, prompt_concentration=kappa)
+        if root_cost is not None and pool and not np.all(root_cost == root_cost[0]):
+            priced = {"cost": root_cost / root_cost.mean()}  # equal prices: the rollout-priced roots
     else:  # the rule ignores values: none are asked for
         v, kappa = np.full(pool, 0.5), None
     allocate = root_allocator or _allocate_roots_locally
-    m = np.asarray(allocate(policy, v, n_roots, rng=rng, concentration=kappa), dtype=np.int64)
+    m = np.asarray(allocate(policy, v, n_roots, rng=rng, concentration=kappa, **priced), dtype=np.int64)
     if m.shape != (pool,) or (m < 0).any():  # a distributed allocator returns this rank's share of the budget
         raise ValueError(f"the root allocator must return {pool} non-negative counts, got {m!r}")
     active = np.flatnonzero(m > 0)
@@ -253,14 +272,14 @@ def run_step(
     by_round: tuple[int, ...] = ()
     if policy.branches and per_root > 0 and active.size:
         forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
-                                      counts)
+                                      counts, root_cost)
     return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,
                       **record)
 
 
-def _allocate_roots_locally(policy, v, budget, *, rng, concentration):
+def _allocate_roots_locally(policy, v, budget, *, rng, concentration, cost=None):
     """The default root allocator: this process's pool is the whole candidate pool."""
-    return policy.allocate_roots(v, budget, rng=rng, concentration=concentration)
+    return policy.allocate_roots(v, budget, rng=rng, concentration=concentration, cost=cost)
 
 
 def _checked(guess: Prediction, n: int, policy: AllocationPolicy) -> Prediction:
@@ -273,12 +292,18 @@ def _checked(guess: Prediction, n: int, policy: AllocationPolicy) -> Prediction:
         kappa = np.asarray(kappa, dtype=float)
         if kappa.shape != (n,) or not np.all(kappa > 0):
             raise ValueError(f"policy {policy.name!r} needs {n} positive concentrations, got {kappa!r}")
-    return Prediction(v, kappa if policy.posterior else None)
+    cost = getattr(guess, "cost", None)
+    if policy.priced_in_tokens and cost is not None:
+        cost = np.asarray(cost, dtype=float)
+        if cost.shape != (n,) or not np.all(np.isfinite(cost) & (cost > 0)):
+            raise ValueError(f"the world must return {n} positive finite costs, got {cost!r}")
+    return Prediction(v, kappa if policy.posterior else None, cost if policy.priced_in_tokens else None)
 
 
-def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
+def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts, root_cost=None):
     """Stage 2 over ``rounds`` expansion rounds (see the module); returns (forest, groups, per round)."""
     roots = forest.roots
+    tree_cost = None if root_cost is None else root_cost[forest.prompt[roots]]  # tokens of a rollout, per tree
     m_tree = m[forest.prompt[roots]]  # group sizes in tree order
     shares = round_shares(per_root * m_tree, rounds)
     carry = np.zeros(len(roots), dtype=np.int64)
@@ -293,9 +318,12 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
             v = guess.v
             asked_ids.append(anchors), asked_v.append(v), asked_round.append(np.full(anchors.size, r + 1))
             asked_kappa.append(guess.concentration)
+            price = None
+            if guess.cost is not None and tree_cost is not None:  # a continuation in rollouts of its prompt
+                price = guess.cost / tree_cost[forest.tree_index[anchors]]
         else:
-            v = np.full(anchors.size, 0.5)
-        alloc = place_continuations(policy, forest, anchors, v, budget, rng=rng)
+            v, price = np.full(anchors.size, 0.5), None
+        alloc = place_continuations(policy, forest, anchors, v, budget, rng=rng, cost=price)
         carry = alloc.unspent
         extra = np.zeros(len(roots), dtype=np.int64)
         if last and carry.sum():
@@ -327,16 +355,18 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts):
     return forest, groups, tuple(by_round)
 
 
-def place_continuations(policy: AllocationPolicy, forest: RolloutForest, anchors, v, budget, *, rng=None):
+def place_continuations(policy: AllocationPolicy, forest: RolloutForest, anchors, v, budget, *, rng=None,
+                        cost=None):
     """Continuations per anchor by ``policy``'s prefix rule: one expansion round's decision on ``forest``.
 
     ``v`` is the prediction at each anchor, ``budget`` the continuation budget of each tree (in
     ``forest.roots`` order); the factual reward of an anchor is that of its own rollout's leaf
-    (``forest.factual_leaf``). Returns ``policy.allocate_prefixes``' :class:`PrefixAllocation`.
+    (``forest.factual_leaf``). ``cost``: price of a continuation per anchor, in rollouts of its prompt
+    (read by a policy priced in tokens). Returns ``policy.allocate_prefixes``' :class:`PrefixAllocation`.
     """
     anchors = np.asarray(anchors, dtype=np.int64)
     factual = forest.reward[forest.factual_leaf[anchors]]
-    return policy.allocate_prefixes(v, factual, forest.tree_index[anchors], budget, rng=rng)
+    return policy.allocate_prefixes(v, factual, forest.tree_index[anchors], budget, rng=rng, cost=cost)
 
 
 def in_rollout_order(forest: RolloutForest, nodes: np.ndarray) -> np.ndarray:

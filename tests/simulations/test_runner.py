@@ -15,12 +15,18 @@ from trace_theory import POLICIES, Origin, RolloutBudget, effective_ratio, get_p
 MODEL = calibrated(BernoulliTreeModel(), 0.268, 8)
 
 
-def _check_budget(batch, policy, budget):
+def _check_budget(batch, policy, budget, world=None):
     spent = batch.rollouts
     if policy.dynamic_sampling:  # stops early only once its batch holds the target of mixed groups
         kept = batch.trained.rollouts // policy.group_size
         assert spent <= budget.total
         assert spent > budget.total - policy.group_size or kept >= policy.dynamic_target(budget.total)
+    elif policy.priced_in_tokens:  # continuations cost their expected remaining turns: more rollouts, same tokens
+        assert spent >= budget.total
+        f = batch.sampled.forest
+        starts = np.flatnonzero(f.starts_rollout)
+        price = world.expected_turns(f.depth[f.parent[starts]]) / world.expected_turns(0)
+        assert price.sum() <= budget.total * (1 + 1e-9)
     else:
         assert spent == budget.total
     forest = batch.sampled.forest
@@ -34,7 +40,7 @@ def test_every_policy_spends_exactly_the_budget(name, max_turns):
     model = BernoulliTreeModel(pass_rates=MODEL.pass_rates, max_turns=max_turns)
     policy, budget = get_policy(name), RolloutBudget(96, 2)
     batch = sample_batch(model, policy, budget, LearnedPredictor(), pool=72, rng=np.random.default_rng(0))
-    _check_budget(batch, policy, budget)
+    _check_budget(batch, policy, budget, model)
 
 
 @settings(max_examples=30, deadline=None)
@@ -55,7 +61,7 @@ def test_budget_conservation_in_the_mdp(name, roots, continuations, group_size, 
     policy, budget = get_policy(name, group_size=group_size), RolloutBudget(roots, continuations)
     pool = max(-(-policy.split(budget)[0] // group_size), 32)
     batch = sample_batch(world, policy, budget, OraclePredictor(), pool=pool, rng=np.random.default_rng(seed))
-    _check_budget(batch, policy, budget)
+    _check_budget(batch, policy, budget, world)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +191,7 @@ def test_repeated_expansion_spends_the_budget_and_branches_from_continuations(na
     policy, budget = get_policy(name), RolloutBudget(96, 3)
     batch = sample_batch(MODEL, policy, budget, LearnedPredictor(), pool=72, rng=np.random.default_rng(6),
                          expansion_rounds=rounds)
-    _check_budget(batch, policy, budget)
+    _check_budget(batch, policy, budget, MODEL)
     forest = batch.sampled.forest
     branch = forest.starts_rollout & (forest.origin == Origin.CONTINUATION)
     assert (forest.origin[forest.parent[branch]] == Origin.CONTINUATION).any()  # round 2 and later

@@ -77,3 +77,16 @@ def tie_free_probabilities(draw, min_size=2, max_size=8):
     flip = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     u = np.array(u) / 10_000.0
     return np.where(flip, 1.0 - u, u)
+
+
+# Prices of a unit (expected tokens, in rollouts): exact binary fractions make equal prices and exact
+# spends common; generic floats cover the rest.
+price = st.one_of(st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 3.0]), st.floats(0.2, 3.0, allow_nan=False))
+
+
+@st.composite
+def priced_probabilities(draw, min_size=1, max_size=3):
+    """(v, price): probabilities and one positive price per item, of the same length."""
+    n = draw(st.integers(min_size, max_size))
+    v = np.array(draw(st.lists(probability, min_size=n, max_size=n)), dtype=float)
+    return v, np.array(draw(st.lists(price, min_size=n, max_size=n)), dtype=float)

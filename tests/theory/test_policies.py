@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from trace_theory import POLICIES, RolloutBudget, get_policy, root_utility, top_up_roots
 from trace_theory.policies import AllocationPolicy
 
-from .strategies import probability_arrays, tie_free_probabilities
+from .strategies import priced_probabilities, probability_arrays, tie_free_probabilities
 
 ALL = POLICIES.names()
 BRANCHING = [name for name in ALL if get_policy(name).branches]
@@ -182,8 +182,50 @@ def test_a_policy_says_what_it_needs():
     assert needs["prefix_only"] == (False, True, True, False, False) and needs["trace"] == (True, True, True, False, False)
     assert needs["trace_beta"] == (True, True, True, True, False) and needs["dapo"] == (False,) * 4 + (True,)
     assert [n for n in ALL if get_policy(n).needs_predictor] == [
-        "pcl", "root_only", "active_root_uniform_prefix", "prefix_only", "trace", "trace_beta"]
+        "pcl", "root_only", "active_root_uniform_prefix", "prefix_only", "trace", "trace_beta", "trace_tokens"]
     assert not get_policy("random_prefix").deterministic and get_policy("trace").deterministic
+    assert [n for n in ALL if get_policy(n).priced_in_tokens] == ["trace_tokens"]
+    assert needs["trace_tokens"] == needs["trace"]
+
+
+@pytest.mark.parametrize("name", ALL)
+@given(priced_probabilities(1, 8), st.integers(0, 40), st.data())
+def test_cost_is_read_by_token_priced_policies_only(name, vc, budget, data):
+    """A rollout-priced policy ignores ``cost`` bit for bit; a token-priced one spends within the budget."""
+    policy, (v, c) = get_policy(name), vc
+    try:
+        m = roots(policy, v, budget)
+    except ValueError as err:
+        assert "cannot be split" in str(err)
+        return
+    priced = policy.allocate_roots(v, budget, rng=np.random.default_rng(0), concentration=np.full(len(v), KAPPA),
+                                   cost=c)
+    if not policy.priced_in_tokens:
+        assert priced.tolist() == m.tolist()
+    else:
+        assert np.dot(priced, c) <= budget * (1 + 1e-9) + 1e-9 and np.all((priced == 0) | (priced >= policy.min_group))
+    if not policy.branches:
+        return
+    n = len(v)
+    r = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=n, max_size=n)))
+    prompt = np.array(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
+    b = np.array(data.draw(st.lists(st.integers(0, 6), min_size=3, max_size=3)))
+    plain = policy.allocate_prefixes(v, r, prompt, b, rng=np.random.default_rng(1))
+    out = policy.allocate_prefixes(v, r, prompt, b, rng=np.random.default_rng(1), cost=c)
+    if not policy.priced_in_tokens:
+        assert out.k.tolist() == plain.k.tolist() and out.unspent.tolist() == plain.unspent.tolist()
+    else:  # leftovers are pooled across prompts, so the spend is bounded in total
+        assert np.dot(out.k, c) <= b.sum() - out.unspent.sum() + 1e-9 * (1 + b.sum())
+
+
+def test_token_pricing_needs_priced_rules():
+    with pytest.raises(ValueError, match="`price` must be one of \\('rollouts', 'tokens'\\), got 'turns'"):
+        get_policy("trace", price="turns")
+    with pytest.raises(ValueError, match="needs rules that read `cost`"):
+        get_policy("grpo", price="tokens")
+    with pytest.raises(ValueError, match="needs rules that read `cost`"):
+        get_policy("trace_beta", price="tokens")
+    assert get_policy("root_only", price="tokens").priced_in_tokens
 
 
 def test_a_new_policy_is_one_registration_away():

@@ -285,3 +285,38 @@ def test_rollout_order_is_tree_then_first_turn_then_depth_on_any_forest_and_subs
 
     want = sorted(nodes.tolist(), key=lambda n: (forest.tree_index[n], first_turn(n), forest.depth[n]))
     assert in_rollout_order(forest, nodes).tolist() == want
+
+
+class PricedWorld(ScriptedWorld):
+    """The scripted world, knowing its costs: a rollout from depth d costs horizon - d turns."""
+
+    def predict_prompts(self, prompts, *, concentration):
+        guess = super().predict_prompts(prompts, concentration=concentration)
+        return Prediction(guess.v, guess.concentration, np.full(len(prompts), float(self.horizon)))
+
+    def predict_nodes(self, nodes, *, concentration):
+        guess = super().predict_nodes(nodes, concentration=concentration)
+        return Prediction(guess.v, guess.concentration, self.horizon - np.array(self.node_depth)[nodes].astype(float))
+
+
+@settings(max_examples=30, deadline=None)
+@given(roots=st.integers(2, 30), continuations=st.integers(1, 4), horizon=st.integers(2, 5),
+       seed=st.integers(0, 2**32 - 1))
+def test_token_priced_step_spends_its_budget_in_tokens(roots, continuations, horizon, seed):
+    budget, pool = RolloutBudget(roots, continuations), 24
+    run = lambda world, name: run_step(world, get_policy(name), budget, pool=pool, rng=np.random.default_rng(seed))
+    # A world that does not know its costs: token pricing is rollout pricing, decision for decision.
+    plain, priced = ScriptedWorld(pool, horizon=horizon, seed=seed % 1000), ScriptedWorld(pool, horizon=horizon, seed=seed % 1000)
+    run(plain, "trace"), run(priced, "trace_tokens")
+    assert str(plain.log) == str(priced.log)
+    # A world that knows them: equal root prices keep the roots; continuations cost (H - d) / H rollouts.
+    world = PricedWorld(pool, horizon=horizon, seed=seed % 1000)
+    record = run(world, "trace_tokens")
+    assert record.counts["bare"] == roots
+    trace = run(ScriptedWorld(pool, horizon=horizon, seed=seed % 1000), "trace")
+    forest = record.forest
+    cont = forest.starts_rollout & (forest.origin == Origin.CONTINUATION)
+    assert cont.sum() == record.counts["continuation"]
+    spent = (horizon - forest.depth[forest.parent[cont]]).sum() / horizon + record.counts["top_up"]
+    assert spent <= roots * continuations + 1e-9
+    assert record.counts["continuation"] >= trace.counts["continuation"]

@@ -187,6 +187,7 @@ def test_a_fixed_seed_reproduces_the_forest(backend):
 @pytest.mark.parametrize("name", POLICIES.names())
 def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, roots, per_root):
     engine = make_engine(hf_backend, policy=name, roots=roots, continuations_per_root=per_root)
+    tokens_from = engine.expected_tokens(np.arange(64))  # a token-priced policy's costs, before they are learnt
     batch = engine.rollout(POOL, predictor=TurnPredictor(), seed=2)
     forest, report = batch.forest, batch.report
     policy = get_policy(name, group_size=4)
@@ -197,7 +198,8 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         assert report.rollouts <= planned.total and report.rollouts % 4 == 0
         assert set(groups.values()) == {4} and sorted(groups) == list(range(len(groups)))
         return
-    assert report.rollouts == planned.total
+    # A token-priced policy spends m_i N rollouts' worth of tokens on continuations, which cost less.
+    assert report.rollouts >= planned.total if policy.priced_in_tokens else report.rollouts == planned.total
     v = TurnPredictor()([History(i, row, 0, (), ()) for i, row in enumerate(POOL)])
     m = policy.allocate_roots(v, planned.roots, concentration=np.full(len(POOL), 4.0))
     if not policy.branches:
@@ -215,6 +217,7 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
             forest.reward[forest.factual_leaf[anchors]],
             group,
             m[m > 0] * planned.continuations_per_root,
+            cost=tokens_from[forest.depth[anchors]] / tokens_from[0],
         )
         assert [len(forest.children(a)) - 1 for a in anchors] == alloc.k.tolist()
         expected = top_up_roots(m[m > 0], int(alloc.unspent.sum()))
@@ -279,6 +282,8 @@ def test_a_token_budget_is_turned_into_rollouts_with_running_costs(hf_backend):
     # Prior: a rollout costs half of max_turns * max_turn_tokens = 16 tokens, a continuation half that.
     assert engine.plan() == RolloutBudget(20, 1)  # 480 // (16 * (1 + 0.5))
     assert make_engine(hf_backend, policy="grpo", token_budget=480).plan() == RolloutBudget(30, 0)
+    # Priced in tokens, a root's continuation share is N rollouts' worth of tokens: 480 // (16 * 2).
+    assert make_engine(hf_backend, policy="trace_tokens", token_budget=480).plan() == RolloutBudget(15, 1)
     batch = engine.rollout(POOL, predictor=TurnPredictor(), seed=0)
     f = batch.forest
     bare = f.starts_rollout & (f.origin == Origin.BARE)
@@ -288,6 +293,10 @@ def test_a_token_budget_is_turned_into_rollouts_with_running_costs(hf_backend):
     ]
     assert engine.tokens_per_rollout == pytest.approx(np.mean(per_rollout))
     L, c = engine.tokens_per_rollout, engine.continuation_cost_ratio
+    turns = np.mean([len(f.path_to_root(int(f.factual_leaf[s]))) - 1 for s in np.flatnonzero(bare)])
+    assert engine.turns_per_rollout == pytest.approx(turns)
+    T = max(turns, 1.0)
+    assert engine.expected_tokens([0, 1, 99]) == pytest.approx(L * np.array([T, max(T - 1, 1), 1]) / T)
     assert engine.plan() == RolloutBudget(int(480 // (L * (1 + c))), 1)
     with pytest.raises(ValueError, match="`token_budget` 30 pays for 1 rollouts of about 16 tokens"):
         make_engine(hf_backend, token_budget=30).plan()

@@ -91,8 +91,10 @@ def test_the_simulator_replaying_the_engines_outcomes_makes_the_same_decisions(h
     config = RolloutConfig(policy=name, roots=8, continuations_per_root=2, group_size=4, expansion_rounds=rounds,
                            limits=EpisodeLimits(max_turns=4, max_turn_tokens=8, max_context_tokens=512))
     engine = RolloutEngine(hf_backend, GuessNumberEnv, config)
+    tokens_from = engine.expected_tokens(np.arange(64))  # what a token-priced policy pays, before it is learnt
     batch = engine.rollout(POOL, predictor=TurnPredictor(), seed=3)
     replay = Replay(batch.forest)
+    replay.expected_turns = lambda depth: tokens_from[np.asarray(depth, dtype=np.int64)]  # the same costs
     sim = sample_batch(replay, config.allocation_policy, batch.report.planned, SamePredictor(), pool=len(POOL),
                        rng=np.random.default_rng(0), expansion_rounds=rounds)
     assert _trees(sim.sampled.forest) == _trees(batch.forest)

@@ -99,6 +99,8 @@ class RolloutEngine:
         """Generated tokens per bare rollout, averaged over calls (weight 1/2 on the latest), for ``plan``."""
         self.continuation_cost_ratio: float = 0.5
         """Tokens of a continuation relative to a bare rollout, averaged the same way from a prior of 0.5."""
+        self.turns_per_rollout: float | None = None
+        """Turns per bare rollout, averaged the same way: what a token-priced policy's costs are read from."""
 
     # -----------------------------------------------------------------------------------------------
 
@@ -117,7 +119,8 @@ class RolloutEngine:
             return RolloutBudget(cfg.roots, cfg.continuations_per_root)
         tokens = self.tokens_per_rollout or 0.5 * cfg.limits.max_turns * cfg.limits.max_turn_tokens
         n = cfg.continuations_per_root if policy.branches else 0
-        roots = int(cfg.token_budget // (tokens * (1.0 + n * self.continuation_cost_ratio)))
+        ratio = 1.0 if policy.priced_in_tokens else self.continuation_cost_ratio  # priced: m N rollouts' tokens
+        roots = int(cfg.token_budget // (tokens * (1.0 + n * ratio)))
         if roots < policy.min_group:
             raise ValueError(f"`token_budget` {cfg.token_budget} pays for {roots} rollouts of about "
                              f"{tokens:.0f} tokens; policy {cfg.policy!r} needs at least {policy.min_group}")
@@ -140,6 +143,14 @@ class RolloutEngine:
         self._learn_costs(batch)
         return batch
 
+    def expected_tokens(self, depth) -> np.ndarray:
+        """Expected tokens of a rollout from a turn boundary at ``depth`` (0: a fresh rollout), from the
+        running estimates: L max(T - d, 1) / T, L tokens and T turns per bare rollout."""
+        cfg = self.config
+        tokens = self.tokens_per_rollout or 0.5 * cfg.limits.max_turns * cfg.limits.max_turn_tokens
+        turns = max(self.turns_per_rollout or 0.5 * cfg.limits.max_turns, 1.0)
+        return tokens * np.maximum(turns - np.asarray(depth, dtype=float), 1.0) / turns
+
     def _learn_costs(self, batch: RolloutBatch) -> None:
         """Update the running token estimates used by :meth:`plan` (halving the weight of the past)."""
         f = batch.forest
@@ -151,16 +162,18 @@ class RolloutEngine:
         mean = float(np.mean(bare))
         previous = mean if self.tokens_per_rollout is None else self.tokens_per_rollout
         self.tokens_per_rollout = 0.5 * (previous + mean)
+        turns = float(np.mean([_rollout_tokens(f, s, per_turn=True) for s in np.flatnonzero(starts & (f.origin == Origin.BARE))]))
+        self.turns_per_rollout = turns if self.turns_per_rollout is None else 0.5 * (self.turns_per_rollout + turns)
         if branch and mean > 0:
             ratio = float(np.mean(branch)) / mean
             self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
 
 
-def _rollout_tokens(forest: RolloutForest, start: int) -> float:
-    """Tokens of the rollout that begins at ``start``: its turns along first children."""
+def _rollout_tokens(forest: RolloutForest, start: int, *, per_turn: bool = False) -> float:
+    """Tokens of the rollout that begins at ``start``: its turns along first children (turns with ``per_turn``)."""
     total, node = 0.0, int(start)
     while node != -1:
-        total += float(forest.cost[node])
+        total += 1.0 if per_turn else float(forest.cost[node])
         node = int(forest.first_child[node])
     return total
 
@@ -222,7 +235,10 @@ class _Run:
         v = np.asarray(self.predictor(histories), dtype=float)
         kappa = np.asarray(self.predictor.concentration(histories), dtype=float) if concentration else None
         self.phase_seconds["predict"] += time.perf_counter() - t0
-        return Prediction(v, kappa)
+        cost = None
+        if self.engine.policy.priced_in_tokens:  # read only by a token-priced policy (trace_tokens)
+            cost = self.engine.expected_tokens([h.depth for h in histories])
+        return Prediction(v, kappa, cost)
 
     # ---- the driver's questions (trace_theory.step.World) -----------------------------------------
 
