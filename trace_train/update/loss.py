@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import torch
 
-from ..configs import KL_ESTIMATORS, PolicyLossConfig  # the config lives with every other
+from ..configs import KL_ESTIMATORS, PolicyLossConfig  # the config lives with every other config
 
 __all__ = ["PolicyLossConfig", "policy_loss", "kl_penalty"]
 
