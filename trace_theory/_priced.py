@@ -12,8 +12,8 @@ W, and the greedy's value equals LP(W) >= OPT(W): **the greedy is optimal among 
 most W**. At the full budget, LP(T) <= LP(W) + (T - W) rho_next < LP(W) + value of the first unit that
 did not fit, so **OPT(T) - greedy < the value of the first rejected unit** (at most 1 here: a mixed or
 flip probability). With all prices equal, W is the largest multiple of the price within T and the
-greedy is exact. Roots need a block: F(1) = 0, so a prompt's first m^ rollouts (m^ = argmax F(m) / m
-over the allowed group sizes) are one indivisible unit of value F(m^) (its concave envelope's linear
+greedy is exact. Roots need a block: F(1) = 0, so a prompt's first m^ rollouts (m^ = the smallest
+argmax of F(m) / m over the allowed group sizes, ties up to rounding) are one indivisible unit of value F(m^) (its concave envelope's linear
 piece); envelope and F agree at 0 and at every m >= m^, the only counts the greedy produces, so the
 argument above holds unchanged.
 
@@ -29,6 +29,7 @@ import numpy as np
 from .contrast import mixed_probability
 
 _TOL = 1e-9  # relative slack on the spend, so that prices summing to the budget up to rounding fit
+_TIE = 1e-12  # values per rollout this close count as equal (3v(1-v) / 3 = 2v(1-v) / 2 exactly, not in floats)
 
 
 def units_within(budget, price):
@@ -84,7 +85,8 @@ def priced_roots(v, price, budget, min_group, max_group):
     for i in np.flatnonzero(top >= min_group):
         m = np.arange(min_group, top[i] + 1)
         f = mixed_probability(np.full(m.size, v[i]), m)
-        hat = int(np.argmax(f / m))  # first maximiser of value per rollout: the block
+        per_rollout = f / m  # the block: the smallest m with the largest value per rollout, where ties
+        hat = int(np.flatnonzero(per_rollout >= per_rollout.max() * (1.0 - _TIE))[0])  # are equal up to rounding
         gains = np.diff(f[hat:])
         items_v.append(np.concatenate([[f[hat]], gains]))
         items_count.append(np.concatenate([[m[hat]], np.ones(gains.size, dtype=np.int64)]))

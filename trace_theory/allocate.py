@@ -162,8 +162,9 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     elsewhere (for example because of ``max_group``).
 
     Priced in tokens (``cost``), the problem is max sum_i mixed(v_i, m_i) s.t. sum_i c_i m_i <= budget.
-    With equal prices c it is the rollout-priced problem with floor(budget / c) rollouts, solved exactly
-    as above. With unequal prices it is a knapsack, solved by the ratio greedy on the concave envelope
+    With equal prices c it is TRACE's rollout-priced allocation of floor(budget / c) rollouts, solved
+    exactly as above; like it, it spends them all (where ``min_group`` makes a smaller spend worth more,
+    e.g. one prompt capped at 3 of 4 rollouts, the count problem still places all 4). With unequal prices it is a knapsack, solved by the ratio greedy on the concave envelope
     (``trace_theory._priced``): a block of m^_i = argmax_m mixed(v_i, m) / m rollouts first, then single
     rollouts, in decreasing utility per token. The result is optimal among allocations spending at most
     what it spends, and falls short of the optimum at the full budget by less than the utility of the

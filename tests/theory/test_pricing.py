@@ -111,7 +111,8 @@ def greedy_roots(v, price, budget, lo, hi):
         if top < lo:
             continue
         f = {m: float(mixed_probability(v[i], m)) for m in range(lo, top + 1)}
-        hat = max(range(lo, top + 1), key=lambda m: (f[m] / m, -m))
+        best = max(f[m] / m for m in range(lo, top + 1))  # the smallest maximiser, ties up to rounding
+        hat = min(m for m in range(lo, top + 1) if f[m] / m >= best * (1 - 1e-12))
         items.append([f[hat] / (hat * price[i]), i, 0, hat, f[hat]])
         for j, m in enumerate(range(hat + 1, top + 1)):
             items.append([(f[m] - f[m - 1]) / price[i], i, j + 1, 1, f[m] - f[m - 1]])
@@ -140,6 +141,8 @@ def best_root_value(v, price, capacity, lo, hi):
 
 @given(priced_probabilities(1, 3), st.integers(0, 8), st.integers(1, 3), st.integers(3, 8))
 @example((np.array([0.5, 0.02]), np.array([1.0, 0.25])), 6, 2, 8)  # a large block for a rare success
+@example((np.array([0.0, 0.5, 0.6369616873214543]), np.array([0.25, 0.25, 1.5])), 5, 1, 3)  # F(2)/2 = F(3)/3 = v(1-v)
+@example((np.array([0.0, 0.5]), np.array([1.5, 1.5])), 6, 2, 3)  # equal prices spend all 4 rollouts, as TRACE
 def test_priced_roots_are_the_greedy_and_exact_at_their_spend(vp, budget, lo, hi):
     v, price = vp
     m = allocate_roots(v, budget, min_group=lo, max_group=hi, cost=price)
@@ -152,8 +155,13 @@ def test_priced_roots_are_the_greedy_and_exact_at_their_spend(vp, budget, lo, hi
         assert m.tolist() == expected.tolist()  # fast equals obvious
         assert value >= best_root_value(v, price, spend, lo, hi) - 1e-12  # optimal at its own spend
         assert best_root_value(v, price, budget, lo, hi) - value <= rejected + 1e-12  # within one item
-    else:
-        assert value >= best_root_value(v, price, budget, lo, hi) - 1e-12  # exact
+    else:  # equal prices: TRACE's rollout-priced allocation of floor(budget / c) rollouts, spent in full
+        units = int(np.floor(budget / price[0] * (1 + TOL) + TOL))
+        try:
+            plain = allocate_roots(v, units, min_group=lo, max_group=hi)
+        except ValueError:  # no whole groups take exactly that many rollouts: the priced greedy ran instead
+            return
+        assert m.tolist() == plain.tolist()
 
 
 @given(probability_arrays(1, 8), st.integers(0, 30), st.sampled_from([0.5, 1.0, 2.0]))
