@@ -137,3 +137,20 @@ def test_at_equal_time_reads_each_run_at_its_seeds_shortest_run():
     assert timed[0]["gain"] == pytest.approx(0.5)  # at equal tokens: the mean of the last two, 0.6, minus 0.1
     halfway = bench.at_equal_time([_timed("trace", 1, 2.0, [0.1, 0.5, 0.7]), _timed("grpo", 1, 1.0, [0.1, 0.3])])
     assert halfway[0]["gain_at_equal_time"] == pytest.approx(0.2)  # 2 s of trace: halfway to its first eval
+
+
+def test_rates_chosen_earlier_skip_the_sweep(tmp_path):
+    """``--rates trace=2e-3 grpo=4e-3``: each policy's finished runs at its own rate are read, nothing swept."""
+    for policy, lr, gain, slope in (("trace", 2e-3, 0.3, 0.02), ("grpo", 4e-3, 0.1, 0.01)):
+        for seed in (0, 1):
+            folder = bench.run_dir(tmp_path, "mixed", policy, lr, seed)
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(dict(_result(policy, lr, seed, gain + slope * seed),
+                                                                steps=5)))
+    assert bench.cli(["--policies", "trace", "grpo", "--rates", "trace=2e-3", "grpo=4e-3", "--shared-lr", "none",
+                      "--seeds", "0", "1", "--steps", "5", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
+    assert summary["best_lr"] == {"trace": 2e-3, "grpo": 4e-3} == summary["rates_given"]
+    assert summary["best"]["trace_minus"]["grpo"]["mean"] == pytest.approx(0.205) and "shared" not in summary
+    with pytest.raises(SystemExit):
+        bench.cli(["--rates", "trace"])

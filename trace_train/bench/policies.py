@@ -244,7 +244,9 @@ def benchmark(args) -> dict:
     start = time.perf_counter()
     one = dict(steps=args.steps, token_budget=args.token_budget, task=args.task, eval_every=args.eval_every,
                workers=getattr(args, "workers", 1))
-    if len(args.lrs) > 1:  # one rate needs no sweep
+    if getattr(args, "rates", None):  # rates chosen by an earlier sweep: no sweep here
+        rates = {p: args.rates.get(p, args.lrs[0]) for p in args.policies}
+    elif len(args.lrs) > 1:  # one rate needs no sweep
         tuning = run_all(args.out, [(p, s, lr) for p in args.policies for lr in args.lrs for s in args.tuning_seeds],
                          **one)
         rates = best_rates(tuning)
@@ -253,6 +255,7 @@ def benchmark(args) -> dict:
     summary = {"task": args.task, "steps": args.steps, "token_budget": args.token_budget,
                "eval_every": args.eval_every, "lrs": list(args.lrs),
                "tuning_seeds": list(args.tuning_seeds), "seeds": list(args.seeds), "best_lr": rates,
+               "rates_given": dict(getattr(args, "rates", None) or {}),
                "best_at_grid_edge": at_grid_edge(rates, args.lrs)}
     for name, lr_of in (("best", rates), ("shared", {p: args.shared_lr for p in args.policies})):
         if name == "shared" and args.shared_lr is None:
@@ -268,6 +271,28 @@ def benchmark(args) -> dict:
     return summary
 
 
+def _rate_or_none(text: str) -> float | None:
+    """``--shared-lr``: a positive rate, or ``none``."""
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive rate or 'none', got {text!r}")
+    return value
+
+
+def _policy_rate(text: str) -> tuple[str, float]:
+    """``POLICY=LR`` (``--rates``) -> (policy, rate)."""
+    policy, sep, rate = text.partition("=")
+    try:
+        value = float(rate)
+    except ValueError:
+        value = float("nan")
+    if not sep or not policy or not value > 0:
+        raise argparse.ArgumentTypeError(f"expected POLICY=LR with a positive rate, got {text!r}")
+    return policy, value
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
@@ -278,7 +303,11 @@ def cli(argv=None) -> int:
                         help="policies to run (without trace: each policy's own numbers, no paired differences)")
     parser.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
                         help="learning-rate grid")
-    parser.add_argument("--shared-lr", type=float, default=1e-3, help="the shared rate (the preset's)")
+    parser.add_argument("--shared-lr", type=_rate_or_none, default=1e-3,
+                        help="the shared rate (the preset's); 'none' runs no shared-rate stage")
+    parser.add_argument("--rates", nargs="+", type=_policy_rate, default=None, metavar="POLICY=LR",
+                        help="each policy's rate as chosen by an earlier sweep (no sweep; a policy not named "
+                             "runs at the first of --lrs); the summary records them under rates_given")
     parser.add_argument("--tuning-seeds", nargs="+", type=int, default=[100, 101])
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(8)), help="report seeds (paired)")
     parser.add_argument("--steps", type=int, default=30)
@@ -292,6 +321,7 @@ def cli(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="runs at once, one compute thread each (2 on a 2-core machine halves the time)")
     args = parser.parse_args(argv)
+    args.rates = dict(args.rates) if args.rates else None
     if set(args.tuning_seeds) & set(args.seeds):
         parser.error("--tuning-seeds and --seeds must differ (rates are chosen on seeds that are not reported)")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds `run_all`, which stops its workers
