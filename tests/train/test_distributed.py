@@ -22,13 +22,17 @@ HELPERS = ("global_normaliser", "max_over_ranks", "merge_metrics", "gather_objec
 def two_ranks(tmp_path_factory):
     """One torchrun of ``collective_devices.py``: its per-rank logs and the run directory."""
     root = tmp_path_factory.mktemp("collectives")
+    return _two_ranks_of("collective_devices.py", root), root / "run"
+
+
+def _two_ranks_of(script: str, root: Path) -> list[dict]:
+    """Run ``script`` (beside this file) under torchrun on 2 CPU ranks; each rank's ``<root>/log/rank<r>.json``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",
-           str(Path(__file__).with_name("collective_devices.py")), str(root / "log"), str(root / "run")]
+           str(Path(__file__).with_name(script)), str(root / "log"), str(root / "run")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
-    logs = [json.loads((root / "log" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    return logs, root / "run"
+    return [json.loads((root / "log" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 @pytest.mark.slow
@@ -108,12 +112,7 @@ def test_a_checkpoint_refuses_ranks_whose_predictors_differ():
 def test_a_non_finite_loss_on_one_rank_stops_every_rank(tmp_path):
     """Rank 0's loss is NaN at the second update, rank 1's is not: both stop with the message and a
     checkpoint of the last good step, instead of rank 1 waiting forever in FSDP's backward."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",
-           str(Path(__file__).with_name("nonfinite_on_one_rank.py")), str(tmp_path / "log"), str(tmp_path / "run")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
-    logs = [json.loads((tmp_path / "log" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    logs = _two_ranks_of("nonfinite_on_one_rank.py", tmp_path)
     assert [log["updates"] for log in logs] == [2, 2]
     assert "step 2: loss is nan" in logs[0]["error"]
     assert "step 2: loss is not finite on another rank" in logs[1]["error"]
