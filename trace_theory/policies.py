@@ -305,9 +305,48 @@ class AllocationPolicy:
     def allocate_prefixes(self, v, r, prompt, budget, *, rng=None, cost=None) -> PrefixAllocation:
         """Continuations per anchor; per-prompt budgets, leftovers pooled across prompts, then returned.
 
-        ``cost`` (price of one continuation per anchor, in the unit of ``budget``: rollouts of the
-        anchor's prompt) is read by a policy priced in tokens; other policies ignore it.
+        Two passes: :meth:`place_own_budgets` (each prompt's budget on its own anchors), then
+        :meth:`place_leftover` (what some prompts could not place, on every anchor). ``cost`` (price of
+        one continuation per anchor, in the unit of ``budget``: rollouts of the anchor's prompt) is read
+        by a policy priced in tokens; other policies ignore it.
         """
+        first = self.place_own_budgets(v, r, prompt, budget, rng=rng, cost=cost)
+        return self.place_leftover(v, r, first, rng=rng, cost=cost)
+
+    def place_own_budgets(self, v, r, prompt, budget, *, rng=None, cost=None) -> PrefixAllocation:
+        """The first pass of :meth:`allocate_prefixes`: each prompt's ``budget`` on its own anchors.
+
+        For a non-randomised rule (:attr:`streams_prefixes`) a prompt's counts depend on its own anchors
+        only, so this pass can run prompt by prompt as each tree's bare rollouts end (the step driver's
+        streamed expansion, :func:`trace_theory.step.run_step`) and equals the pass over all prompts.
+        """
+        v, r, prompt, budget, cost, rule = self._prefix_pass_inputs(v, r, prompt, budget, rng, cost)
+        return rule.place(self, v, r, prompt, budget, start=np.zeros(len(v), dtype=np.int64), rng=rng, cost=cost)
+
+    def place_leftover(self, v, r, first: PrefixAllocation, *, rng=None, cost=None) -> PrefixAllocation:
+        """The second pass of :meth:`allocate_prefixes`: ``first.unspent`` pooled on every anchor.
+
+        Continues from ``first.k`` (``first`` is :meth:`place_own_budgets` over all anchors); returns the
+        whole allocation, with what is still unspent reported against the prompts that gave it up, in
+        prompt order.
+        """
+        leftover = int(np.sum(first.unspent))
+        if leftover == 0 or len(first.k) == 0:
+            return first
+        zeros = np.zeros(len(first.k), dtype=np.int64)
+        v, r, _, _, cost, rule = self._prefix_pass_inputs(v, r, zeros, np.array([leftover]), rng, cost)
+        second = rule.place(self, v, r, zeros, np.array([leftover]), start=first.k, rng=rng, cost=cost)
+        still = int(second.unspent[0])
+        unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
+        return PrefixAllocation(k=first.k + second.k, unspent=unspent.astype(np.int64))
+
+    @property
+    def streams_prefixes(self) -> bool:
+        """Whether :meth:`place_own_budgets` can run tree by tree (a branching, non-randomised rule)."""
+        return self.branches and not PREFIX_RULES[self.prefix_rule].randomised
+
+    def _prefix_pass_inputs(self, v, r, prompt, budget, rng, cost):
+        """A prefix pass's inputs, checked, the price kept only for a token-priced policy, and the rule."""
         if not self.branches:
             raise ValueError(f"policy {self.name!r} does not branch from prefixes")
         v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
@@ -319,18 +358,7 @@ class AllocationPolicy:
             _checks.same_length(v=v, cost=cost)
         else:
             cost = None
-        zero = np.zeros(len(v), dtype=np.int64)
-        first = rule.place(self, v, r, prompt, budget, start=zero, rng=rng, cost=cost)
-        leftover = int(first.unspent.sum())
-        if leftover == 0 or prompt.size == 0:
-            return first
-        # Pool what some prompts could not use and place it on all anchors, continuing from `first`.
-        second = rule.place(self, v, r, np.zeros_like(prompt), np.array([leftover]), start=first.k, rng=rng,
-                            cost=cost)
-        still = int(second.unspent[0])
-        # Report what is still unspent against the prompts that gave it up, in prompt order.
-        unspent = np.minimum(first.unspent, np.maximum(0, still - (np.cumsum(first.unspent) - first.unspent)))
-        return PrefixAllocation(k=first.k + second.k, unspent=unspent.astype(np.int64))
+        return v, r, prompt, budget, cost, rule
 
 
 # ---------------------------------------------------------------------------------------------------

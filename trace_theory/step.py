@@ -49,9 +49,11 @@ import numpy as np
 from . import _checks
 from .dynamic_sampling import DynamicSamplingState, mixed_groups
 from .forest import RolloutForest
+from .allocate import PrefixAllocation
 from .policies import AllocationPolicy, RolloutBudget, top_up_roots
 
-__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StepRecord", "RootAllocator", "run_step",
+__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "TreeExpander", "StepRecord",
+           "RootAllocator", "run_step",
            "round_shares", "in_rollout_order", "place_continuations"]
 
 KINDS = ("bare", "top_up", "continuation")
@@ -123,6 +125,25 @@ class World(Protocol):
         ids after the old ones."""
 
 
+class StreamingWorld(World, Protocol):
+    """A world that can start a tree's expansion while other trees' bare rollouts still generate."""
+
+    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand: "TreeExpander") -> RolloutForest:
+        """:meth:`World.plant`, and more: once every bare rollout of tree j (the j-th planted prompt) has
+        ended, call ``k = expand(j, reward, predict)`` and start ``k[a]`` continuations from each of the
+        tree's anchors at once, beside the bare rollouts still running.
+
+        The tree's anchors are the non-terminal prefixes of its bare rollouts, rollout by rollout in
+        planting order and by depth within a rollout (the order of :func:`in_rollout_order`);
+        ``reward`` is the factual reward of each anchor (its rollout's) and ``predict(concentration=...)``
+        returns the world's :class:`Prediction` at the anchors. Call ``expand`` once per planted tree,
+        in any order. Returns the whole forest once every rollout has ended.
+        """
+
+
+TreeExpander = Callable[..., np.ndarray]
+"""``expand(tree, reward, predict) -> k``: the driver's decision for one tree (:class:`StreamingWorld`)."""
+
 RootAllocator = Callable[..., np.ndarray]
 """``root_allocator(policy, v, budget, *, rng, concentration) -> m``: replaces ``policy.allocate_roots``
 (same keywords; the distributed trainer allocates over every rank's pool together)."""
@@ -174,6 +195,8 @@ class StepRecord:
     rounds: int = 1
     kept: np.ndarray | None = None
     planned: RolloutBudget | None = None
+    streamed: bool = False
+    """Whether each tree's expansion started as soon as its own bare rollouts ended (see the module)."""
 
     @property
     def rollouts(self) -> int:
@@ -215,6 +238,7 @@ def run_step(
     rng: np.random.Generator,
     expansion_rounds: int = 1,
     root_allocator: RootAllocator | None = None,
+    streamed: bool = False,
 ) -> StepRecord:
     """Run one step of ``policy`` with ``budget`` over ``pool`` candidate prompts (see the module).
 
@@ -238,6 +262,11 @@ def run_step(
         ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration)``.
         A distributed one allocates ``budget`` over every rank's pool and returns this rank's slice, which
         may sum to less (or more) than ``budget``; everything after the roots is local to the rank.
+    streamed : bool, default False
+        Start each tree's expansion as soon as its own bare rollouts have ended (see the module), where
+        the world can (:class:`StreamingWorld`), the policy's prefix rule is not randomised
+        (``policy.streams_prefixes``) and ``expansion_rounds`` is 1; otherwise the step runs with the
+        barrier. The decisions are the same either way; the record says which ran.
 
     Returns
     -------
@@ -266,15 +295,21 @@ def run_step(
     if m.shape != (pool,) or (m < 0).any():  # a distributed allocator returns this rank's share of the budget
         raise ValueError(f"the root allocator must return {pool} non-negative counts, got {m!r}")
     active = np.flatnonzero(m > 0)
-    forest = world.plant(active, m[active])
     counts = dict.fromkeys(KINDS, 0)
     counts["bare"] = int(m.sum())
     by_round: tuple[int, ...] = ()
-    if policy.branches and per_root > 0 and active.size:
-        forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
-                                      counts, root_cost)
+    expands = policy.branches and per_root > 0 and active.size > 0
+    streams = (streamed and expands and expansion_rounds == 1 and policy.streams_prefixes
+               and hasattr(world, "plant_streamed"))
+    if streams:
+        forest, m, by_round = _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost)
+    else:
+        forest = world.plant(active, m[active])
+        if expands:
+            forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
+                                          counts, root_cost)
     return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,
-                      **record)
+                      streamed=bool(streams), **record)
 
 
 def _allocate_roots_locally(policy, v, budget, *, rng, concentration, cost=None):
@@ -325,22 +360,9 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts, roo
             v, price = np.full(anchors.size, 0.5), None
         alloc = place_continuations(policy, forest, anchors, v, budget, rng=rng, cost=price)
         carry = alloc.unspent
-        extra = np.zeros(len(roots), dtype=np.int64)
-        if last and carry.sum():
-            extra = top_up_roots(m_tree, int(carry.sum())) - m_tree
-            carry = np.zeros_like(carry)
-        branch = np.flatnonzero(alloc.k)
-        topped = np.flatnonzero(extra)
-        kinds = np.repeat(np.array([Kind.TOP_UP, Kind.CONTINUATION], dtype=np.int8), [topped.size, branch.size])
-        starts = Starts(np.concatenate([roots[topped], anchors[branch]]), kinds,
-                        np.concatenate([extra[topped], alloc.k[branch]]).astype(np.int64))
         by_round.append(int(alloc.k.sum()))
-        counts["top_up"] += int(extra.sum())
-        counts["continuation"] += int(alloc.k.sum())
-        m_tree = m_tree + extra
         before = len(forest)
-        if len(starts):
-            forest = world.grow(starts)
+        forest, m_tree = _grow_round(world, forest, anchors, alloc, m_tree, counts, last=last)
         if last:
             break
         new = np.arange(before, len(forest))
@@ -353,6 +375,96 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts, roo
     groups = np.zeros_like(m)
     groups[forest.prompt[roots]] = m_tree
     return forest, groups, tuple(by_round)
+
+
+class _OwnBudgets:
+    """The streamed expansion's per-tree decision (:class:`TreeExpander`): the first pass of
+    ``policy.allocate_prefixes`` (:meth:`~trace_theory.policies.AllocationPolicy.place_own_budgets`) on
+    one tree's anchors within its own budget m_i N, as soon as the world reports the tree ended."""
+
+    def __init__(self, policy: AllocationPolicy, budget: np.ndarray, tree_cost: np.ndarray | None):
+        self.policy, self.budget, self.tree_cost = policy, budget, tree_cost
+        self.decided: dict[int, tuple] = {}
+        """tree -> (factual rewards, v, concentration, price, k, unspent)."""
+
+    def __call__(self, tree: int, reward, predict: Callable[..., Prediction]) -> np.ndarray:
+        policy, tree = self.policy, int(tree)
+        if not 0 <= tree < len(self.budget) or tree in self.decided:
+            raise ValueError(f"the world must expand each of its {len(self.budget)} trees once, got tree {tree}")
+        reward = np.asarray(reward, dtype=float).reshape(-1)
+        n = reward.size
+        v, kappa, price = np.full(n, 0.5), None, None
+        if policy.predicts_prefixes and n:
+            guess = _checked(predict(concentration=policy.posterior), n, policy)
+            v, kappa = guess.v, guess.concentration
+            if guess.cost is not None and self.tree_cost is not None:
+                price = guess.cost / self.tree_cost[tree]
+        first = policy.place_own_budgets(v, reward, np.zeros(n, dtype=np.int64), self.budget[tree:tree + 1],
+                                         cost=price)
+        self.decided[tree] = (reward, v, kappa, price, first.k, int(first.unspent[0]))
+        return first.k.copy()
+
+    def gather(self, forest: RolloutForest, anchors: np.ndarray):
+        """Every tree's decision in anchor order, checked against ``forest``: (v, kappa, price, first pass)."""
+        n_trees = len(self.budget)
+        missing = sorted(set(range(n_trees)) - set(self.decided))
+        if missing:
+            raise ValueError(f"the world did not expand trees {missing} of its {n_trees}")
+        per_tree = np.bincount(forest.tree_index[anchors], minlength=n_trees)
+        parts = [self.decided[t] for t in range(n_trees)]
+        factual = forest.reward[forest.factual_leaf[anchors]]
+        if [p[0].size for p in parts] != per_tree.tolist() or not np.array_equal(
+                np.concatenate([p[0] for p in parts]) if parts else factual, factual):
+            raise ValueError("the world's anchors per tree (rollout order, factual rewards) differ from its forest's")
+        v = np.concatenate([p[1] for p in parts])
+        kappa = np.concatenate([p[2] for p in parts if p[0].size]) if self.policy.posterior and v.size else None
+        priced = [p[3] is not None for p in parts if p[0].size]
+        price = np.concatenate([p[3] for p in parts if p[0].size]) if priced and all(priced) else None
+        first = PrefixAllocation(np.concatenate([p[4] for p in parts]).astype(np.int64),
+                                 np.array([p[5] for p in parts], dtype=np.int64))
+        return v, kappa, price, first
+
+
+def _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost=None):
+    """Stage 2 with one round, streamed: each tree's own budget is placed (and grown) as soon as its bare
+    rollouts end; after the last tree, what some trees could not place goes to every anchor and tops up
+    the roots, as in :func:`_expand` (the same allocation: ``allocate_prefixes`` = own pass + leftover)."""
+    m_tree = m[active]  # trees are planted in prompt order
+    tree_cost = None if root_cost is None else root_cost[active]
+    decide = _OwnBudgets(policy, per_root * m_tree, tree_cost)
+    forest = world.plant_streamed(active, m_tree, decide)
+    anchors = in_rollout_order(forest, forest.prefix_anchors())
+    v, kappa, price, first = decide.gather(forest, anchors)
+    factual = forest.reward[forest.factual_leaf[anchors]]
+    alloc = policy.place_leftover(v, factual, first, cost=price)
+    if policy.predicts_prefixes and anchors.size:
+        record.update(node_ids=anchors, node_v=v, node_round=np.ones(anchors.size, dtype=np.int64))
+        if policy.posterior:
+            record["node_concentration"] = kappa
+    counts["continuation"] += int(first.k.sum())
+    forest, m_tree = _grow_round(world, forest, anchors, alloc, m_tree, counts, last=True, placed=first.k)
+    groups = np.zeros_like(m)
+    groups[forest.prompt[forest.roots]] = m_tree
+    return forest, groups, (int(alloc.k.sum()),)
+
+
+def _grow_round(world, forest, anchors, alloc, m_tree, counts, *, last, placed=None):
+    """Grow one round's top-ups (after the last round, of what is unspent) and continuations
+    (``alloc.k``, less ``placed`` already grown); returns (forest, group sizes with top-ups)."""
+    roots = forest.roots
+    extra = np.zeros(len(roots), dtype=np.int64)
+    if last and alloc.unspent.sum():
+        extra = top_up_roots(m_tree, int(alloc.unspent.sum())) - m_tree
+    k = alloc.k if placed is None else alloc.k - placed
+    branch, topped = np.flatnonzero(k), np.flatnonzero(extra)
+    kinds = np.repeat(np.array([Kind.TOP_UP, Kind.CONTINUATION], dtype=np.int8), [topped.size, branch.size])
+    starts = Starts(np.concatenate([roots[topped], anchors[branch]]), kinds,
+                    np.concatenate([extra[topped], k[branch]]).astype(np.int64))
+    counts["top_up"] += int(extra.sum())
+    counts["continuation"] += int(k.sum())
+    if len(starts):
+        forest = world.grow(starts)
+    return forest, m_tree + extra
 
 
 def place_continuations(policy: AllocationPolicy, forest: RolloutForest, anchors, v, budget, *, rng=None,

@@ -320,3 +320,109 @@ def test_token_priced_step_spends_its_budget_in_tokens(roots, continuations, hor
     spent = (horizon - forest.depth[forest.parent[cont]]).sum() / horizon + record.counts["top_up"]
     assert spent <= roots * continuations + 1e-9
     assert record.counts["continuation"] >= trace.counts["continuation"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Streamed expansion: each tree branches as soon as its own bare rollouts end
+# ---------------------------------------------------------------------------------------------------
+
+
+def _streaming(base):
+    """``base`` (a scripted world) that reports its trees to the driver in a shuffled order, as if
+    their bare rollouts ended at different times, and grows each tree's continuations at once."""
+
+    class Streaming(base):
+        def plant_streamed(self, prompts, counts, expand):
+            forest = self.plant(prompts, counts)
+            anchors = in_rollout_order(forest, forest.prefix_anchors())
+            order = np.random.default_rng(len(self.log)).permutation(len(prompts))
+            for tree in order.tolist():
+                mine = anchors[forest.tree_index[anchors] == tree]
+                reward = forest.reward[forest.factual_leaf[mine]]
+                k = expand(tree, reward, lambda concentration: self.predict_nodes(mine, concentration=concentration))
+                self.log.append(("stream", tree, [(int(a), "continuation", int(c)) for a, c in zip(mine, k) if c]))
+                for a, c in zip(mine.tolist(), np.asarray(k).tolist()):
+                    for _ in range(c):
+                        self._rollout(a, Origin.CONTINUATION)
+            return self.builder.build()
+
+    return Streaming
+
+
+def _grown(world):
+    """Rollouts started per (node, kind) over every grow call: what the driver decided, in any order."""
+    out: dict = {}
+    for entry in world.log:
+        if entry[0] in ("grow", "stream"):
+            for node, kind, count in entry[-1]:
+                out[node, kind] = out.get((node, kind), 0) + count
+    return out
+
+
+STREAMABLE = [name for name in POLICIES.names() if get_policy(name).streams_prefixes]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(STREAMABLE), roots=st.integers(2, 30), continuations=st.integers(1, 4),
+       horizon=st.integers(1, 5), cap=st.sampled_from([None, 1, 2]), priced=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+@example(name="trace", roots=8, continuations=3, horizon=1, cap=None, priced=False, seed=0)  # all top-ups
+@example(name="trace", roots=12, continuations=4, horizon=2, cap=1, priced=False, seed=1)  # leftovers pooled
+def test_streamed_expansion_decides_what_the_barrier_decides(name, roots, continuations, horizon, cap, priced,
+                                                             seed):
+    """Trees reported one by one, in any order: the same predictions, continuations per anchor, top-ups
+    and groups as with every bare rollout ended first (allocate_prefixes = own budgets, then leftovers)."""
+    pool, budget = 24, RolloutBudget(roots, continuations)
+    policy = get_policy(name, max_per_anchor=cap)
+    base = PricedWorld if priced else ScriptedWorld
+    barrier, streamed = base(pool, horizon=horizon, seed=seed % 1000), _streaming(base)(pool, horizon=horizon, seed=seed % 1000)
+    a = run_step(barrier, policy, budget, pool=pool, rng=np.random.default_rng(seed))
+    b = run_step(streamed, policy, budget, pool=pool, rng=np.random.default_rng(seed), streamed=True)
+    assert b.streamed and not a.streamed
+    assert _grown(streamed) == _grown(barrier)
+    assert a.counts == b.counts and np.array_equal(a.groups, b.groups)
+    for field in ("prompt_ids", "prompt_v", "node_ids", "node_v", "node_round"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    if policy.posterior:
+        np.testing.assert_array_equal(a.node_concentration, b.node_concentration)
+    fa, fb = a.forest, b.forest
+    assert fa.n_leaves == fb.n_leaves == record_total(a)
+    assert sorted(fa.reward[fa.leaves].tolist()) == sorted(fb.reward[fb.leaves].tolist())
+    # Only what some tree could not place waits for the last tree: it is grown after the streams.
+    after = [entry for entry in streamed.log if entry[0] == "grow"]
+    assert len(after) <= 1
+    assert all(kind == "top_up" or n < len(streamed.node_prompt) for entry in after for n, kind, _ in entry[1])
+
+
+def record_total(record):
+    return record.counts["bare"] + record.counts["top_up"] + record.counts["continuation"]
+
+
+@pytest.mark.parametrize("name, rounds", [("random_prefix", 1), ("trace", 2), ("grpo", 1)])
+def test_streamed_falls_back_to_the_barrier_where_decisions_would_differ(name, rounds):
+    """A randomised prefix rule (its draws span trees), several rounds (a round's carry spans trees) or
+    a flat policy: the step runs with the barrier, and says so."""
+    world = _streaming(ScriptedWorld)(12)
+    record = run_step(world, get_policy(name), RolloutBudget(8, 2), pool=12, rng=np.random.default_rng(0),
+                      expansion_rounds=rounds, streamed=True)
+    assert not record.streamed and not any(entry[0] == "stream" for entry in world.log)
+
+
+def test_a_world_that_skips_or_repeats_a_tree_is_refused():
+    class Skips(ScriptedWorld):
+        def plant_streamed(self, prompts, counts, expand):
+            return self.plant(prompts, counts)
+
+    class Repeats(ScriptedWorld):
+        def plant_streamed(self, prompts, counts, expand):
+            forest = self.plant(prompts, counts)
+            expand(0, np.zeros(0), None)
+            expand(0, np.zeros(0), None)
+            return forest
+
+    run = lambda world: run_step(world, get_policy("prefix_only", group_size=4), RolloutBudget(8, 2), pool=12,
+                                 rng=np.random.default_rng(0), streamed=True)
+    with pytest.raises(ValueError, match=r"the world did not expand trees \[0, 1\] of its 2"):
+        run(Skips(12))
+    with pytest.raises(ValueError, match="expand each of its 2 trees once, got tree 0"):
+        run(Repeats(12))
