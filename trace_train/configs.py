@@ -73,6 +73,10 @@ class ScheduleConfig:
                              f"got {self.env_timeout_s!r}")
 
 
+EXPANSIONS = ("streamed", "barrier")
+"""When continuations start (:attr:`RolloutConfig.expansion`)."""
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """How one call of :meth:`~.rollout.engine.RolloutEngine.rollout` spends its budget."""
@@ -96,6 +100,11 @@ class RolloutConfig:
     the budget pays for, at least 1). Only for a policy with dynamic sampling."""
     expansion_rounds: int = 1
     """R: rounds of prefix expansion for a branching policy (``trace_theory.step``; the paper: 1)."""
+    expansion: str = "streamed"
+    """When a tree's continuations start: "streamed" (as soon as its own bare rollouts have ended, while
+    other trees' still generate) or "barrier" (after every bare rollout of the step). Both place the same
+    continuations (``trace_theory.step.run_step``); streamed applies to one round and a non-randomised
+    prefix rule, and other steps run with the barrier."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     top_p: float = 1.0
@@ -134,6 +143,8 @@ class RolloutConfig:
         if isinstance(self.expansion_rounds, bool) or not isinstance(self.expansion_rounds, int) \
                 or self.expansion_rounds < 1:
             raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
+        if self.expansion not in EXPANSIONS:
+            raise ValueError(f"`expansion` must be one of {EXPANSIONS}, got {self.expansion!r}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")

@@ -700,7 +700,7 @@ _NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorb
 _REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 # Fields added after checkpoints existed: left out of the hash while they hold the default every older run
 # had, so older runs still resume (a run that sets another value is another trajectory, and hashes it).
-_ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}}
+_ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"}}
 
 
 def resume_fingerprint(cfg: TrainConfig) -> str:
@@ -809,6 +809,9 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
         "generation_seconds": report.generation_seconds,
         "env_seconds": report.env_seconds,
         "generator_idle_share": report.generator_idle_share,
+        "samples_in_flight": report.samples_in_flight,
+        "generation_polls": float(report.generation_polls),
+        "streamed_expansion": float(report.streamed),
         **{f"{k}_seconds": v for k, v in report.phase_seconds.items()},  # + allocation, forest building, envs' resets:
         "allocation_seconds": max(report.seconds - sum(report.phase_seconds.values()), 0.0),  # what the phases leave
         "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),

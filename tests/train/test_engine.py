@@ -357,3 +357,71 @@ def test_graded_rewards_need_binary_rewards_off(hf_backend):
     assert any(0.0 < r < 1.0 for r in expected)
     with pytest.raises(ValueError, match="rewards are declared binary"):
         RolloutEngine(hf_backend, PartialCreditGuessing, RolloutConfig(**config)).rollout(POOL)
+
+
+# Trees of different lengths (1 to 4 guesses per game): under the concurrent schedule they end at
+# different times, and a streamed tree branches while the others still generate.
+UNEVEN = [dict(row, max_guesses=1 + i % 4) for i, row in enumerate(make_rows(8, high=8, seed=3))]
+
+
+def _bare_and_branches(batch):
+    """Per bare rollout (root prompt, order under its root): its turns' action ids, and the
+    continuations placed at each of its turns; the batch's decisions whatever its node numbering."""
+    f, out = batch.forest, {}
+    for root in f.roots.tolist():
+        for j, start in enumerate(f.children(root).tolist()):
+            if f.origin[start] != Origin.BARE:
+                continue
+            turns, node = [], start
+            while True:
+                turns.append((batch.nodes[node].action_ids, len(f.children(node)) - 1 if not f.is_leaf[node] else 0,
+                              batch.predictions[node] if np.isfinite(batch.predictions[node]) else None))
+                if f.is_leaf[node]:
+                    break
+                node = int(f.first_child[node])
+            out[int(f.prompt[root]), j] = turns
+    return out
+
+
+@pytest.mark.parametrize("name", ["trace", "prefix_only", "trace_tokens"])
+def test_streamed_expansion_places_what_the_barrier_places(backend, name):
+    """Same seed, streamed against barrier: the same bare rollouts, predictions, continuations per
+    anchor and group sizes; only the continuations' sampling seeds (and so their tokens) differ."""
+    kw = dict(policy=name, roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
+    streamed = make_engine(backend, expansion="streamed", **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    barrier = make_engine(backend, expansion="barrier", **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    assert _bare_and_branches(streamed) == _bare_and_branches(barrier)
+    for report in (streamed.report, barrier.report):
+        assert report.continuations > 0
+    assert streamed.report.continuations == barrier.report.continuations
+    assert streamed.report.top_up_rollouts == barrier.report.top_up_rollouts
+    assert streamed.forest.n_leaves == barrier.forest.n_leaves
+    # The streamed batch is a valid batch: every continuation extends its anchor's exact tokens.
+    f = streamed.forest.validate()
+    for b in branch_starts(f):
+        anchor = int(f.parent[b])
+        assert streamed.trajectory(int(f.factual_leaf[b])).token_ids[: len(streamed.context_ids(anchor))].tolist() \
+            == streamed.context_ids(anchor)
+
+
+def test_streamed_expansion_does_not_depend_on_which_tree_ends_first(hf_backend):
+    """Environments that answer in a shuffled order (random sleeps): the same batch, node for node."""
+    import random
+    import time
+
+    class Slow(GuessNumberEnv):
+        concurrency_safe = True
+
+        def step(self, action):
+            time.sleep(random.random() * 0.02)
+            return super().step(action)
+
+    def run():
+        config = RolloutConfig(policy="trace", roots=8, continuations_per_root=2, group_size=4, limits=LIMITS,
+                               env_workers=8)
+        return RolloutEngine(hf_backend, Slow, config).rollout(UNEVEN, predictor=TurnPredictor(), seed=9)
+
+    a, b = run(), run()
+    for name in ("parent", "prompt", "reward", "origin", "cost"):
+        np.testing.assert_array_equal(getattr(a.forest, name), getattr(b.forest, name))
+    assert [n.action_ids for n in a.nodes] == [n.action_ids for n in b.nodes]

@@ -150,7 +150,15 @@ class RolloutReport:
     traceback of an ``env_error``); None when every environment call succeeded."""
     phase_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Wall seconds of the call's phases: ``predict`` (V~ and kappa), ``bare_generation`` (planting the
-    roots' rollouts), ``expansion_generation`` (every later round: continuations, top-ups)."""
+    roots' rollouts; streamed, also the continuations started beside them), ``expansion_generation``
+    (every later round: continuations, top-ups; streamed, what some trees could not place)."""
+    streamed: bool = False
+    """Whether each tree's continuations started as soon as its own bare rollouts ended
+    (``rollout.expansion``; ``trace_theory.step.StepRecord.streamed``)."""
+    samples_in_flight: float = 0.0
+    """Samples the generator held, averaged over the time it generated (its occupancy)."""
+    generation_polls: int = 0
+    """Generation steps: batches (transformers) or engine steps (vLLM) the call took."""
 
     @property
     def computed_prompt_tokens(self) -> int:

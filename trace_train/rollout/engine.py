@@ -257,6 +257,26 @@ class _Run:
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
+    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand) -> RolloutForest:
+        """:meth:`plant`, each tree's continuations started as soon as its own bare rollouts have ended
+        (``trace_theory.step.StreamingWorld``): the scheduler reports the tree's prefixes, the driver's
+        ``expand`` places its own budget on them, and their first turns join the generation stream while
+        other trees' bare rollouts still run."""
+        prompts = prompts.tolist()
+        roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
+
+        def branch(s: int, prefixes):
+            histories = [History(prompts[s], self.pool[prompts[s]], p.depth, p.messages, p.token_ids)
+                         for p in prefixes]
+            reward = np.array([p.reward for p in prefixes], dtype=float)
+            return expand(s, reward, lambda concentration: self._predict(histories, concentration))
+
+        t0 = time.perf_counter()
+        if roots:
+            self._grow([(root, "bare", int(k)) for root, k in zip(roots, counts)], branch=branch)
+        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
+        return self.builder.build()
+
     def grow(self, starts: Starts) -> RolloutForest:
         t0 = time.perf_counter()
         if len(starts):
@@ -264,9 +284,9 @@ class _Run:
         self.phase_seconds["expansion_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
-    def _grow(self, starts: list[tuple[int, str, int]]) -> None:
+    def _grow(self, starts: list[tuple[int, str, int]], branch=None) -> None:
         """Generate ``k`` rollouts from each ``(node, kind, k)`` (:meth:`.scheduler.Scheduler.grow`)."""
-        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed)
+        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed, branch=branch)
         self.next_seed += report.seeds
         self.grown = self.grown + report
 
@@ -275,7 +295,7 @@ class _Run:
     def execute(self, budget: RolloutBudget) -> RolloutBatch:
         record = run_step(self, self.engine.policy, budget, pool=len(self.pool), rng=self.rng,
                           expansion_rounds=self.cfg.expansion_rounds,
-                          root_allocator=self.engine.root_allocator)
+                          root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed")
         return self._finish(record)
 
     def _finish(self, record: StepRecord) -> RolloutBatch:
@@ -294,5 +314,6 @@ class _Run:
             seconds=seconds, **grown.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
             env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
+            streamed=record.streamed,
         )
         return self.builder.batch(forest, record.node_predictions(), report, kept=record.kept)

@@ -71,13 +71,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
 from .chat import ChatFormat, clean_text
 from ..configs import SCHEDULES, ScheduleConfig  # they live with the configs that validate them
 from ..envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
 
-__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConfig", "GrowReport", "Scheduler"]
+__all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConfig", "GrowReport", "Scheduler",
+           "Prefix", "Branch"]
 
 BATCH_WINDOW_S = 0.02
 """With a back end that generates in batches, how long to wait after the first environment answer for
@@ -114,6 +117,8 @@ class Timeline:
 
     def __init__(self):
         self.generation: list[tuple[float, float]] = []
+        self.in_flight: list[int] = []
+        """Samples the generator held during each generation interval (its occupancy)."""
         self.env: list[tuple[float, float]] = []
         self._lock = threading.Lock()
 
@@ -127,19 +132,25 @@ class Timeline:
         for t in (self, other):
             with t._lock:
                 joined.generation += t.generation
+                joined.in_flight += t.in_flight
                 joined.env += t.env
         return joined
 
     def report(self, wall: float) -> dict[str, float]:
         """``generation_seconds``, ``env_seconds`` (time at least one environment call ran),
         ``overlap_seconds`` (both at once), ``env_call_seconds`` (sum over calls) and
-        ``generator_idle_share`` = 1 - generation_seconds / wall."""
+        ``generator_idle_share`` = 1 - generation_seconds / wall, ``generation_polls`` (generation steps)
+        and ``samples_in_flight`` (samples held, averaged over the generating time)."""
         with self._lock:
             env = list(self.env)
         gen, busy = _union(self.generation), _union(env)
         overlap = _measure(_intersect(gen, busy))
         generation = _measure(gen)
+        held = sum((b - a) * n for (a, b), n in zip(self.generation, self.in_flight))
+        spent = sum(b - a for (a, b), _ in zip(self.generation, self.in_flight))
         return {
+            "generation_polls": len(self.generation),
+            "samples_in_flight": held / spent if spent > 0 else 0.0,
             "generation_seconds": generation,
             "env_seconds": _measure(busy),
             "overlap_seconds": overlap,
@@ -239,10 +250,22 @@ class _Walker:
     turns: list[_Turn] = field(default_factory=list)
     env_seconds: float = 0.0
     """Time its environment calls took (the rollout's own environment time)."""
+    snapshot: Any = None
+    """The environment state it starts from (its start node's snapshot)."""
+    seeds: Callable[[int], int] | None = None
+    """Sampling seed of its t-th turn; None: the grow call's ``seed + t W + index``."""
+    anchor: tuple[int, int] | None = None
+    """A streamed continuation: (walker, turn) it branches from, a node only once committed."""
+    boundaries: list[int] = field(default_factory=list)
+    """Length of ``context`` after each turn that went on (its prefixes' token ids)."""
 
     @property
     def depth(self) -> int:
         return self.start_depth + len(self.turns)
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.turns) and self.turns[-1].reward is not None
 
 
 class _Calls:
@@ -284,6 +307,19 @@ def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool)
     return result, state, calls("verify", w.env.verify) if done else None
 
 
+@dataclass(frozen=True)
+class _seeds:
+    """Seeds of a streamed continuation, the ``j``-th of start ``start``: turn t samples with a seed
+    drawn from (grow seed, start, j, t), so they do not depend on the order starts end in."""
+
+    seed: int
+    start: int
+    j: int
+
+    def __call__(self, t: int) -> int:
+        return int(np.random.SeedSequence([self.seed, self.start, self.j, t]).generate_state(1)[0])
+
+
 def _reward(value) -> float:
     """``value`` as a finite float (a ValueError naming it otherwise: NaN would poison the batch)."""
     reward = float(value)
@@ -316,6 +352,26 @@ class _Inline:
 # ---------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Prefix:
+    """A turn boundary of an ended rollout that is not its end (an anchor), before it is a node."""
+
+    walker: int
+    turn: int
+    depth: int
+    reward: float
+    """The rollout's reward (the anchor's factual outcome)."""
+    messages: tuple[Message, ...]
+    """The conversation up to the boundary (opening messages included)."""
+    token_ids: tuple[int, ...]
+    """The exact context up to the boundary."""
+
+
+Branch = Callable[[int, list[Prefix]], Sequence[int]]
+"""``branch(s, prefixes) -> k``: called once the walkers of start ``s`` have all ended, with their
+prefixes (walker by walker, by depth); ``k[a]`` continuations start from ``prefixes[a]`` at once."""
+
+
 class Scheduler:
     """Grows rollouts into a :class:`~.batch.BatchBuilder` (see the module docstring).
 
@@ -339,18 +395,26 @@ class Scheduler:
         self.backend, self.make_env, self.chat, self.sampling, self.config = \
             backend, make_env, chat, sampling, config
 
-    def grow(self, builder: BatchBuilder, starts: Sequence[tuple[int, str, int]], *, seed: int) -> GrowReport:
+    def grow(self, builder: BatchBuilder, starts: Sequence[tuple[int, str, int]], *, seed: int,
+             branch: Branch | None = None) -> GrowReport:
         """Generate ``k`` rollouts of kind ``kind`` from each ``(node, kind, k)`` of ``builder``, add their
         turns and rewards to it, and report the rest; walker ``i``'s ``t``-th turn samples with seed
-        ``seed + t W + i`` (``W`` walkers)."""
-        return _Grower(self, builder, list(starts), seed).run()
+        ``seed + t W + i`` (``W`` walkers).
+
+        ``branch`` (streamed expansion): once every walker of start ``s`` has ended, ``branch(s, prefixes)``
+        says how many continuations to start from each of their :class:`Prefix` es, and they start at
+        once, beside the walkers still running. The j-th continuation of start ``s`` samples its t-th
+        turn with a seed drawn from (seed, s, j, t), whatever order the starts end in; continuations are
+        committed after every walker of ``starts``, start by start, so node ids do not depend on timing.
+        """
+        return _Grower(self, builder, list(starts), seed, branch).run()
 
 
 class _Grower:
     """One :meth:`Scheduler.grow` call: its walkers, their environment calls, and its report."""
 
     def __init__(self, scheduler: Scheduler, builder: BatchBuilder, starts: list[tuple[int, str, int]],
-                 seed: int):
+                 seed: int, branch: Branch | None = None):
         self.scheduler, self.builder, self.starts, self.seed = scheduler, builder, starts, seed
         self.cfg, self.chat = scheduler.config, scheduler.chat
         self.lockstep = self.cfg.schedule == "lockstep"
@@ -358,10 +422,18 @@ class _Grower:
         self.first: dict[int, list[_Walker]] = {}  # start index -> its walkers
         for s, (node, _, k) in enumerate(starts):
             context, depth = builder.context_ids(node), len(builder.path(node)) - 1
-            group = [_Walker(len(self.walkers) + j, node, depth, context) for j in range(k)]
+            snapshot = builder.nodes[node].snapshot
+            group = [_Walker(len(self.walkers) + j, node, depth, context, snapshot=snapshot) for j in range(k)]
             self.first[s] = group
             self.walkers += group
+        self.planted = len(self.walkers)
+        """Walkers of ``starts``; streamed continuations come after them."""
+        self.branch = branch
+        self.waiting = set(self.first) if branch is not None else set()
+        """Starts whose walkers have not all ended yet (streamed expansion)."""
         self.timeline = Timeline()
+        self.in_flight = 0
+        """Samples submitted to the stream and not yet returned."""
         self.prefix_tokens = self.prefix_cached = 0
         self.env_error_sample: str | None = None
         self.env_turn_seconds: float | None = None
@@ -372,7 +444,8 @@ class _Grower:
     def _request(self, w: _Walker, n: int = 1) -> GenerationRequest:
         """Walker ``w``'s next turn, seed ``s + t W + i`` (``n`` samples: ``n`` consecutive walkers)."""
         room = self.cfg.limits.max_context_tokens - len(w.context)
-        seed = self.seed + len(w.turns) * len(self.walkers) + w.index
+        t = len(w.turns)
+        seed = self.seed + t * self.planted + w.index if w.seeds is None else w.seeds(t)
         return GenerationRequest(tuple(w.context), n=n, seed=seed,
                                  max_new_tokens=min(self.cfg.limits.max_turn_tokens, room))
 
@@ -388,22 +461,64 @@ class _Grower:
         try:
             for s, group in self.first.items():
                 stream.submit(("start", s), self._request(group[0], len(group)), sampling)
+                self.in_flight += len(group)
             while stream.pending or self.running:
                 if stream.pending:
                     start = time.perf_counter()
                     finished = stream.poll()
                     end = time.perf_counter()
                     self.timeline.generation.append((start, end))
+                    self.timeline.in_flight.append(self.in_flight)
                     launched = [f for key, done in finished for f in self._generated(pool, key, done)]
                     if stream.continuous and launched and self._env_faster_than(end - start):
                         wait(launched, timeout=end - start)  # let fast answers join the very next step
                 ready = self._collect(continuous=stream.continuous, generating=stream.pending)
                 for w in sorted(ready, key=lambda w: w.index):
                     stream.submit(w.index, self._request(w), sampling)
+                    self.in_flight += 1
+                if self.waiting:
+                    self._branch_ended(stream, sampling)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             stream.close()  # nothing left in the engine if the loop raised
         return self._commit()
+
+    def _branch_ended(self, stream, sampling) -> None:
+        """Streamed expansion: ask ``branch`` about every start whose walkers have all ended, and start
+        the continuations it places (their first turns join the stream at once)."""
+        for s in sorted(s for s in self.waiting if all(w.ended for w in self.first[s])):
+            self.waiting.discard(s)
+            prefixes = self._prefixes(self.first[s])
+            k = [int(c) for c in self.branch(s, prefixes)]
+            if len(k) != len(prefixes) or min(k, default=0) < 0:
+                raise ValueError(f"`branch` must return {len(prefixes)} non-negative counts, got {k}")
+            j = 0
+            for prefix, count in zip(prefixes, k):
+                if not count:
+                    continue
+                w0 = self.walkers[prefix.walker]
+                group = [_Walker(len(self.walkers) + i, -1, prefix.depth, list(prefix.token_ids),
+                                 snapshot=w0.turns[prefix.turn].snapshot, seeds=_seeds(self.seed, s, j + i),
+                                 anchor=(prefix.walker, prefix.turn)) for i in range(count)]
+                j += count
+                self.walkers += group
+                key = len(self.starts)
+                self.starts.append((-1, "continuation", count))
+                self.first[key] = group
+                stream.submit(("start", key), self._request(group[0], count), sampling)
+                self.in_flight += count
+
+    def _prefixes(self, walkers: list[_Walker]) -> list[Prefix]:
+        """The anchors of ended walkers: every turn but the last, walker by walker, by depth."""
+        out = []
+        for w in walkers:
+            opening = tuple(self.builder.messages(w.start))
+            messages = opening
+            for t, turn in enumerate(w.turns[:-1]):
+                messages = messages + turn.messages
+                out.append(Prefix(w.index, t, w.start_depth + t + 1, float(w.turns[-1].reward), messages,
+                                  tuple(w.context[:w.boundaries[t]])))
+        return out
 
     def _pool(self):
         if self.lockstep:
@@ -425,6 +540,7 @@ class _Grower:
                 self.prefix_cached += sum(c.cached_prompt_tokens for c in completions)
         else:
             walkers = [self.walkers[key]]
+        self.in_flight -= len(walkers)
         limits, launched = self.cfg.limits, []
         for w, c in zip(walkers, completions):
             text = self.chat.action_text(tuple(c.token_ids))
@@ -435,7 +551,7 @@ class _Grower:
                 room = limits.max_context_tokens - len(w.context)
                 turn.end = EndReason.CONTEXT if room <= limits.max_turn_tokens else EndReason.TURN_TOKENS
             calls = _Calls(w, self.timeline)
-            future = pool.submit(_env_turn, calls, self.scheduler.make_env, self.builder.nodes[w.start].snapshot,
+            future = pool.submit(_env_turn, calls, self.scheduler.make_env, w.snapshot,
                                  None if cut else text, cut or w.depth >= limits.max_turns)
             self.running[future] = (calls, _env_turn)
             launched.append(future)
@@ -519,6 +635,7 @@ class _Grower:
             return False
         turn.observation_ids = obs_ids
         w.context = w.context + list(action_ids) + list(obs_ids)
+        w.boundaries.append(len(w.context))
         return True
 
     def _fail(self, w: _Walker, reason: EndReason, message: str, error: BaseException | None = None) -> None:
@@ -538,19 +655,24 @@ class _Grower:
     def _commit(self) -> GrowReport:
         """Add every recorded turn to the batch: turn-major, then walker order (the lockstep node ids)."""
         builder, end_reasons = self.builder, {}
-        nodes = {w.index: w.start for w in self.walkers}
-        for t in range(max(len(w.turns) for w in self.walkers)):
-            for w in self.walkers:
-                if t >= len(w.turns):
-                    continue
-                turn, c = w.turns[t], w.turns[t].completion
-                node = builder.add_turn(nodes[w.index], NodePayload(
-                    tuple(c.token_ids), tuple(c.logprobs), turn.text, turn.observation_ids, turn.observation,
-                    turn.messages, turn.snapshot, c.finish_reason, turn.end))
-                nodes[w.index] = node
-                if turn.end is not None:
-                    builder.finish(node, turn.reward)
-                    end_reasons[turn.end.value] = end_reasons.get(turn.end.value, 0) + 1
-        return GrowReport(len(self.walkers) * self.cfg.limits.max_turns, self.prefix_tokens, self.prefix_cached,
-                          end_reasons, tuple(w.env_seconds for w in self.walkers), self.env_error_sample,
-                          self.timeline)
+        node_of: dict[tuple[int, int], int] = {}  # (walker, turn) -> node id
+        streamed = sorted(self.walkers[self.planted:], key=lambda w: (w.seeds.start, w.seeds.j))
+        for walkers in (self.walkers[:self.planted], streamed):  # a streamed walker's anchor comes first
+            if not walkers:
+                continue
+            for t in range(max(len(w.turns) for w in walkers)):
+                for w in walkers:
+                    if t >= len(w.turns):
+                        continue
+                    parent = (w.start if w.anchor is None else node_of[w.anchor]) if t == 0 else node_of[w.index, t - 1]
+                    turn, c = w.turns[t], w.turns[t].completion
+                    node = builder.add_turn(parent, NodePayload(
+                        tuple(c.token_ids), tuple(c.logprobs), turn.text, turn.observation_ids, turn.observation,
+                        turn.messages, turn.snapshot, c.finish_reason, turn.end))
+                    node_of[w.index, t] = node
+                    if turn.end is not None:
+                        builder.finish(node, turn.reward)
+                        end_reasons[turn.end.value] = end_reasons.get(turn.end.value, 0) + 1
+        return GrowReport(self.planted * self.cfg.limits.max_turns,
+                          self.prefix_tokens, self.prefix_cached, end_reasons,
+                          tuple(w.env_seconds for w in self.walkers), self.env_error_sample, self.timeline)
