@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _checks
 from .dynamic_sampling import DynamicSamplingState, mixed_groups
-from .forest import RolloutForest
+from .forest import Origin, RolloutForest
 from .allocate import PrefixAllocation
 from .policies import AllocationPolicy, RolloutBudget, top_up_roots
 
@@ -128,16 +128,19 @@ class World(Protocol):
 class StreamingWorld(World, Protocol):
     """A world that can start a tree's expansion while other trees' bare rollouts still generate."""
 
-    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand: "TreeExpander") -> RolloutForest:
+    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand: "TreeExpander",
+                       rest: Callable[[], tuple[np.ndarray, list[np.ndarray]]]) -> RolloutForest:
         """:meth:`World.plant`, and more: once every bare rollout of tree j (the j-th planted prompt) has
         ended, call ``k = expand(j, reward, predict)`` and start ``k[a]`` continuations from each of the
-        tree's anchors at once, beside the bare rollouts still running.
+        tree's anchors at once, beside the rollouts still running. Once every tree has been expanded,
+        call ``top_ups, more = rest()`` and start ``top_ups[j]`` bare rollouts at root j and ``more[j][a]``
+        continuations at anchor a of tree j, also at once.
 
         The tree's anchors are the non-terminal prefixes of its bare rollouts, rollout by rollout in
         planting order and by depth within a rollout (the order of :func:`in_rollout_order`);
         ``reward`` is the factual reward of each anchor (its rollout's) and ``predict(concentration=...)``
         returns the world's :class:`Prediction` at the anchors. Call ``expand`` once per planted tree,
-        in any order. Returns the whole forest once every rollout has ended.
+        in any order, then ``rest`` once. Returns the whole forest once every rollout has ended.
         """
 
 
@@ -377,17 +380,20 @@ def _expand(world, policy, forest, m, per_root, rounds, rng, record, counts, roo
     return forest, groups, tuple(by_round)
 
 
-class _OwnBudgets:
-    """The streamed expansion's per-tree decision (:class:`TreeExpander`): the first pass of
+class _StreamedExpansion:
+    """The streamed expansion's decisions (:class:`StreamingWorld`): the first pass of
     ``policy.allocate_prefixes`` (:meth:`~trace_theory.policies.AllocationPolicy.place_own_budgets`) on
-    one tree's anchors within its own budget m_i N, as soon as the world reports the tree ended."""
+    one tree's anchors within its own budget m_i N as soon as the world reports the tree ended
+    (:meth:`expand`); once every tree has, the pooled pass over all anchors and the top-ups (:meth:`rest`)."""
 
-    def __init__(self, policy: AllocationPolicy, budget: np.ndarray, tree_cost: np.ndarray | None):
-        self.policy, self.budget, self.tree_cost = policy, budget, tree_cost
+    def __init__(self, policy: AllocationPolicy, m_tree: np.ndarray, per_root: int, tree_cost: np.ndarray | None):
+        self.policy, self.m_tree, self.budget, self.tree_cost = policy, m_tree, per_root * m_tree, tree_cost
         self.decided: dict[int, tuple] = {}
         """tree -> (factual rewards, v, concentration, price, k, unspent)."""
+        self.result: tuple | None = None
+        """After :meth:`rest`: (v, concentration, price, first pass, whole allocation, top-ups)."""
 
-    def __call__(self, tree: int, reward, predict: Callable[..., Prediction]) -> np.ndarray:
+    def expand(self, tree: int, reward, predict: Callable[..., Prediction]) -> np.ndarray:
         policy, tree = self.policy, int(tree)
         if not 0 <= tree < len(self.budget) or tree in self.decided:
             raise ValueError(f"the world must expand each of its {len(self.budget)} trees once, got tree {tree}")
@@ -404,58 +410,86 @@ class _OwnBudgets:
         self.decided[tree] = (reward, v, kappa, price, first.k, int(first.unspent[0]))
         return first.k.copy()
 
-    def gather(self, forest: RolloutForest, anchors: np.ndarray):
-        """Every tree's decision in anchor order, checked against ``forest``: (v, kappa, price, first pass)."""
+    def rest(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """What some trees could not place, pooled over every anchor, and the top-ups: (top-ups per tree,
+        more continuations per anchor of each tree)."""
         n_trees = len(self.budget)
         missing = sorted(set(range(n_trees)) - set(self.decided))
-        if missing:
-            raise ValueError(f"the world did not expand trees {missing} of its {n_trees}")
-        per_tree = np.bincount(forest.tree_index[anchors], minlength=n_trees)
+        if missing or self.result is not None:
+            raise ValueError(f"the world must call rest() once, after expanding every tree (trees {missing} "
+                             f"of its {n_trees} were not)" if missing else "the world must call rest() once")
         parts = [self.decided[t] for t in range(n_trees)]
-        factual = forest.reward[forest.factual_leaf[anchors]]
-        if [p[0].size for p in parts] != per_tree.tolist() or not np.array_equal(
-                np.concatenate([p[0] for p in parts]) if parts else factual, factual):
-            raise ValueError("the world's anchors per tree (rollout order, factual rewards) differ from its forest's")
+        reward = np.concatenate([p[0] for p in parts])
         v = np.concatenate([p[1] for p in parts])
         kappa = np.concatenate([p[2] for p in parts if p[0].size]) if self.policy.posterior and v.size else None
         priced = [p[3] is not None for p in parts if p[0].size]
         price = np.concatenate([p[3] for p in parts if p[0].size]) if priced and all(priced) else None
         first = PrefixAllocation(np.concatenate([p[4] for p in parts]).astype(np.int64),
                                  np.array([p[5] for p in parts], dtype=np.int64))
-        return v, kappa, price, first
+        alloc = self.policy.place_leftover(v, reward, first, cost=price) if v.size else first
+        top_ups = np.zeros(n_trees, dtype=np.int64)
+        if alloc.unspent.sum():
+            top_ups = top_up_roots(self.m_tree, int(alloc.unspent.sum())) - self.m_tree
+        self.result = (v, kappa, first, alloc, top_ups)
+        bounds = np.cumsum([0] + [p[0].size for p in parts])
+        more = alloc.k - first.k
+        return top_ups.copy(), [more[a:b].copy() for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def check(self, forest: RolloutForest, anchors: np.ndarray) -> None:
+        """That the world reported the anchors of ``forest`` (per tree, in order, with their rewards)."""
+        if self.result is None:
+            self.rest()  # raises: some tree was not expanded, or rest() was not called
+        per_tree = np.bincount(forest.tree_index[anchors], minlength=len(self.budget))
+        factual = forest.reward[forest.factual_leaf[anchors]]
+        reported = [self.decided[t][0] for t in range(len(self.budget))]
+        if [r.size for r in reported] != per_tree.tolist() or not np.array_equal(np.concatenate(reported), factual):
+            raise ValueError("the world's anchors per tree (rollout order, factual rewards) differ from its forest's")
 
 
 def _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost=None):
     """Stage 2 with one round, streamed: each tree's own budget is placed (and grown) as soon as its bare
-    rollouts end; after the last tree, what some trees could not place goes to every anchor and tops up
+    rollouts end; once every tree has, what some trees could not place goes to every anchor and tops up
     the roots, as in :func:`_expand` (the same allocation: ``allocate_prefixes`` = own pass + leftover)."""
     m_tree = m[active]  # trees are planted in prompt order
     tree_cost = None if root_cost is None else root_cost[active]
-    decide = _OwnBudgets(policy, per_root * m_tree, tree_cost)
-    forest = world.plant_streamed(active, m_tree, decide)
-    anchors = in_rollout_order(forest, forest.prefix_anchors())
-    v, kappa, price, first = decide.gather(forest, anchors)
-    factual = forest.reward[forest.factual_leaf[anchors]]
-    alloc = policy.place_leftover(v, factual, first, cost=price)
+    decide = _StreamedExpansion(policy, m_tree, per_root, tree_cost)
+    forest = world.plant_streamed(active, m_tree, decide.expand, decide.rest)
+    anchors = in_rollout_order(forest, _planted_anchors(forest, m_tree))
+    decide.check(forest, anchors)
+    v, kappa, first, alloc, top_ups = decide.result
     if policy.predicts_prefixes and anchors.size:
         record.update(node_ids=anchors, node_v=v, node_round=np.ones(anchors.size, dtype=np.int64))
         if policy.posterior:
             record["node_concentration"] = kappa
-    counts["continuation"] += int(first.k.sum())
-    forest, m_tree = _grow_round(world, forest, anchors, alloc, m_tree, counts, last=True, placed=first.k)
+    counts["continuation"] += int(alloc.k.sum())
+    counts["top_up"] += int(top_ups.sum())
     groups = np.zeros_like(m)
-    groups[forest.prompt[forest.roots]] = m_tree
+    groups[forest.prompt[forest.roots]] = m_tree + top_ups
     return forest, groups, (int(alloc.k.sum()),)
 
 
-def _grow_round(world, forest, anchors, alloc, m_tree, counts, *, last, placed=None):
+def _planted_anchors(forest: RolloutForest, m_tree: np.ndarray) -> np.ndarray:
+    """The anchors of the first ``m_tree[i]`` bare rollouts of each tree (a world adds top-ups later)."""
+    parent = forest.parent
+    kids = np.flatnonzero((parent >= 0) & (forest.origin[np.maximum(parent, 0)] == Origin.ROOT))
+    tree = forest.tree_index[kids]
+    order = np.argsort(tree, kind="stable")  # by tree, then by id: the order rollouts were added
+    rank = np.empty(kids.size, dtype=np.int64)
+    rank[order] = np.arange(kids.size) - np.searchsorted(tree[order], tree[order])
+    planted = np.zeros(len(forest), dtype=bool)
+    planted[kids[rank < m_tree[tree]]] = True
+    anchors = forest.prefix_anchors()
+    return anchors[planted[forest.rollout_start[anchors]]]
+
+
+def _grow_round(world, forest, anchors, alloc, m_tree, counts, *, last):
     """Grow one round's top-ups (after the last round, of what is unspent) and continuations
-    (``alloc.k``, less ``placed`` already grown); returns (forest, group sizes with top-ups)."""
+    (``alloc.k``); returns (forest, group sizes with top-ups)."""
     roots = forest.roots
     extra = np.zeros(len(roots), dtype=np.int64)
     if last and alloc.unspent.sum():
         extra = top_up_roots(m_tree, int(alloc.unspent.sum())) - m_tree
-    k = alloc.k if placed is None else alloc.k - placed
+    k = alloc.k
     branch, topped = np.flatnonzero(k), np.flatnonzero(extra)
     kinds = np.repeat(np.array([Kind.TOP_UP, Kind.CONTINUATION], dtype=np.int8), [topped.size, branch.size])
     starts = Starts(np.concatenate([roots[topped], anchors[branch]]), kinds,

@@ -332,19 +332,31 @@ def _streaming(base):
     their bare rollouts ended at different times, and grows each tree's continuations at once."""
 
     class Streaming(base):
-        def plant_streamed(self, prompts, counts, expand):
+        def plant_streamed(self, prompts, counts, expand, rest):
             forest = self.plant(prompts, counts)
             anchors = in_rollout_order(forest, forest.prefix_anchors())
+            roots = forest.roots
             order = np.random.default_rng(len(self.log)).permutation(len(prompts))
+            mine = {tree: anchors[forest.tree_index[anchors] == tree] for tree in order.tolist()}
             for tree in order.tolist():
-                mine = anchors[forest.tree_index[anchors] == tree]
-                reward = forest.reward[forest.factual_leaf[mine]]
-                k = expand(tree, reward, lambda concentration: self.predict_nodes(mine, concentration=concentration))
-                self.log.append(("stream", tree, [(int(a), "continuation", int(c)) for a, c in zip(mine, k) if c]))
-                for a, c in zip(mine.tolist(), np.asarray(k).tolist()):
-                    for _ in range(c):
-                        self._rollout(a, Origin.CONTINUATION)
+                reward = forest.reward[forest.factual_leaf[mine[tree]]]
+                at = mine[tree]
+                k = expand(tree, reward, lambda concentration: self.predict_nodes(at, concentration=concentration))
+                self._start(tree, at, k)
+            top_ups, more = rest()
+            self.log.append(("stream", "top-ups", [(int(r), "top_up", int(c)) for r, c in zip(roots, top_ups) if c]))
+            for root, c in zip(roots.tolist(), top_ups.tolist()):
+                for _ in range(c):
+                    self._rollout(root, Origin.BARE)
+            for tree in range(len(prompts)):
+                self._start(tree, mine[tree], more[tree])
             return self.builder.build()
+
+        def _start(self, tree, at, k):
+            self.log.append(("stream", tree, [(int(a), "continuation", int(c)) for a, c in zip(at, k) if c]))
+            for a, c in zip(at.tolist(), np.asarray(k).tolist()):
+                for _ in range(c):
+                    self._rollout(a, Origin.CONTINUATION)
 
     return Streaming
 
@@ -388,10 +400,8 @@ def test_streamed_expansion_decides_what_the_barrier_decides(name, roots, contin
     fa, fb = a.forest, b.forest
     assert fa.n_leaves == fb.n_leaves == record_total(a)
     assert sorted(fa.reward[fa.leaves].tolist()) == sorted(fb.reward[fb.leaves].tolist())
-    # Only what some tree could not place waits for the last tree: it is grown after the streams.
-    after = [entry for entry in streamed.log if entry[0] == "grow"]
-    assert len(after) <= 1
-    assert all(kind == "top_up" or n < len(streamed.node_prompt) for entry in after for n, kind, _ in entry[1])
+    # Nothing waits for the end of the streams: the world grows everything itself.
+    assert not any(entry[0] == "grow" for entry in streamed.log)
 
 
 def record_total(record):
@@ -410,19 +420,26 @@ def test_streamed_falls_back_to_the_barrier_where_decisions_would_differ(name, r
 
 def test_a_world_that_skips_or_repeats_a_tree_is_refused():
     class Skips(ScriptedWorld):
-        def plant_streamed(self, prompts, counts, expand):
+        def plant_streamed(self, prompts, counts, expand, rest):
             return self.plant(prompts, counts)
 
     class Repeats(ScriptedWorld):
-        def plant_streamed(self, prompts, counts, expand):
+        def plant_streamed(self, prompts, counts, expand, rest):
             forest = self.plant(prompts, counts)
             expand(0, np.zeros(0), None)
             expand(0, np.zeros(0), None)
             return forest
 
+    class RestsEarly(ScriptedWorld):
+        def plant_streamed(self, prompts, counts, expand, rest):
+            rest()
+
     run = lambda world: run_step(world, get_policy("prefix_only", group_size=4), RolloutBudget(8, 2), pool=12,
                                  rng=np.random.default_rng(0), streamed=True)
-    with pytest.raises(ValueError, match=r"the world did not expand trees \[0, 1\] of its 2"):
+    with pytest.raises(ValueError, match=r"the world must call rest\(\) once, after expanding every tree "
+                                         r"\(trees \[0, 1\] of its 2 were not\)"):
         run(Skips(12))
+    with pytest.raises(ValueError, match=r"trees \[0, 1\] of its 2 were not"):
+        run(RestsEarly(12))
     with pytest.raises(ValueError, match="expand each of its 2 trees once, got tree 0"):
         run(Repeats(12))

@@ -20,6 +20,27 @@ def test_guess_number_can_mix_difficulties():
                                                     eval_size=20), seed=0).train_rows
 
 
+def test_guess_number_can_mix_episode_lengths_and_slow_steps():
+    """``max_guesses`` as a list: each row draws its guess budget (binomial SE of a share of 200 draws
+    is 0.035; the bounds are 3 SE around 1/2). ``step_seconds``: every step sleeps that long."""
+    import time
+
+    rows = {"highs": [2, 64], "max_guesses": [1, 8]}
+    task = build_task(TaskConfig(rows=rows, env={"step_seconds": 0.05}, train_size=200, eval_size=20), seed=0)
+    budgets = [row["max_guesses"] for row in task.train_rows]
+    assert set(budgets) == {1, 8} and 0.395 < budgets.count(1) / 200 < 0.605
+    assert {row["high"] for row in task.train_rows} == {2, 64}  # ranges drawn as without the list
+    env = task.make_env()
+    env.reset(task.train_rows[0])
+    start = time.perf_counter()
+    env.step("1")
+    assert time.perf_counter() - start >= 0.05
+    with pytest.raises(ValueError, match=r"`max_guesses` must be a positive integer or a non-empty list of them, got \[0\]"):
+        build_task(TaskConfig(rows={"max_guesses": [0]}), seed=0)
+    with pytest.raises(ValueError, match="`step_seconds` must be a non-negative number of seconds, got -1"):
+        build_task(TaskConfig(env={"step_seconds": -1}), seed=0).make_env()
+
+
 def test_search_qa_on_the_demo_set_keeps_held_out_rows_aside():
     task = build_task(TaskConfig(name="search_qa", train="demo", eval_size=4), seed=0)
     ids = {row["id"] for row in task.train_rows}

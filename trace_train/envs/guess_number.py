@@ -15,6 +15,7 @@ and the guess budget (:func:`make_rows`).
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -79,16 +80,21 @@ def _check_row(low: int, high: int, max_guesses: int, target: int) -> None:
 class GuessNumberEnv:
     """The environment (see the module docstring). Rows hold ``target``, ``low``, ``high``, ``max_guesses``.
 
-    ``system_prompt`` replaces the default rules (for example to add worked examples).
+    ``system_prompt`` replaces the default rules (for example to add worked examples). ``step_seconds``
+    makes every ``step`` take that long (a sleep), as a tool call with latency would: benchmarks of
+    scheduling use it (``trace_train.bench.barrier``).
     """
 
     concurrency_safe = True
     """Every instance holds its own immutable state value and nothing else."""
 
-    def __init__(self, *, system_prompt: str = SYSTEM_PROMPT):
+    def __init__(self, *, system_prompt: str = SYSTEM_PROMPT, step_seconds: float = 0.0):
         if not system_prompt:
             raise ValueError("`system_prompt` must not be empty")
-        self.system_prompt = system_prompt
+        if isinstance(step_seconds, bool) or not isinstance(step_seconds, (int, float)) \
+                or not 0 <= step_seconds < float("inf"):
+            raise ValueError(f"`step_seconds` must be a non-negative number of seconds, got {step_seconds!r}")
+        self.system_prompt, self.step_seconds = system_prompt, float(step_seconds)
         self._state: GuessState | None = None
 
     @property
@@ -111,6 +117,8 @@ class GuessNumberEnv:
         s = self.state
         if s.done:
             raise RuntimeError("the episode is over; reset() or restore() first")
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         match = _INTEGER.search(action)
         guess = int(match.group()) if match else None
         if guess is not None and not s.low <= guess <= s.high:

@@ -10,7 +10,7 @@ its rows are made or loaded and which row options (``task.rows``) it takes. Envi
 the package (import paths, the ``trace_rl.environments`` entry points) are found by :mod:`.spec`.
 
 =================  =================================================================================
-``guess_number``   ``system_prompt``
+``guess_number``   ``system_prompt``, ``step_seconds=0`` (latency of every step, as a slow tool's)
 ``math_python``    ``max_tool_calls=8``, ``observation_role="tool"``, ``answer_timeout=5.0``,
                    ``system_prompt=None``, ``sandbox={}`` (fields of ``tools.sandbox.SandboxLimits``)
 ``search_qa``      ``corpus=None`` (a JSONL corpus for BM25) or ``retriever_url=None`` (a Search-R1
@@ -85,13 +85,22 @@ def _with_spec(spec: TaskSpec):
 
 
 def guess_rows(source: None, *, split: str, subset: str | None, size: int, seed: int, low: int = 1,
-               high: int = 16, max_guesses: int = 5, highs: list | None = None) -> list[dict]:
+               high: int = 16, max_guesses: int | list = 5, highs: list | None = None) -> list[dict]:
     """Generated games. ``highs`` (a list) mixes difficulties: each row draws its range [low, high] from
-    it, so that, as in real data sets, some prompts are almost always solved and some almost never."""
+    it, so that, as in real data sets, some prompts are almost always solved and some almost never.
+    ``max_guesses`` as a list mixes episode lengths the same way: each row draws its guess budget from it
+    (episodes of 1 to 8 turns, as agent tasks vary in length)."""
     import numpy as np
 
     from .guess_number import make_rows
 
+    if isinstance(max_guesses, (list, tuple)):
+        if not max_guesses or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in max_guesses):
+            raise ValueError(f"`max_guesses` must be a positive integer or a non-empty list of them, got {max_guesses!r}")
+        rows = guess_rows(source, split=split, subset=subset, size=size, seed=seed, low=low, high=high,
+                          max_guesses=max(max_guesses), highs=highs)
+        budget = np.random.default_rng([seed, 11]).choice(np.asarray(max_guesses), size)
+        return [dict(row, max_guesses=int(g)) for row, g in zip(rows, budget)]
     if highs is None:
         return make_rows(size, seed=seed, low=low, high=high, max_guesses=max_guesses)
     choice = np.random.default_rng([seed, 7]).integers(0, len(highs), size)
@@ -202,10 +211,11 @@ def _bfcl_eval_rows(config) -> list[dict]:
 
 @_with_spec(TaskSpec(guess_rows, {"low": 1, "high": 16, "max_guesses": 5, "highs": None}, data="generated"))
 @ENVIRONMENTS.register("guess_number")
-def guess_number(*, system_prompt: str | None = None) -> EnvFactory:
+def guess_number(*, system_prompt: str | None = None, step_seconds: float = 0.0) -> EnvFactory:
     from .guess_number import SYSTEM_PROMPT, GuessNumberEnv
 
-    return _checked("guess_number", partial(GuessNumberEnv, system_prompt=system_prompt or SYSTEM_PROMPT))
+    return _checked("guess_number", partial(GuessNumberEnv, system_prompt=system_prompt or SYSTEM_PROMPT,
+                                            step_seconds=step_seconds))
 
 
 @_with_spec(TaskSpec(math_rows, evaluation=EvalSpec(

@@ -159,6 +159,9 @@ class RolloutReport:
     """Samples the generator held, averaged over the time it generated (its occupancy)."""
     generation_polls: int = 0
     """Generation steps: batches (transformers) or engine steps (vLLM) the call took."""
+    occupancy: tuple[tuple[float, int], ...] = ()
+    """(seconds into the call, samples in flight) at the start of each generation step: the generator's
+    occupancy over time (not logged in the metrics; ``trace_train.bench.barrier`` plots it)."""
 
     @property
     def computed_prompt_tokens(self) -> int:

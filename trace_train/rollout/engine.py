@@ -257,11 +257,12 @@ class _Run:
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
-    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand) -> RolloutForest:
+    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand, rest) -> RolloutForest:
         """:meth:`plant`, each tree's continuations started as soon as its own bare rollouts have ended
         (``trace_theory.step.StreamingWorld``): the scheduler reports the tree's prefixes, the driver's
         ``expand`` places its own budget on them, and their first turns join the generation stream while
-        other trees' bare rollouts still run."""
+        other trees' bare rollouts still run; after the last tree, ``rest`` adds the pooled leftovers and
+        top-ups the same way."""
         prompts = prompts.tolist()
         roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
 
@@ -271,9 +272,14 @@ class _Run:
             reward = np.array([p.reward for p in prefixes], dtype=float)
             return expand(s, reward, lambda concentration: self._predict(histories, concentration))
 
+        def more():
+            top_ups, extra = rest()
+            return [(s, -1, int(k)) for s, k in enumerate(top_ups) if k] + \
+                [(s, a, int(k)) for s, ks in enumerate(extra) for a, k in enumerate(ks) if k]
+
         t0 = time.perf_counter()
         if roots:
-            self._grow([(root, "bare", int(k)) for root, k in zip(roots, counts)], branch=branch)
+            self._grow([(root, "bare", int(k)) for root, k in zip(roots, counts)], branch=branch, rest=more)
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
@@ -284,9 +290,9 @@ class _Run:
         self.phase_seconds["expansion_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
-    def _grow(self, starts: list[tuple[int, str, int]], branch=None) -> None:
+    def _grow(self, starts: list[tuple[int, str, int]], branch=None, rest=None) -> None:
         """Generate ``k`` rollouts from each ``(node, kind, k)`` (:meth:`.scheduler.Scheduler.grow`)."""
-        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed, branch=branch)
+        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed, branch=branch, rest=rest)
         self.next_seed += report.seeds
         self.grown = self.grown + report
 
@@ -315,5 +321,7 @@ class _Run:
             max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
             env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
             streamed=record.streamed,
+            occupancy=tuple((round(a - self.start, 4), n) for (a, _), n in zip(grown.timeline.generation,
+                                                                              grown.timeline.in_flight)),
         )
         return self.builder.batch(forest, record.node_predictions(), report, kept=record.kept)

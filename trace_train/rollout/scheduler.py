@@ -309,15 +309,17 @@ def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool)
 
 @dataclass(frozen=True)
 class _seeds:
-    """Seeds of a streamed continuation, the ``j``-th of start ``start``: turn t samples with a seed
-    drawn from (grow seed, start, j, t), so they do not depend on the order starts end in."""
+    """Seeds of a streamed rollout, the ``j``-th of start ``start`` in pass ``pass_`` (0: as its start
+    ended, 1: continuations from ``rest``, 2: top-ups from ``rest``): turn t samples with a seed drawn
+    from (grow seed, start, j, t, pass), so they do not depend on the order starts end in."""
 
     seed: int
     start: int
     j: int
+    pass_: int = 0
 
     def __call__(self, t: int) -> int:
-        return int(np.random.SeedSequence([self.seed, self.start, self.j, t]).generate_state(1)[0])
+        return int(np.random.SeedSequence([self.seed, self.start, self.j, t, self.pass_]).generate_state(1)[0])
 
 
 def _reward(value) -> float:
@@ -371,6 +373,11 @@ Branch = Callable[[int, list[Prefix]], Sequence[int]]
 """``branch(s, prefixes) -> k``: called once the walkers of start ``s`` have all ended, with their
 prefixes (walker by walker, by depth); ``k[a]`` continuations start from ``prefixes[a]`` at once."""
 
+Rest = Callable[[], Sequence[tuple[int, int, int]]]
+"""``rest() -> [(s, a, k), ...]``: called once ``branch`` has been called for every start: ``k`` more
+continuations from prefix ``a`` of start ``s``, or with ``a = -1`` ``k`` more rollouts from start ``s``'s
+node (top-ups)."""
+
 
 class Scheduler:
     """Grows rollouts into a :class:`~.batch.BatchBuilder` (see the module docstring).
@@ -396,25 +403,26 @@ class Scheduler:
             backend, make_env, chat, sampling, config
 
     def grow(self, builder: BatchBuilder, starts: Sequence[tuple[int, str, int]], *, seed: int,
-             branch: Branch | None = None) -> GrowReport:
+             branch: Branch | None = None, rest: Rest | None = None) -> GrowReport:
         """Generate ``k`` rollouts of kind ``kind`` from each ``(node, kind, k)`` of ``builder``, add their
         turns and rewards to it, and report the rest; walker ``i``'s ``t``-th turn samples with seed
         ``seed + t W + i`` (``W`` walkers).
 
         ``branch`` (streamed expansion): once every walker of start ``s`` has ended, ``branch(s, prefixes)``
         says how many continuations to start from each of their :class:`Prefix` es, and they start at
-        once, beside the walkers still running. The j-th continuation of start ``s`` samples its t-th
-        turn with a seed drawn from (seed, s, j, t), whatever order the starts end in; continuations are
-        committed after every walker of ``starts``, start by start, so node ids do not depend on timing.
+        once, beside the walkers still running; after the last start, ``rest()`` adds what it returns.
+        The j-th such rollout of start ``s`` samples its t-th turn with a seed drawn from (seed, s, j, t,
+        pass), whatever order the starts end in; they are committed after every walker of ``starts``,
+        pass by pass and start by start, so node ids do not depend on timing either.
         """
-        return _Grower(self, builder, list(starts), seed, branch).run()
+        return _Grower(self, builder, list(starts), seed, branch, rest).run()
 
 
 class _Grower:
     """One :meth:`Scheduler.grow` call: its walkers, their environment calls, and its report."""
 
     def __init__(self, scheduler: Scheduler, builder: BatchBuilder, starts: list[tuple[int, str, int]],
-                 seed: int, branch: Branch | None = None):
+                 seed: int, branch: Branch | None = None, rest: Rest | None = None):
         self.scheduler, self.builder, self.starts, self.seed = scheduler, builder, starts, seed
         self.cfg, self.chat = scheduler.config, scheduler.chat
         self.lockstep = self.cfg.schedule == "lockstep"
@@ -426,11 +434,13 @@ class _Grower:
             group = [_Walker(len(self.walkers) + j, node, depth, context, snapshot=snapshot) for j in range(k)]
             self.first[s] = group
             self.walkers += group
-        self.planted = len(self.walkers)
-        """Walkers of ``starts``; streamed continuations come after them."""
-        self.branch = branch
+        self.planted, self.planted_starts = len(self.walkers), len(starts)
+        """Walkers and starts of ``starts``; streamed ones come after them."""
+        self.branch, self.rest = branch, rest
         self.waiting = set(self.first) if branch is not None else set()
         """Starts whose walkers have not all ended yet (streamed expansion)."""
+        self.prefixes: dict[int, list[Prefix]] = {}
+        """Prefixes of each ended start, as ``branch`` saw them."""
         self.timeline = Timeline()
         self.in_flight = 0
         """Samples submitted to the stream and not yet returned."""
@@ -478,6 +488,8 @@ class _Grower:
                     self.in_flight += 1
                 if self.waiting:
                     self._branch_ended(stream, sampling)
+                    if not self.waiting and self.rest is not None:
+                        self._add_rest(stream, sampling)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             stream.close()  # nothing left in the engine if the loop raised
@@ -492,21 +504,43 @@ class _Grower:
             k = [int(c) for c in self.branch(s, prefixes)]
             if len(k) != len(prefixes) or min(k, default=0) < 0:
                 raise ValueError(f"`branch` must return {len(prefixes)} non-negative counts, got {k}")
-            j = 0
-            for prefix, count in zip(prefixes, k):
-                if not count:
-                    continue
-                w0 = self.walkers[prefix.walker]
-                group = [_Walker(len(self.walkers) + i, -1, prefix.depth, list(prefix.token_ids),
-                                 snapshot=w0.turns[prefix.turn].snapshot, seeds=_seeds(self.seed, s, j + i),
-                                 anchor=(prefix.walker, prefix.turn)) for i in range(count)]
-                j += count
-                self.walkers += group
-                key = len(self.starts)
-                self.starts.append((-1, "continuation", count))
-                self.first[key] = group
-                stream.submit(("start", key), self._request(group[0], count), sampling)
-                self.in_flight += count
+            self.prefixes[s] = prefixes
+            self._start_branches(stream, sampling, s, [(a, c) for a, c in enumerate(k) if c], pass_=0)
+
+    def _add_rest(self, stream, sampling) -> None:
+        """Streamed expansion, after the last start ended: the rollouts ``rest`` adds (top-ups, a = -1)."""
+        by_start: dict[int, list[tuple[int, int]]] = {}
+        for s, a, k in self.rest():
+            if not 0 <= s < self.planted_starts or not -1 <= a < len(self.prefixes[s]) or k < 0:
+                raise ValueError(f"`rest` returned ({s}, {a}, {k}): no such start, prefix or count")
+            if k:
+                by_start.setdefault(s, []).append((a, k))
+        for s, starts in sorted(by_start.items()):
+            self._start_branches(stream, sampling, s, [(a, k) for a, k in starts if a >= 0], pass_=1)
+            self._start_branches(stream, sampling, s, [(a, k) for a, k in starts if a < 0], pass_=2)
+
+    def _start_branches(self, stream, sampling, s: int, counts: list[tuple[int, int]], pass_: int) -> None:
+        """Start ``k`` walkers from prefix ``a`` of start ``s`` (its node with a = -1) per (a, k), now."""
+        j = 0
+        for a, count in counts:
+            if a < 0:
+                node = self.starts[s][0]
+                context, depth = self.builder.context_ids(node), len(self.builder.path(node)) - 1
+                snapshot, anchor, kind = self.builder.nodes[node].snapshot, None, "top_up"
+            else:
+                prefix = self.prefixes[s][a]
+                node, context, depth = -1, list(prefix.token_ids), prefix.depth
+                snapshot = self.walkers[prefix.walker].turns[prefix.turn].snapshot
+                anchor, kind = (prefix.walker, prefix.turn), "continuation"
+            group = [_Walker(len(self.walkers) + i, node, depth, list(context), snapshot=snapshot,
+                             seeds=_seeds(self.seed, s, j + i, pass_), anchor=anchor) for i in range(count)]
+            j += count
+            self.walkers += group
+            key = len(self.starts)
+            self.starts.append((node, kind, count))
+            self.first[key] = group
+            stream.submit(("start", key), self._request(group[0], count), sampling)
+            self.in_flight += count
 
     def _prefixes(self, walkers: list[_Walker]) -> list[Prefix]:
         """The anchors of ended walkers: every turn but the last, walker by walker, by depth."""
@@ -656,7 +690,7 @@ class _Grower:
         """Add every recorded turn to the batch: turn-major, then walker order (the lockstep node ids)."""
         builder, end_reasons = self.builder, {}
         node_of: dict[tuple[int, int], int] = {}  # (walker, turn) -> node id
-        streamed = sorted(self.walkers[self.planted:], key=lambda w: (w.seeds.start, w.seeds.j))
+        streamed = sorted(self.walkers[self.planted:], key=lambda w: (w.seeds.pass_, w.seeds.start, w.seeds.j))
         for walkers in (self.walkers[:self.planted], streamed):  # a streamed walker's anchor comes first
             if not walkers:
                 continue
