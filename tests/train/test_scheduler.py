@@ -322,3 +322,25 @@ def test_the_concurrency_benchmark_reports_every_setting(tiny_dir, tmp_path):
     assert (tmp_path / "b.json").exists()
     with pytest.raises(ValueError, match="`schedules` must be a non-empty subset"):
         ConcurrencyBenchConfig(schedules=("async",))
+
+
+def test_the_barrier_benchmark_runs_every_arm_side_by_side(tiny_dir, tmp_path):
+    from trace_train.bench.barrier import ARMS, BenchConfig, main, occupancy_by_tenth
+
+    config = BenchConfig(backends=("hf",), pool=4, token_budget=120, repeats=2, max_guesses=(1, 3),
+                         examples=1, model=tiny_dir, out=str(tmp_path / "b.json"))
+    result = main(config)["backends"]["hf"]
+    for arm, (policy, expansion) in ARMS.items():
+        runs = result["runs"][arm]
+        assert len(runs) == 2 and all(r["policy"] == policy and r["generated_tokens"] > 0 for r in runs)
+        assert all(r["streamed"] == (arm == "trace_streamed") for r in runs)
+        assert len(result["summary"][arm]["occupancy_by_tenth"]) == 10
+    assert result["summary"]["grpo"]["per_token_ratio_to_grpo"] == 1.0
+    assert (tmp_path / "b.json").exists()
+    # occupancy: the samples held by the last generation step begun before each tenth of the call
+    run = {"seconds": 1.0, "occupancy": [[0.0, 8], [0.25, 4], [0.85, 2]]}
+    assert occupancy_by_tenth(run) == [8, 8, 8, 4, 4, 4, 4, 4, 4, 2]
+    with pytest.raises(ValueError, match=r"`backends` must be a non-empty subset of \('hf', 'vllm'\)"):
+        BenchConfig(backends=("tpu",))
+    with pytest.raises(ValueError, match="`max_guesses` must be positive guess budgets"):
+        BenchConfig(max_guesses=(0,))

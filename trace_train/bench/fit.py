@@ -1,12 +1,13 @@
 """What a TRACE step costs next to a GRPO step, and what fitting the success predictor costs a step.
 
-    python -m trace_train.bench.fit --compare                      # TRACE (lazy and dense fit) vs GRPO, 4 pairs
+    python -m trace_train.bench.fit --compare                      # TRACE (streamed, barrier) vs GRPO, 4 pairs
     python -m trace_train.bench.fit --compare --backend vllm       # the same on vLLM (CPU or GPU)
     python -m trace_train.bench.fit                                # grpo with and without the fit, 8 steps each
     python -m trace_train.bench.fit --policy trace                 # TRACE always fits (it allocates by V~)
 
-``--compare``: interleaved pairs (trace with ``predictor.fit=lazy_adam``, trace with ``predictor.fit=adam``,
-the dense fit of before, then grpo; one after another, so load drifts hit all three alike) of ``cpu_demo``
+``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, then grpo;
+``--arms`` adds ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, or ``trace_tokens``; one
+after another, so load drifts hit every arm alike) of ``cpu_demo``
 runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
 (``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
 time (rollout + train), its phases (``trace_train.train._step_metrics``' timing breakdown) and the
@@ -36,8 +37,10 @@ MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TAS
 PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "expansion_generation_seconds",
           "prepare_seconds", "update_seconds", "sync_seconds", "fit_wait_seconds", "predictor_fit_seconds",
           "predictor_fit_cpu_seconds")
-ARMS = {"trace": ["rollout.policy=trace"], "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
-        "grpo": ["rollout.policy=grpo"]}
+ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
+        "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
+        "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"]}
+DEFAULT_ARMS = ("trace", "trace_barrier", "grpo")
 
 
 def measure(policy: str, steps: int, fit: bool, root: Path) -> dict:
@@ -68,14 +71,15 @@ def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str
     return out
 
 
-def compare(pairs: int, steps: int, token_budget: int, backend: str) -> dict:
+def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAULT_ARMS) -> dict:
     results: list[dict] = []
+    arms = tuple(dict.fromkeys((*arms, "grpo")))  # GRPO is the reference
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(pairs):
-            for arm in ARMS:
+            for arm in arms:
                 results.append(measure_arm(arm, pair, steps, token_budget, backend, Path(tmp)))
                 print(json.dumps(results[-1]), flush=True)
-    by = {arm: [r for r in results if r["arm"] == arm] for arm in ARMS}
+    by = {arm: [r for r in results if r["arm"] == arm] for arm in arms}
     grpo = np.array([r["step_seconds"] for r in by["grpo"]])
     lines = ["| arm | step s | ratio to GRPO (± SE) | tokens / step | predict | allocation | bare gen | expansion gen "
              "| update | sync | fit wait | fit (wall) | fit CPU-s |", "|---" * 13 + "|"]
@@ -105,9 +109,11 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step (--compare)")
     parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
+    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=sorted(ARMS),
+                        help="arms of --compare (GRPO always runs)")
     args = parser.parse_args(argv)
     if args.compare:
-        return compare(args.pairs, args.steps, args.token_budget, args.backend)
+        return compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for fit in (True, False):
