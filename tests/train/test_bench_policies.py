@@ -154,3 +154,26 @@ def test_rates_chosen_earlier_skip_the_sweep(tmp_path):
     assert summary["best"]["trace_minus"]["grpo"]["mean"] == pytest.approx(0.205) and "shared" not in summary
     with pytest.raises(SystemExit):
         bench.cli(["--rates", "trace"])
+
+
+def test_a_trace_arm_with_another_predictor_kind_is_paired_against_every_arm(tmp_path, capsys):
+    """``--policies trace trace+probe grpo``: trace+probe runs TRACE with predictor.kind=probe (its own run
+    folders) and is paired against trace and grpo; a bad arm is refused before anything runs."""
+    gains = {"trace": (0.3, 0.32), "trace+probe": (0.35, 0.36), "grpo": (0.1, 0.14)}
+    for policy, by_seed in gains.items():
+        for seed, gain in enumerate(by_seed):
+            folder = bench.run_dir(tmp_path, "mixed", policy, 1e-3, seed)
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(dict(_result(policy, 1e-3, seed, gain), steps=5)))
+    assert bench.arm("trace+probe") == ("trace", "probe") and bench.arm("grpo") == ("grpo", None)
+    assert bench.cli(["--policies", "trace", "trace+probe", "grpo", "--lrs", "1e-3", "--shared-lr", "none",
+                      "--seeds", "0", "1", "--steps", "5", "--out", str(tmp_path)]) == 0
+    best = json.loads((tmp_path / "mixed" / "summary.json").read_text())["best"]
+    assert best["variants_minus"]["trace+probe"]["grpo"]["mean"] == pytest.approx(0.235)
+    assert best["variants_minus"]["trace+probe"]["trace"]["mean"] == pytest.approx(0.045)
+    assert best["trace_minus"]["trace+probe"]["mean"] == pytest.approx(-0.045)
+    assert "trace+probe minus grpo: +0.235" in capsys.readouterr().out
+    for bad in ("trace+", "trace+oracle", "nope+probe"):
+        with pytest.raises(SystemExit):
+            bench.cli(["--policies", bad, "--out", str(tmp_path)])
+    assert "--policies trace+oracle" in capsys.readouterr().err

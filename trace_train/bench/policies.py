@@ -57,6 +57,14 @@ TASKS = {
 of the prompts almost always solved, a third almost never, as in real RL data sets)."""
 
 
+def arm(policy: str) -> tuple[str, str | None]:
+    """``POLICY`` or ``POLICY+KIND`` (a predictor kind, e.g. ``trace+probe``) -> (policy, kind or None)."""
+    name, plus, kind = policy.partition("+")
+    if plus and not kind:
+        raise ValueError(f"an arm is POLICY or POLICY+PREDICTOR_KIND, got {policy!r}")
+    return name, kind or None
+
+
 def run_dir(out: Path, task: str, policy: str, lr: float, seed: int) -> Path:
     return out / task / f"{policy}-lr{lr:g}-seed{seed}"
 
@@ -76,8 +84,10 @@ def run_one(
                 result.update({k: v for k, v in run_result(read_metrics(folder / "metrics.jsonl")).items()
                                if k in ("curve", "train_seconds")})
             return result
+    name, kind = arm(policy)
     cfg = load_config(TrainConfig, "cpu_demo", [
-        f"run_dir={folder}", f"seed={seed}", f"steps={steps}", f"rollout.policy={policy}",
+        f"run_dir={folder}", f"seed={seed}", f"steps={steps}", f"rollout.policy={name}",
+        *([f"predictor.kind={kind}"] if kind else []),
         f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={min(steps, 10)}",
         f"task.rows={TASKS[task]}", f"optim.lr={lr}", f"eval.every={eval_every}",
         *([f"backend.threads={threads}"] if threads else []),
@@ -266,6 +276,11 @@ def benchmark(args) -> dict:
         summary[name] = {"policies": per_policy(results), "trace_minus": gaps, "conclusion": conclusion(gaps),
                          "trace_minus_at_equal_time": timed,
                          "conclusion_at_equal_time": conclusion(timed, budget=" at equal training time")}
+        variants = [p for p in args.policies if p.startswith("trace+")]  # TRACE with another predictor kind
+        if variants:
+            summary[name]["variants_minus"] = {v: paired(results, reference=v) for v in variants}
+            summary[name]["variants_minus_at_equal_time"] = {
+                v: paired(results, reference=v, metric="gain_at_equal_time") for v in variants}
     summary["minutes_this_invocation"] = round((time.perf_counter() - start) / 60, 1)
     summary["load_average"] = round(os.getloadavg()[0], 1)
     return summary
@@ -300,7 +315,9 @@ def _exit_on_sigterm(signum, frame):
 def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES),
-                        help="policies to run (without trace: each policy's own numbers, no paired differences)")
+                        help="policies to run (without trace: each policy's own numbers, no paired differences); "
+                             "POLICY+KIND runs POLICY with predictor.kind=KIND (trace+probe, trace+running_mean), "
+                             "and each trace+KIND arm is also paired against every other arm")
     parser.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
                         help="learning-rate grid")
     parser.add_argument("--shared-lr", type=_rate_or_none, default=1e-3,
@@ -322,6 +339,12 @@ def cli(argv=None) -> int:
                         help="runs at once, one compute thread each (2 on a 2-core machine halves the time)")
     args = parser.parse_args(argv)
     args.rates = dict(args.rates) if args.rates else None
+    for policy in args.policies:
+        try:
+            name, kind = arm(policy)
+            load_config(TrainConfig, "cpu_demo", [f"rollout.policy={name}", *([f"predictor.kind={kind}"] if kind else [])])
+        except ValueError as err:
+            parser.error(f"--policies {policy}: {err}")
     if set(args.tuning_seeds) & set(args.seeds):
         parser.error("--tuning-seeds and --seeds must differ (rates are chosen on seeds that are not reported)")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds `run_all`, which stops its workers
@@ -340,6 +363,11 @@ def cli(argv=None) -> int:
         if name in summary:
             print(f"\n{name} learning rates:\n{table(summary[name]['policies'])}\n{summary[name]['conclusion']}\n"
                   f"{summary[name]['conclusion_at_equal_time']}")
+            for variant, gaps in summary[name].get("variants_minus", {}).items():
+                for other, gap in gaps.items():
+                    lo, hi = gap["ci95"]
+                    print(f"{variant} minus {other}: {gap['mean']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, "
+                          f"p = {gap['p_value']:.2f}, {gap['seeds']} paired seeds)")
     print(f"runs and summary.json in {args.out / args.task} ({summary['minutes_this_invocation']} min)")
     return 0
 
