@@ -546,9 +546,9 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                                        seed=_step_seed(cfg.seed, step, run.info.rank))  # prefixes, generate
             t1 = time.perf_counter()
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
-            fit = _PredictorFit(run.workers, run, batch)                         # predictor update (background)
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
-            t2 = time.perf_counter()
+            fit = _PredictorFit(run.workers, run, batch)   # predictor update (background), started after the
+            t2 = time.perf_counter()                       # Python-heavy packing so as not to contend with it
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
             t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
