@@ -25,7 +25,7 @@ def small_config(run_dir, *extra):
 
 
 def _trainable_metrics(rows):
-    timings = ("time", "generator_idle_share")
+    timings = ("time", "generator_idle_share", "samples_in_flight", "generation_polls")  # scheduling, not training
     return [{k: v for k, v in r.items() if not k.endswith("seconds") and k not in timings} for r in rows]
 
 
