@@ -336,7 +336,7 @@ def test_code_cannot_kill_its_caller(caller, deny_unshare):
 
 DAEMON = """
 import time
-marker = f"{time.time() % 1000:.6f}"
+marker = f"{1000 + time.time() % 1000:.6f}"  # a unique sleep that outlasts the wall clock
 sandboxed(f'''
 import os
 if os.fork() == 0:
@@ -513,7 +513,7 @@ def test_ipc_keyrings_memfd_and_terminal_injection_are_refused(caller):
 
 LEAVES_ITS_GROUP = """
 import time
-marker = f"{time.time() % 1000:.6f}"
+marker = f"{1000 + time.time() % 1000:.6f}"  # a unique sleep that outlasts the wall clock
 sandboxed(f'''
 import os
 os.setsid()  # the worker itself leaves the process group that the caller kills at the deadline
