@@ -28,6 +28,7 @@ trains. :meth:`Task.describe` is the start-up line saying how many rows train an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from .configs import TaskConfig
 from .envs import EnvFactory
@@ -47,6 +48,8 @@ class Task:
     binary_rewards: bool = True
     held_out_from_train: bool = False
     """Whether ``eval_rows`` were taken out of the training rows (no separate held-out source)."""
+    demonstration: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
+    """The environment's scripted expert (``TaskSpec.demonstration``), if it has one."""
 
     def describe(self, name: str) -> str:
         """One start-up line: rows that train, rows held out and where those come from."""
@@ -85,4 +88,5 @@ def build_task(cfg: TaskConfig, *, seed: int, hold_out: bool = True) -> Task:
         held_out, train = train[:n], train[n:]
     if not train:
         raise ValueError(f"task {cfg.name!r} has no training rows (train_size {cfg.train_size})")
-    return Task(factory, train, held_out, factory.binary_rewards, held_out_from_train=from_train and bool(held_out))
+    return Task(factory, train, held_out, factory.binary_rewards, held_out_from_train=from_train and bool(held_out),
+                demonstration=source.spec.demonstration)

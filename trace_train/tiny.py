@@ -1,7 +1,7 @@
 """Tiny models and tokenizers built locally, for tests, benchmarks and the CPU demo.
 
 Nothing here downloads anything: the tokenizer is a byte-level BPE trained in a second on text of the
-guess-the-number task, with Qwen3's special tokens and a Qwen3-style chat template; the model is a
+guess-the-number task (and of a task's demonstrations when it has a scripted expert), with Qwen3's special tokens and a Qwen3-style chat template; the model is a
 randomly initialised Qwen3 architecture small enough to train on a CPU. ``head_dim`` defaults to 32,
 the smallest vLLM's CPU attention accepts.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tokenizer", "build_model", "save_tiny"]
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tokenizer", "build_model", "save_tiny", "play_demonstrations",
+           "demonstration_transcript", "warm_start"]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
@@ -113,14 +114,24 @@ def build_model(tokenizer, *, hidden_size: int = 64, layers: int = 2, heads: int
     return model
 
 
-def save_tiny(path: str | os.PathLike, *, seed: int = 0, warm_steps: int = 0, **model_kwargs) -> str:
+def save_tiny(path: str | os.PathLike, *, seed: int = 0, warm_steps: int = 0, demonstrations=None,
+              **model_kwargs) -> str:
     """Build a tokenizer and a model, warm-start it for ``warm_steps`` steps (:func:`warm_start`), and save
-    both to ``path`` (a directory that vLLM and transformers load). Returns the path."""
+    both to ``path`` (a directory that vLLM and transformers load). Returns the path.
+
+    ``demonstrations``: ``(make_env, rows, demonstration)``, a task's environment factory, training rows
+    and scripted expert (``TaskSpec.demonstration``). The tokenizer then also learns the text of those
+    episodes and the warm start replays them (:func:`play_demonstrations`); without it the tokenizer and
+    the warm start are those of guess-the-number."""
     path = os.fspath(path)
-    tokenizer = build_tokenizer()
+    episodes = play_demonstrations(*demonstrations) if demonstrations is not None else None
+    corpus = None if episodes is None else _default_corpus() + [text for episode in episodes
+                                                                 for text in _episode_texts(episode)]
+    tokenizer = build_tokenizer(corpus)
     model = build_model(tokenizer, seed=seed, **model_kwargs)
     if warm_steps:
-        warm_start(model, tokenizer, steps=warm_steps, seed=seed)
+        transcripts = None if episodes is None else [demonstration_transcript(tokenizer, e) for e in episodes]
+        warm_start(model, tokenizer, steps=warm_steps, seed=seed, transcripts=transcripts)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -159,16 +170,66 @@ def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5
     return out
 
 
-def warm_start(model, tokenizer, *, steps: int = 100, batch_size: int = 16, lr: float = 3e-3, seed: int = 0,
-               high: int = 16, max_guesses: int = 5) -> list[float]:
-    """Supervised warm start on random-guesser transcripts, so a tiny model plays valid games.
+def play_demonstrations(make_env, rows, demonstration) -> list[tuple[list, list]]:
+    """Each row's scripted episode played through a fresh environment: ``(opening messages, [(action,
+    StepResult), ...])``, stopping where the environment says the episode is done."""
+    episodes = []
+    for row in rows:
+        env = make_env()
+        opening, steps = env.reset(row), []
+        for action in demonstration(row):
+            steps.append((action, env.step(action)))
+            if steps[-1][1].done:
+                break
+        episodes.append((opening, steps))
+    return episodes
 
-    After it, the model answers with a number and ends its turn; which number it picks is still far
-    from optimal, so rewards are mixed and there is something left for RL to learn. Returns the losses.
+
+def _episode_texts(episode) -> list[str]:
+    opening, steps = episode
+    return [m["content"] for m in opening] + [text for action, result in steps
+                                              for text in (action, result.observation)]
+
+
+def demonstration_transcript(tokenizer, episode) -> tuple[list[int], list[int]]:
+    """One played episode as (token ids, loss mask), built with :class:`~.rollout.chat.ChatFormat` as the
+    rollout engine builds contexts (observations in the role the environment gave them); the mask is 1 on
+    the actions' tokens and their turn end."""
+    from .rollout.chat import ChatFormat
+
+    chat = ChatFormat(tokenizer)
+    opening, steps = episode
+    ids = chat.prompt_ids(opening)
+    mask = [0] * len(ids)
+    for action, result in steps:
+        action_ids = chat.encode(action) + [chat.turn_end_ids[0]]
+        ids, mask = ids + action_ids, mask + [1] * len(action_ids)
+        if result.done:
+            break
+        obs = chat.observation_ids(action_ids, {"role": result.role, "content": result.observation})
+        ids, mask = ids + obs, mask + [0] * len(obs)
+    return ids, mask
+
+
+def warm_start(model, tokenizer, *, steps: int = 100, batch_size: int = 16, lr: float = 3e-3, seed: int = 0,
+               high: int = 16, max_guesses: int = 5, transcripts=None) -> list[float]:
+    """Supervised warm start, so a tiny model acts in the task's format from its first step.
+
+    Without ``transcripts``: random-guesser games (:func:`guess_transcripts`). After it, the model answers
+    with a number and ends its turn; which number it picks is still far from optimal, so rewards are mixed
+    and there is something left for RL to learn. With ``transcripts`` ((ids, mask) pairs, e.g. from
+    :func:`demonstration_transcript`): batches drawn from them with replacement. Returns the losses.
     """
+    import numpy as np
     import torch
 
-    data = guess_transcripts(tokenizer, steps * batch_size, high=high, max_guesses=max_guesses, seed=seed)
+    if transcripts is None:
+        data = guess_transcripts(tokenizer, steps * batch_size, high=high, max_guesses=max_guesses, seed=seed)
+    else:
+        if not transcripts:
+            raise ValueError("`transcripts` is empty: the task has no training rows to demonstrate")
+        draw = np.random.default_rng([seed, 3]).integers(0, len(transcripts), steps * batch_size)
+        data = [transcripts[i] for i in draw]
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()

@@ -131,15 +131,22 @@ class PromptSampler:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _model_path(cfg: TrainConfig) -> str:
-    """A directory or hub id both back ends can load; the tiny model is built into the run directory."""
+DEMONSTRATED_ROWS = 256
+"""The tiny model's warm start plays the scripted expert on at most this many (the first) training rows."""
+
+
+def _model_path(cfg: TrainConfig, task: Task | None = None) -> str:
+    """A directory or hub id both back ends can load; the tiny model is built into the run directory, warmed
+    on the task's scripted expert over its first training rows where the task has one (``tiny.save_tiny``)."""
     if cfg.model.name_or_path != "tiny":
         return cfg.model.name_or_path
     from . import tiny
 
     path = Path(cfg.run_dir) / "tiny_model"
     if not (path / "config.json").exists():
-        tiny.save_tiny(path, seed=cfg.seed, warm_steps=cfg.model.tiny_warm_steps)
+        shown = None if task is None or task.demonstration is None else (
+            task.make_env, task.train_rows[:DEMONSTRATED_ROWS], task.demonstration)
+        tiny.save_tiny(path, seed=cfg.seed, warm_steps=cfg.model.tiny_warm_steps, demonstrations=shown)
     return str(path)
 
 
@@ -484,7 +491,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     task = build_task(cfg.task, seed=cfg.seed, hold_out=cfg.eval.every > 0)
     if info.is_main:
         print(task.describe(cfg.task.name), flush=True)
-    path = _model_path(cfg) if info.is_main else None
+    path = _model_path(cfg, task) if info.is_main else None
     if info.enabled:
         paths = [path]
         torch.distributed.broadcast_object_list(paths, src=0)

@@ -109,3 +109,21 @@ def test_rows_and_arguments_are_validated(search):
         SearchQAEnv(search, reward="accuracy")
     with pytest.raises(ValueError, match="SearchTool"):
         SearchQAEnv(search.retriever)
+
+
+def test_the_scripted_expert_solves_every_demo_question_by_searching_its_supporting_titles(search):
+    from trace_train.data.qa import load_demo_questions
+    from trace_train.envs.search_qa import qa_demonstration
+
+    rows = qa_rows(load_demo_questions())
+    assert all(row["supporting_titles"] for row in rows)
+    for row in rows:
+        env = SearchQAEnv(search)
+        env.reset(row)
+        actions = qa_demonstration(row)
+        results = [env.step(action) for action in actions]
+        assert [r.done for r in results] == [False] * (len(actions) - 1) + [True]
+        assert env.verify() == 1.0 and [q for q, _ in env.state.searches] == row["supporting_titles"]
+    bare = {"id": "q", "question": "Who built the tidal clock?", "answers": ["Maren Osk"]}  # no titles named
+    assert qa_demonstration(bare) == [tool_call("search", query="Who built the tidal clock?"),
+                                      "<answer>Maren Osk</answer>"]

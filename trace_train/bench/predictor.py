@@ -2,8 +2,9 @@
 
     python -m trace_train.bench.predictor                      # collect 80 TRACE steps of cpu_demo's mixed games (~2 min), replay
     python -m trace_train.bench.predictor --kinds running_mean ngram_adam200 ngram ngram:steps_per_update=50 probe
+    python -m trace_train.bench.predictor --task qa              # a tool task: the demo questions with BM25 search
 
-**Collect** (once; cached in ``--out``/stream.pkl): the ``cpu_demo`` preset on the mixed-difficulty games
+**Collect** (once; cached in ``--out``/stream.pkl): the ``cpu_demo`` preset on ``--task``: the mixed-difficulty games
 (``bench_policies``'s ``--task mixed``) with TRACE, recording what each step's predictor fit received
 (every non-terminal node's history with its recursive target and weight) and each step's evaluation
 data: the policy's last-layer states of every history, taken in the main thread before the step's update
@@ -35,6 +36,15 @@ from scipy.stats import rankdata
 from trace_theory import brier_score, expected_calibration_error, node_targets, root_outcomes
 
 MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TASKS["mixed"]
+TASKS = {
+    "mixed": [f"task.rows={MIXED_ROWS}"],
+    # A tool task: the 12 bundled two-hop questions with BM25 search over the demo corpus. The tiny model is
+    # warmed on the scripted expert's episodes of these very questions (search each supporting title, then
+    # answer), 200 steps: it then calls the tool in format and succeeds on ~1 in 4 episodes, unevenly across
+    # questions, so that there is something to predict. Rewards: exact match.
+    "qa": ["task.name=search_qa", "task.train=demo", "task.rows={}", "model.tiny_warm_steps=200",
+           "rollout.pool_size=12", "rollout.limits={max_turns: 4, max_turn_tokens: 48, max_context_tokens: 2048}"],
+}
 SHORTHANDS = {"ngram_adam200": "ngram:fit=adam"}
 
 
@@ -48,8 +58,9 @@ def auc(pred, label) -> float:
     return float((ranks[label].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
-def collect(out: Path, steps: int, seed: int = 0) -> list[dict]:
-    """Run TRACE on cpu_demo's mixed games for ``steps`` steps, recording each step's predictor data."""
+def collect(out: Path, steps: int, seed: int = 0, task: str = "mixed") -> list[dict]:
+    """Run TRACE with the ``cpu_demo`` preset on ``TASKS[task]`` for ``steps`` steps, recording each step's
+    predictor data."""
     from .. import train as train_module
     from ..config_loader import load_config
 
@@ -90,7 +101,7 @@ def collect(out: Path, steps: int, seed: int = 0) -> list[dict]:
 
     cfg = load_config(train_module.TrainConfig, "cpu_demo", [
         f"run_dir={out / 'run'}", f"seed={seed}", f"steps={steps}", "rollout.policy=trace", "eval.every=0",
-        "tensorboard=false", f"checkpoint_every={steps}", f"task.rows={MIXED_ROWS}"])
+        "tensorboard=false", f"checkpoint_every={steps}", *TASKS[task]])
     train_module._PredictorFit = Recording
     try:
         train_module.main(cfg)
@@ -168,13 +179,17 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_predictor"))
+    parser.add_argument("--task", choices=sorted(TASKS), default="mixed",
+                        help="mixed: cpu_demo's mixed-difficulty games; qa: the demo questions with a search tool")
+    parser.add_argument("--out", type=Path, default=None, help="default runs/bench_predictor (mixed), "
+                        "runs/bench_predictor_qa (qa)")
     parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram", "probe"])
     args = parser.parse_args(argv)
     from ..run.threads import set_compute_threads
 
     set_compute_threads(1)
-    stream = collect(args.out, args.steps, args.seed)
+    out = args.out or Path("runs/bench_predictor" + ("" if args.task == "mixed" else f"_{args.task}"))
+    stream = collect(out, args.steps, args.seed, args.task)
     print(f"stream: {len(stream)} steps, {sum(len(s['roots'][0]) for s in stream)} roots, "
           f"{sum(len(s['anchors'][0]) for s in stream)} anchors", flush=True)
     results = [replay(stream, kind) for kind in args.kinds]

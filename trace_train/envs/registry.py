@@ -134,6 +134,12 @@ def bfcl_task_rows(source: str, *, split: str, subset: str | None, size: int, se
     return bfcl_rows(tuple(subsets or SUBSETS), split=source)[:size]
 
 
+def _qa_demonstration(row: Mapping[str, Any]) -> list[str]:
+    from .search_qa import qa_demonstration
+
+    return qa_demonstration(row)
+
+
 def _demo_corpus(options: Mapping[str, Any]) -> dict:
     """search_qa without a corpus or a retriever searches the bundled demo corpus."""
     if options.get("corpus") is None and options.get("retriever_url") is None:
@@ -241,7 +247,7 @@ def math_python(*, max_tool_calls: int = 8, observation_role: str = "tool", answ
                      env_defaults=_demo_corpus, evaluation=EvalSpec(
                          flags=("data", "corpus", "retriever_url", "max_tool_calls"),
                          data_help="a questions file, a Hub id, or 'demo'", check=_qa_check, env_options=_qa_options,
-                         metrics=qa_metrics)))
+                         metrics=qa_metrics), demonstration=_qa_demonstration))
 @ENVIRONMENTS.register("search_qa")
 def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, topk: int = 3,
               timeout: float = 10.0, reward: str = "exact_match", max_searches: int = 4,

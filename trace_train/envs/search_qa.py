@@ -29,6 +29,7 @@ never queries the retriever again for what it already saw.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
@@ -45,7 +46,7 @@ from .tooling import (
     visible_text,
 )
 
-__all__ = ["SearchQAEnv", "QAState", "SEARCH_TOOL", "REWARDS", "qa_rows"]
+__all__ = ["SearchQAEnv", "QAState", "SEARCH_TOOL", "REWARDS", "qa_rows", "qa_demonstration", "search_call"]
 
 SEARCH_TOOL = function_schema(
     "search",
@@ -85,8 +86,26 @@ class QAState:
 
 
 def qa_rows(examples: Iterable[Any]) -> list[dict]:
-    """Rows for this environment from ``data.qa.QAExample`` objects (id, question, answers)."""
-    return [{"id": e.id, "question": e.question, "answers": list(e.answers)} for e in examples]
+    """Rows for this environment from ``data.qa.QAExample`` objects (id, question, answers, and the titles of
+    the supporting passages as ``supporting_titles`` where the data names them)."""
+    return [{"id": e.id, "question": e.question, "answers": list(e.answers),
+             **({"supporting_titles": list(e.supporting_titles)} if e.supporting_titles else {})}
+            for e in examples]
+
+
+def search_call(query: str) -> str:
+    """The action text of one ``search`` call in the format the system prompt asks for."""
+    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query': query}})}\n</tool_call>"
+
+
+def qa_demonstration(row: Mapping[str, Any]) -> list[str]:
+    """A scripted expert's episode (``TaskSpec.demonstration``): search the title of each supporting passage
+    in order (the question itself where the row names none), then answer the first gold answer.
+
+    It knows the answer, so a model warmed on it memorises the training rows; it exists so that a tiny
+    model starts with well-formed tool calls and mixed success, not as a way to solve the task."""
+    titles = list(row.get("supporting_titles") or []) or [str(row["question"])]
+    return [search_call(title) for title in titles] + [f"<answer>{row['answers'][0]}</answer>"]
 
 
 class SearchQAEnv:

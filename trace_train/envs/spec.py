@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .base import Environment
 
@@ -110,6 +110,10 @@ class TaskSpec:
     """Completes the environment options (``task.env``) before the environment is built."""
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     """How ``trace-eval`` plays and scores the environment (its benchmark defaults)."""
+    demonstration: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
+    """A scripted expert: ``demonstration(row)`` -> the actions of one episode of that row. The tiny model
+    (``model.name_or_path=tiny``) is warmed on them, played through the real environment, over the training
+    rows only (``trace_train.tiny.demonstration_transcripts``); None: it is warmed on guess-the-number games."""
 
     def __post_init__(self):
         if self.data not in DATA_MODES:

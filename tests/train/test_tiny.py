@@ -1,0 +1,46 @@
+"""The tiny model's warm start on a task's scripted expert: the transcripts are the engine's contexts, the
+loss mask covers the actions only, the tokenizer learns the task's text, and the warm start fits them."""
+
+import numpy as np
+from transformers import AutoTokenizer
+
+from trace_train.configs import TaskConfig
+from trace_train.rollout.chat import ChatFormat
+from trace_train.tasks import build_task
+from trace_train.tiny import (build_model, build_tokenizer, demonstration_transcript, play_demonstrations, save_tiny,
+                               warm_start)
+
+
+def _qa_task():
+    return build_task(TaskConfig(name="search_qa", train="demo"), seed=0, hold_out=False)
+
+
+def test_a_transcript_masks_exactly_the_demonstrated_actions_and_ends_at_the_answer():
+    task = _qa_task()
+    tokenizer = build_tokenizer()
+    chat = ChatFormat(tokenizer)
+    (opening, steps), = play_demonstrations(task.make_env, task.train_rows[:1], task.demonstration)
+    assert len(steps) == 3 and steps[-1][1].done  # two searches, then the answer ends it
+    ids, mask = demonstration_transcript(tokenizer, (opening, steps))
+    ids, mask = np.asarray(ids), np.asarray(mask, bool)
+    prompt = chat.prompt_ids(opening)
+    assert list(ids[:len(prompt)]) == prompt and not mask[:len(prompt)].any()
+    end = chat.turn_end_ids[0]
+    masked_runs = np.split(ids[mask], np.flatnonzero(ids[mask] == end) + 1)[:-1]
+    assert [chat.tokenizer.decode(run[:-1]) for run in masked_runs] == [action for action, _ in steps]
+    assert ids[-1] == end and mask[-1]  # nothing after the final answer
+
+
+def test_the_tiny_model_of_a_task_with_an_expert_learns_its_text_and_its_episodes(tmp_path):
+    task = _qa_task()
+    shown = (task.make_env, task.train_rows, task.demonstration)
+    path = save_tiny(tmp_path / "qa", seed=0, warm_steps=0, demonstrations=shown)
+    qa_tokens, guess_tokens = AutoTokenizer.from_pretrained(path), build_tokenizer()
+    passage = "It was invented in 1821 by the clockmaker Maren Osk, who built the first one for the port authority."
+    assert len(qa_tokens(passage).input_ids) < len(guess_tokens(passage).input_ids)
+
+    episodes = play_demonstrations(*shown)
+    transcripts = [demonstration_transcript(qa_tokens, e) for e in episodes]
+    model = build_model(qa_tokens, seed=0)
+    losses = warm_start(model, qa_tokens, steps=30, batch_size=4, seed=0, transcripts=transcripts)
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
