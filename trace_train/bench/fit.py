@@ -6,7 +6,8 @@
     python -m trace_train.bench.fit --policy trace                 # TRACE always fits (it allocates by V~)
 
 ``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, then grpo;
-``--arms`` adds ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, or ``trace_tokens``; one
+``--arms`` adds ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``trace_tokens``, or the
+diagnostics ``trace_leaf`` (per-leaf update rows) and ``grpo_fit`` (GRPO that fits the predictor); one
 after another, so load drifts hit every arm alike) of ``cpu_demo``
 runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
 (``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
@@ -39,7 +40,11 @@ PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "e
           "predictor_fit_cpu_seconds")
 ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
         "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
-        "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"]}
+        "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"],
+        # diagnostics: TRACE with per-leaf rows (what tree packing costs or saves the update), and GRPO
+        # fitting the predictor it never reads (what the fit's thread costs a step beside the update)
+        "trace_leaf": ["rollout.policy=trace", "algorithm.packing=leaf"],
+        "grpo_fit": ["rollout.policy=grpo", "log_predictor=true"]}
 DEFAULT_ARMS = ("trace", "trace_barrier", "grpo")
 
 
