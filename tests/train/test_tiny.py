@@ -44,3 +44,18 @@ def test_the_tiny_model_of_a_task_with_an_expert_learns_its_text_and_its_episode
     model = build_model(qa_tokens, seed=0)
     losses = warm_start(model, qa_tokens, steps=30, batch_size=4, seed=0, transcripts=transcripts)
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+def test_the_warm_start_never_sees_a_held_out_row(tmp_path, monkeypatch):
+    from trace_train import tiny, train
+    from trace_train.config_loader import load_config
+
+    cfg = load_config(train.TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", "task.name=search_qa", "task.train=demo",
+                                                     "task.rows={}", "task.eval_size=3"])
+    task = build_task(cfg.task, seed=cfg.seed, hold_out=True)
+    shown = {}
+    monkeypatch.setattr(tiny, "save_tiny", lambda path, **kw: shown.update(kw) or str(path))
+    train._model_path(cfg, task)
+    make_env, rows, expert = shown["demonstrations"]
+    held_out = {row["id"] for row in task.eval_rows}
+    assert len(held_out) == 3 and rows == task.train_rows and not held_out & {row["id"] for row in rows}
