@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import write_results
+from . import check_fields, write_results
 
 __all__ = ["BenchConfig", "main"]
 
@@ -72,12 +72,7 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self):
-        unknown = set(self.backends) - {"vllm", "hf"}
-        if unknown or not self.backends:
-            raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), got {self.backends!r}")
-        for name in ("pool", "token_budget", "continuations_per_root", "group_size", "repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}")
+        check_fields(self, counts=("pool", "token_budget", "continuations_per_root", "group_size", "repeats"))
         if not self.max_guesses or min(self.max_guesses) < 1:
             raise ValueError(f"`max_guesses` must be positive guess budgets, got {self.max_guesses!r}")
         if not 0 <= self.step_seconds < float("inf"):

@@ -29,7 +29,7 @@ from functools import partial
 
 import numpy as np
 
-from . import write_results
+from . import check_fields, write_results
 
 __all__ = ["BenchConfig", "main"]
 
@@ -58,16 +58,8 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self):
-        unknown = set(self.backends) - {"vllm", "hf"}
-        if unknown or not self.backends:
-            raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), "
-                             f"got {self.backends!r}")
-        for name in ("prompts", "group_size", "repeats", "high", "max_guesses"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}")
-        if self.continuations_per_root < 1:
-            raise ValueError("`continuations_per_root` must be at least 1, "
-                             f"got {self.continuations_per_root}")
+        check_fields(self, counts=("prompts", "group_size", "repeats", "high", "max_guesses",
+                                   "continuations_per_root"))
 
 
 def system_prompt(examples: int, seed: int) -> str:
