@@ -1,7 +1,8 @@
 """Tiny models and tokenizers built locally, for tests, benchmarks and the CPU demo.
 
 Nothing here downloads anything: the tokenizer is a byte-level BPE trained in a second on text of the
-guess-the-number task (and of a task's demonstrations when it has a scripted expert), with Qwen3's special tokens and a Qwen3-style chat template; the model is a
+guess-the-number task (and of a task's demonstrations when it has a scripted expert), with Qwen3's
+special tokens and a Qwen3-style chat template; the model is a
 randomly initialised Qwen3 architecture small enough to train on a CPU. ``head_dim`` defaults to 32,
 the smallest vLLM's CPU attention accepts.
 """

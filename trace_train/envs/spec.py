@@ -113,7 +113,7 @@ class TaskSpec:
     demonstration: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
     """A scripted expert: ``demonstration(row)`` -> the actions of one episode of that row. The tiny model
     (``model.name_or_path=tiny``) is warmed on them, played through the real environment, over the training
-    rows only (``trace_train.tiny.demonstration_transcripts``); None: it is warmed on guess-the-number games."""
+    rows only (``trace_train.tiny.play_demonstrations``, ``demonstration_transcript``); None: it is warmed on guess-the-number games."""
 
     def __post_init__(self):
         if self.data not in DATA_MODES:
