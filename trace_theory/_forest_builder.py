@@ -1,11 +1,12 @@
-"""``ForestBuilder``: grow a rollout forest one node at a time (re-exported by :mod:`trace_theory.forest`)."""
+"""``ForestBuilder``: grow a rollout forest one node at a time (exported as ``trace_theory.ForestBuilder``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from . import _checks
-from .forest import Origin, RolloutForest
+from ._origin import Origin
+from .forest import RolloutForest
 
 
 class ForestBuilder:

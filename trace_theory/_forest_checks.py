@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._forest_links import _check_parent_links
+from ._origin import Origin
 
 
 def integral(name: str, x) -> np.ndarray:
@@ -27,8 +28,6 @@ def integral(name: str, x) -> np.ndarray:
 
 def check_forest(f) -> None:
     """Every invariant of the forest ``f``; raise ValueError naming the first offending node."""
-    from .forest import Origin
-
     n = len(f.parent)
     parent = f.parent
     if n == 0:
@@ -115,8 +114,6 @@ def check_forest(f) -> None:
 
 def default_origin(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """ROOT / BARE / CONTINUATION by the first-child convention of the module docstring."""
-    from .forest import Origin
-
     n = len(parent)
     origin = np.full(n, int(Origin.CONTINUATION), dtype=np.int8)
     origin[parent == -1] = Origin.ROOT

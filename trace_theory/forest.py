@@ -27,7 +27,6 @@ equal forests from valid input, and appending costs the new nodes plus one copy 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
@@ -36,19 +35,12 @@ import numpy as np
 
 from . import _checks
 from ._forest_checks import check_forest, default_origin, integral
+from ._origin import Origin
 from ._forest_links import _check_parent_links, _depths, _roots, _stable_order
 
-__all__ = ["Origin", "RolloutForest", "ForestBuilder"]
+__all__ = ["Origin", "RolloutForest"]
 
 _FIELDS = ("parent", "prompt", "depth", "reward", "is_leaf", "origin", "cost", "binary_rewards")
-
-
-class Origin(enum.IntEnum):
-    """How a node came to be (stored as int8 in ``RolloutForest.origin``)."""
-
-    ROOT = 0
-    BARE = 1
-    CONTINUATION = 2
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -536,5 +528,3 @@ class RolloutForest:
         """Non-terminal, non-root nodes of bare rollouts: where stage-2 continuations may branch from."""
         return np.flatnonzero((self.origin == Origin.BARE) & ~self.is_leaf)
 
-
-from ._forest_builder import ForestBuilder  # noqa: E402  (it builds RolloutForest: imported after it)

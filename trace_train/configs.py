@@ -1,11 +1,13 @@
 """Every configuration of ``trace-train``: one frozen, self-validating dataclass per concept, nested in TrainConfig.
 
-This module is the package's ground floor: it imports no torch and none of the modules it configures
-(the engine, the update, the predictors), so reading or validating a config (``trace_train.tasks``,
+This module stands one storey above the environments and back ends, whose vocabularies it checks names
+against, and below every part it configures (``tests/test_import_floors.py`` keeps it there): it imports no
+torch and none of the modules it configures (the engine, the update, the predictors), so reading or validating a config (``trace_train.tasks``,
 ``trace-train --help``, ``trace-eval``) loads no model code. The names a config is checked against live
 here too (:data:`PACKINGS`, :data:`SHARED_TURN_WEIGHTS`, :data:`AGGREGATIONS`, :data:`KL_ESTIMATORS`,
-:data:`PREDICTOR_FITS`); the modules that implement them import them from here. Predictor kinds form a
-registry of their own (``trace_train.predictors.PREDICTORS``), looked up when a ``PredictorConfig`` is built.
+:data:`PREDICTOR_FITS`, :data:`PREDICTOR_KINDS`); the modules that implement them import them from here.
+``trace_train.predictors`` loads the module of every kind named in :data:`PREDICTOR_KINDS` and checks, once,
+that its registry ``PREDICTORS`` holds exactly those kinds.
 
 ``trace-train --help`` lists every field below with its type, default and the docstring under it
 (``trace_train.config_loader.describe``); ``trace-train --print-config`` prints a resolved config. The
@@ -31,7 +33,7 @@ SCHEDULES = ("concurrent", "lockstep")
 
 __all__ = ["ScheduleConfig", "RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
            "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",
-           "AGGREGATIONS", "KL_ESTIMATORS", "PREDICTOR_FITS"]
+           "AGGREGATIONS", "KL_ESTIMATORS", "PREDICTOR_FITS", "PREDICTOR_KINDS"]
 
 PACKINGS = ("tree", "leaf")
 """How the update forwards the trees (``trace_train.update.packing``)."""
@@ -43,6 +45,8 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 """Schulman's per-token KL estimators (``trace_train.update.loss``)."""
 PREDICTOR_FITS = ("lazy_adam", "adam")
 """The ``ngram`` predictor's optimisers (``trace_train.predictors.ngram``)."""
+PREDICTOR_KINDS = {"ngram": "ngram", "running_mean": "running_mean", "probe": "probe"}
+"""Predictor kind -> the module of ``trace_train.predictors`` that registers it (``predictor.kind``)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -233,7 +237,7 @@ class PredictorConfig:
     history_decay: float = 0.9
     """Each update multiplies a prompt's past counts by this (the policy changes; old outcomes fade)."""
     kind: str = "ngram"
-    """Which predictor (``trace_train.predictors.PREDICTORS``): ``ngram``, ``running_mean`` or ``probe`` (the
+    """Which predictor (:data:`PREDICTOR_KINDS`): ``ngram``, ``running_mean`` or ``probe`` (the
     policy's own hidden states; one process only for now)."""
     fit: str = "lazy_adam"
     """``ngram``'s optimiser: ``lazy_adam`` (Adam on the features present in the batch only: the moments
@@ -261,9 +265,8 @@ class PredictorConfig:
             raise ValueError(f"`prior_strength` must be positive, got {self.prior_strength!r}")
         if not 0 < self.history_decay <= 1:
             raise ValueError(f"`history_decay` must lie in (0, 1], got {self.history_decay!r}")
-        from .predictors import PREDICTORS  # the registry of kinds, numpy only
-
-        PREDICTORS.check(self.kind)
+        if self.kind not in PREDICTOR_KINDS:
+            raise ValueError(f"unknown predictor kind {self.kind!r}; known: {', '.join(sorted(PREDICTOR_KINDS))}")
         if self.fit not in PREDICTOR_FITS:
             raise ValueError(f"`fit` must be one of {', '.join(PREDICTOR_FITS)}, got {self.fit!r}")
         if not 0 < self.mean_decay <= 1:

@@ -143,11 +143,11 @@ def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5
 
     The guesser picks uniformly among the numbers still possible, so every transcript is a valid,
     well-formatted game; masks are 1 on the assistant's tokens only. Built with
-    :class:`~.rollout.chat.ChatFormat` exactly as the rollout engine builds contexts.
+    :class:`~.chat.ChatFormat` exactly as the rollout engine builds contexts.
     """
     import numpy as np
 
-    from .rollout.chat import ChatFormat
+    from .chat import ChatFormat
     from .envs.guess_number import GuessNumberEnv, make_rows
 
     chat, rng = ChatFormat(tokenizer), np.random.default_rng(seed)
@@ -193,10 +193,10 @@ def _episode_texts(episode) -> list[str]:
 
 
 def demonstration_transcript(tokenizer, episode) -> tuple[list[int], list[int]]:
-    """One played episode as (token ids, loss mask), built with :class:`~.rollout.chat.ChatFormat` as the
+    """One played episode as (token ids, loss mask), built with :class:`~.chat.ChatFormat` as the
     rollout engine builds contexts (observations in the role the environment gave them); the mask is 1 on
     the actions' tokens and their turn end."""
-    from .rollout.chat import ChatFormat
+    from .chat import ChatFormat
 
     chat = ChatFormat(tokenizer)
     opening, steps = episode

@@ -15,7 +15,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from trace_train.rollout.chat import ChatFormat
+from trace_train.chat import ChatFormat
 from trace_train.envs.registry import make_env_factory
 from trace_train.tiny import CHAT_TEMPLATE, build_model, build_tokenizer
 

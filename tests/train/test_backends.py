@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trace_train.backends import GenerationBackend, GenerationRequest, Sampling
-from trace_train.rollout.chat import ChatFormat
+from trace_train.chat import ChatFormat
 from trace_train.envs import GuessNumberEnv, make_rows
 
 SAMPLE = Sampling(temperature=1.0, max_new_tokens=12)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trace_train.rollout.chat import ChatFormat
+from trace_train.chat import ChatFormat
 from trace_train.tiny import build_tokenizer
 
 OPENING = [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Guess from 1 to 8."}]

@@ -10,7 +10,7 @@ import torch
 
 from trace_theory import POLICIES, Origin, RolloutBudget, get_policy, top_up_roots
 from trace_theory.step import in_rollout_order
-from trace_train.rollout.chat import ChatFormat
+from trace_train.chat import ChatFormat
 from trace_train.rollout.engine import History, RolloutConfig, RolloutEngine
 from trace_train.envs import EndReason, EpisodeLimits, GuessNumberEnv, make_rows
 

@@ -9,7 +9,7 @@ import pytest
 
 from trace_train.backends.base import Sampling
 from trace_train.rollout.batch import BatchBuilder, NodePayload
-from trace_train.rollout.chat import ChatFormat
+from trace_train.chat import ChatFormat
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import (EndReason, EpisodeLimits, GuessNumberEnv, is_concurrency_safe, make_env_factory,
                               make_rows)

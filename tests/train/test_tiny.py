@@ -5,7 +5,7 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from trace_train.configs import TaskConfig
-from trace_train.rollout.chat import ChatFormat
+from trace_train.chat import ChatFormat
 from trace_train.tasks import build_task
 from trace_train.tiny import (build_model, build_tokenizer, demonstration_transcript, play_demonstrations, save_tiny,
                                warm_start)

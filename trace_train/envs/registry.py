@@ -1,7 +1,7 @@
 """Environments by name, so that configs can pick one: ``make_env_factory("search_qa", {"corpus": ...})``.
 
 ``ENVIRONMENTS[name](**options)`` returns an :class:`EnvFactory`: the zero-argument ``make_env`` the
-rollout engine calls once per rollout, with what a caller must know about the environment (the tool
+rollout engine calls once per rollout (both live in :mod:`.spec`), with what a caller must know about the environment (the tool
 schemas for the chat template, whether rewards are binary). Options are checked when the factory is
 built (it builds one environment to validate them), and shared resources such as a BM25 index are
 built once there and shared by every instance. Heavy imports (``bm25s``, ``bfcl_eval``) happen only
@@ -23,45 +23,22 @@ the package (import paths, the ``trace_rl.environments`` entry points) are found
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from trace_theory._registry import Registry
-
 from ..verifiers.qa import check_reward, is_binary_reward
 from .base import Environment
-from .spec import EvalSpec, TaskSpec
+from .spec import ENVIRONMENTS, EnvFactory, EvalSpec, TaskSpec, build_factory, find_environment
 
 __all__ = ["ENVIRONMENTS", "EnvFactory", "make_env_factory"]
 
 
-@dataclass(frozen=True)
-class EnvFactory:
-    """A ``make_env`` for the rollout engine, with the facts about its environment a caller needs."""
-
-    name: str
-    """The registry name."""
-    make: Callable[[], Environment]
-    """Builds a fresh environment (shared resources are bound in)."""
-    tools: tuple[dict, ...] = ()
-    """JSON schemas of the tools, for chat templates that take ``tools=`` (``tooling.chat_format``)."""
-    binary_rewards: bool = True
-    """Whether ``verify`` returns only 0 or 1; else the engine needs ``binary_rewards=False``."""
-
-    def __call__(self) -> Environment:
-        return self.make()
-
-
-ENVIRONMENTS: Registry[Callable[..., EnvFactory]] = Registry("environment")
 
 
 def make_env_factory(name: str, options: Mapping[str, Any] | None = None) -> EnvFactory:
     """The factory of environment ``name`` (registered, an import path or an entry point; see
     :mod:`.spec`) with ``options``; unknown option names are reported with the known ones."""
-    from .spec import build_factory, find_environment
-
     return build_factory(find_environment(name), options or {})
 
 

@@ -1,11 +1,12 @@
-"""Environments from anywhere: how ``task.name`` finds an environment, and the task spec it carries.
+"""Environments from anywhere: the registry and factories, how ``task.name`` finds an environment, and the
+task spec it carries.
 
 ``task.name`` is one of three things, tried in this order:
 
 1. a name registered in ``trace_train.envs.ENVIRONMENTS`` (``guess_number``, ``math_python``, ...);
 2. an import path ``package.module:attribute`` (or ``path/to/file.py:attribute``, loaded from the file)
    naming an *environment factory*: a class or function that, called with the options in ``task.env``,
-   returns a fresh :class:`~.base.Environment` (or an :class:`~.registry.EnvFactory`);
+   returns a fresh :class:`~.base.Environment` (or an :class:`EnvFactory`);
 3. a name that a third-party package registers in the entry-point group ``trace_rl.environments``
    (``[project.entry-points."trace_rl.environments"] myenv = "mypkg.envs:MyEnv"``), the way pytest finds
    its plugins.
@@ -36,13 +37,37 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from trace_theory._registry import Registry
+
 from .base import Environment
 
-__all__ = ["ENTRY_POINT_GROUP", "TaskSpec", "EvalSpec", "EnvironmentSource", "find_environment", "build_factory",
-           "read_rows", "reward_metrics"]
+__all__ = ["ENTRY_POINT_GROUP", "ENVIRONMENTS", "EnvFactory", "TaskSpec", "EvalSpec", "EnvironmentSource",
+           "find_environment", "build_factory", "read_rows", "reward_metrics"]
 
 ENTRY_POINT_GROUP = "trace_rl.environments"
 DATA_MODES = ("required", "optional", "generated")
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A ``make_env`` for the rollout engine, with the facts about its environment a caller needs."""
+
+    name: str
+    """The registry name."""
+    make: Callable[[], Environment]
+    """Builds a fresh environment (shared resources are bound in)."""
+    tools: tuple[dict, ...] = ()
+    """JSON schemas of the tools, for chat templates that take ``tools=`` (``tooling.chat_format``)."""
+    binary_rewards: bool = True
+    """Whether ``verify`` returns only 0 or 1; else the engine needs ``binary_rewards=False``."""
+
+    def __call__(self) -> Environment:
+        return self.make()
+
+
+ENVIRONMENTS: Registry[Callable[..., EnvFactory]] = Registry("environment")
+"""The registered environments; :mod:`.registry` registers the package's own (``trace_train.envs`` imports
+it, so they are registered before any lookup)."""
 
 
 def read_rows(source: str, *, split: str, subset: str | None, size: int, seed: int) -> list[dict]:
@@ -143,8 +168,6 @@ class EnvironmentSource:
 
 def find_environment(name: str) -> EnvironmentSource:
     """The environment ``task.name`` names (see the module docstring); a clear ``ValueError`` if none."""
-    from .registry import ENVIRONMENTS
-
     if not isinstance(name, str) or not name:
         raise ValueError(f"`task.name` must be a non-empty string, got {name!r}")
     if name in ENVIRONMENTS:
@@ -218,10 +241,8 @@ def _load_file(path: Path):
 
 
 def build_factory(source: EnvironmentSource, options: Mapping[str, Any]):
-    """The :class:`~.registry.EnvFactory` of an environment with these options (checked against the
+    """The :class:`EnvFactory` of an environment with these options (checked against the
     factory's parameters; one environment is built to validate them)."""
-    from .registry import EnvFactory
-
     options = dict(options)
     known = source.options()
     unknown = sorted(set(options) - set(known)) if known is not None else []

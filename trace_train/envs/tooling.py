@@ -10,7 +10,7 @@ message per turn), laid out exactly as Qwen3 lays out consecutive tool messages 
 
 * role ``"tool"`` (the default of every environment): the chat template wraps the message in
   ``<tool_response>`` tags itself; several results are joined with the separator Qwen3 puts between
-  consecutive tool responses (``rollout.chat.TOOL_RESULTS_SEPARATOR``), so the rendered tokens equal
+  consecutive tool responses (``chat.TOOL_RESULTS_SEPARATOR``), so the rendered tokens equal
   those of one tool message per call.
 
 Either way a result's own ``<tool_response>`` tags are escaped first (``&lt;tool_response&gt;``): tool
@@ -19,7 +19,7 @@ output cannot close its frame or forge another result.
   ``<tool_response>...</tool_response>`` by the environment, as Qwen3 renders tool results.
 
 :func:`observation_role_for` picks the role a tokenizer's template renders, and :func:`chat_format`
-builds the engine's :class:`~trace_train.rollout.chat.ChatFormat` with the environment's tool schemas passed to
+builds the engine's :class:`~trace_train.chat.ChatFormat` with the environment's tool schemas passed to
 the template (``tools=``) when the template uses them.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from ..rollout.chat import TOOL_RESULTS_SEPARATOR, ChatFormat
+from ..chat import TOOL_RESULTS_SEPARATOR, ChatFormat
 from ..tools.budget import BUDGET_EXHAUSTED, ToolCallBudget
 from ..tools.tool_calls import MalformedToolCall, parse_tool_calls, tag_spans
 

@@ -17,22 +17,20 @@ data, so ranks given the same data hold the same predictor.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping
 
-from trace_theory._registry import Registry
+from ..configs import PREDICTOR_KINDS, PredictorConfig
+from .base import PREDICTORS, HistoryLike, PosteriorPredictor, family_of, prompt_key
+from .ngram import HashedSuccessPredictor
+from .probe import HiddenStateProbe
+from .running_mean import RunningMeanPredictor
 
-from .base import HistoryLike, PosteriorPredictor, family_of, prompt_key
-from ..configs import PredictorConfig
-
-PREDICTORS: Registry[type] = Registry("predictor kind")
-
-from .ngram import HashedSuccessPredictor  # noqa: E402  (registers "ngram")
-from .running_mean import RunningMeanPredictor  # noqa: E402  (registers "running_mean")
-from .probe import HiddenStateProbe  # noqa: E402  (registers "probe")
-
-PREDICTORS.add("ngram", HashedSuccessPredictor)
-PREDICTORS.add("running_mean", RunningMeanPredictor)
-PREDICTORS.add("probe", HiddenStateProbe)
+for _module in PREDICTOR_KINDS.values():  # each kind's module registers it; a new kind is one module + its name
+    importlib.import_module(f"{__name__}.{_module}")
+if sorted(PREDICTORS) != sorted(PREDICTOR_KINDS):  # the one check of the configs' names against the registry
+    raise ImportError(f"predictor kinds registered {sorted(PREDICTORS)} differ from configs.PREDICTOR_KINDS "
+                      f"{sorted(PREDICTOR_KINDS)}")
 
 __all__ = ["PREDICTORS", "PredictorConfig", "PosteriorPredictor", "HashedSuccessPredictor", "RunningMeanPredictor",
            "HiddenStateProbe", "HistoryLike", "build_predictor", "predictor_from_state_dict", "prompt_key", "family_of"]

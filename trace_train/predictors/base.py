@@ -20,8 +20,12 @@ import numpy as np
 from scipy.special import expit, logit
 
 from trace_theory import brier_score, expected_calibration_error
+from trace_theory._registry import Registry
 
 from ..configs import PredictorConfig
+
+PREDICTORS: Registry[type] = Registry("predictor kind")
+"""Predictor kinds by name; each kind's module registers its class (``configs.PREDICTOR_KINDS`` names them)."""
 
 EPS = 1e-4  # predictions are kept in [eps, 1 - eps]
 MAX_DEPTH = 16  # depths beyond this share one feature / one running mean
@@ -66,6 +70,9 @@ class PosteriorPredictor:
     """A fitted model p(history) under per-prompt Beta posteriors (module docstring)."""
 
     kind = ""
+    needs_states = False
+    """Whether the kind reads the policy's hidden states: the trainer then :meth:`attach` es the policy's
+    forward and calls :meth:`prepare` on the fit's histories before the policy updates (one process only)."""
 
     def __init__(self, config: PredictorConfig | None = None):
         self.config = PredictorConfig(kind=self.kind) if config is None else config
@@ -181,7 +188,25 @@ class PosteriorPredictor:
         metrics["predictor_brier_after"] = brier_score(self._probability(encoded), y)
         return metrics
 
+    # Capabilities (see ``needs_states``) -------------------------------------------------------------
+
+    def attach(self, encoder: Any) -> None:
+        """Use ``encoder`` (the policy's states) for histories; kinds that read none ignore it."""
+
+    def prepare(self, histories: Sequence[HistoryLike]) -> None:
+        """Compute what the next fit needs from the policy before it updates; nothing for most kinds."""
+
     # Checkpoints -----------------------------------------------------------------------------------
+
+    def digest(self) -> str:
+        """A hash of the learned state (the model's arrays, the prompts' counts), without the per-step cache
+        of root corrections, which each rank fills for its own prompts before reading it."""
+        h = hashlib.blake2b(digest_size=16)
+        for key, value in sorted(self.state_dict().items()):
+            if key not in ("offset_keys", "offsets"):
+                h.update(key.encode())
+                h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
+        return h.hexdigest()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: config, the model's arrays, prompt posteriors."""

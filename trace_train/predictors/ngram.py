@@ -20,11 +20,12 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from .base import EPS, MAX_DEPTH, HistoryLike, PosteriorPredictor
+from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor
 
 _BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
 
 
+@PREDICTORS.register("ngram")
 class HashedSuccessPredictor(PosteriorPredictor):
     """V~(history): hashed n-gram logistic regression plus per-prompt Beta posteriors (module docstring).
 

@@ -35,7 +35,7 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
-from .base import EPS, MAX_DEPTH, HistoryLike, PosteriorPredictor
+from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor
 
 Encoder = Callable[[list[Sequence[int]]], np.ndarray]
 """token sequences -> (n, hidden) array: the state at each sequence's last token."""
@@ -45,6 +45,7 @@ def state_key(token_ids: Sequence[int]) -> bytes:
     return hashlib.blake2b(np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
+@PREDICTORS.register("probe")
 class HiddenStateProbe(PosteriorPredictor):
     """V~(history) from the policy's hidden state at the history's end (module docstring)."""
 

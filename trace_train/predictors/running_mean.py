@@ -14,9 +14,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import EPS, MAX_DEPTH, HistoryLike, PosteriorPredictor, family_of
+from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor, family_of
 
 
+@PREDICTORS.register("running_mean")
 class RunningMeanPredictor(PosteriorPredictor):
     """Per-(family, depth) running means under per-prompt Beta posteriors (module docstring)."""
 

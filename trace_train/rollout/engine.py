@@ -47,7 +47,7 @@ from trace_theory.step import Starts, StepRecord
 
 from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
-from .chat import ChatFormat
+from ..chat import ChatFormat
 from ..envs.base import Environment, Message
 from .scheduler import EnvFailure, GrowReport, OpeningFailed, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)

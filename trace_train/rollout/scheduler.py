@@ -48,7 +48,7 @@ with a placeholder prompt (:class:`OpeningFailed`) and each of its rollouts ends
 its first environment call. So does an observation that cannot be formatted
 or tokenised (not text, or a template that will not frame it) and a reward that is not a finite number:
 what an environment returns is data, checked in the main thread but charged to its own rollout. Its text
-enters once through :func:`~trace_train.rollout.chat.clean_text` (lone surrogates replaced), so what is stored is
+enters once through :func:`~trace_train.chat.clean_text` (lone surrogates replaced), so what is stored is
 what was tokenised. A timed-out call cannot be interrupted (it is a
 thread): its worker stays busy until it returns and its environment is discarded, so environments must
 bound their own tool calls (the sandbox does). ``RolloutConfig.raise_env_errors`` turns both into
@@ -75,7 +75,7 @@ import numpy as np
 
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
-from .chat import ChatFormat, clean_text
+from ..chat import ChatFormat, clean_text
 from ..configs import SCHEDULES, ScheduleConfig  # they live with the configs that validate them
 from ..envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
 
