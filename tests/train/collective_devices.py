@@ -12,7 +12,7 @@ refuses one off the rank's device before the back end sees it. Two parts:
 2. a short mixed-precision training run (FSDP2 included) and its resume, under the same mode.
 
 Also recorded: the dtypes of the weights the generator is given (``full_state_dict`` with the compute
-dtype) and, per step, how many predictor examples this rank contributed (a spy on ``_fit_inputs``).
+dtype) and, per step, how many predictor examples this rank contributed (a spy on ``predictors.fitting.fit_inputs``).
 
 Writes ``<out>/rank<r>.json``: {"helpers": [...], "training": [...], "generator_dtypes": [...],
 "local_examples": [...], "roots_of_disagreeing_budgets": [...]}, one ``[name, devices]`` per collective, ``"off-device"`` where a tensor was
@@ -102,7 +102,7 @@ def generator_weights(info) -> list:
 
 
 def main(out: str, run_dir: str) -> None:
-    import trace_train.train as trainer
+    import trace_train.predictors.fitting as fitting
     from trace_train.config_loader import load_config
     from trace_train.run.distributed import init_distributed
     from trace_train.train import TrainConfig
@@ -120,14 +120,14 @@ def main(out: str, run_dir: str) -> None:
     m = GlobalRootAllocator(info)(get_policy("trace"), np.array([0.5, 0.3, 0.9]), 8 + 4 * info.rank,
                                   rng=np.random.default_rng(info.rank), concentration=None)
     log["roots_of_disagreeing_budgets"] = m.tolist()
-    fit_inputs = trainer._fit_inputs
+    fit_inputs = fitting.fit_inputs
 
     def spy(batch, value_target):  # observes what this rank contributes; the trainer's own function runs
         inputs = fit_inputs(batch, value_target)
         log["local_examples"].append(len(inputs[0]))
         return inputs
 
-    trainer._fit_inputs = spy
+    fitting.fit_inputs = spy
     small = [f"run_dir={run_dir}", "device=cpu", "tensorboard=false", "checkpoint_every=2", "eval.every=0",
              "rollout.pool_size=4", "rollout.roots=8", "rollout.group_size=4", "model.tiny_warm_steps=20",
              "model.dtype=bfloat16", "quiet=true"]

@@ -173,7 +173,7 @@ def test_a_config_saved_before_predictor_seed_was_removed_still_loads_and_resume
 
     from trace_train.configs import PredictorConfig, TrainConfig
     from trace_train.predictors import build_predictor, predictor_from_state_dict
-    from trace_train.train import resume_fingerprint
+    from trace_train.run.resume import resume_fingerprint
 
     saved = config_to_dict(load_config(TrainConfig, "cpu_demo"))
     saved["predictor"]["seed"] = 0
@@ -191,7 +191,7 @@ def test_a_field_added_later_keeps_older_fingerprints_at_its_default():
     """``predictor.probe_step`` came after checkpoints existed: at its default the resume fingerprint is the
     one older runs stored; another value is another trajectory and another fingerprint."""
     from trace_train.configs import TrainConfig
-    from trace_train.train import resume_fingerprint
+    from trace_train.run.resume import resume_fingerprint
 
     assert resume_fingerprint(TrainConfig()) == "23bb254bc7ce58df"
     assert resume_fingerprint(load_config(TrainConfig, None, ["predictor.probe_step=0.5"])) != "23bb254bc7ce58df"

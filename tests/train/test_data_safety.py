@@ -74,16 +74,14 @@ def test_a_run_directory_of_another_config_is_refused_and_kept(tmp_path, capsys)
 
 
 def test_steps_and_logging_may_change_between_runs_into_one_directory(tmp_path):
-    from trace_train.train import _check_or_write_config
-    from trace_train.run.distributed import DistInfo
+    from trace_train.run.resume import check_or_write_config
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    info = DistInfo()
-    _check_or_write_config(small_config(run_dir), run_dir, info)
-    _check_or_write_config(small_config(run_dir, "steps=9", "checkpoint_every=3"), run_dir, info)
+    check_or_write_config(small_config(run_dir), run_dir)
+    check_or_write_config(small_config(run_dir, "steps=9", "checkpoint_every=3"), run_dir)
     with pytest.raises(ValueError, match=r"differs in optim\.lr"):
-        _check_or_write_config(small_config(run_dir, "optim.lr=0.5"), run_dir, info)
+        check_or_write_config(small_config(run_dir, "optim.lr=0.5"), run_dir)
 
 
 def test_a_run_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys):

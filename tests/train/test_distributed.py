@@ -92,20 +92,20 @@ def test_a_checkpoint_refuses_ranks_whose_predictors_differ():
     root corrections; ranks holding different predictors cannot be checkpointed as one job."""
     from trace_train.rollout.batch import History
     from trace_train.predictors import PredictorConfig, build_predictor
-    from trace_train.train import _check_one_predictor, _predictor_digest
+    from trace_train.predictors.fitting import check_one_predictor
 
     def history(i):
         return History(i, {}, 0, ({"role": "user", "content": f"prompt {i}"},), (1, 2, 3 + i))
 
     a, b = build_predictor(PredictorConfig()), build_predictor(PredictorConfig())
-    assert _predictor_digest(a) == _predictor_digest(b)
+    assert a.digest() == b.digest()
     a([history(0)])  # fills a's cache of root corrections only
-    assert _predictor_digest(a) == _predictor_digest(b)
+    assert a.digest() == b.digest()
     b.observe([history(1)], [1.0], [0.0])
-    assert _predictor_digest(a) != _predictor_digest(b)
-    _check_one_predictor([{"predictor_digest": _predictor_digest(a)}] * 2)
+    assert a.digest() != b.digest()
+    check_one_predictor([a.digest()] * 2)
     with pytest.raises(RuntimeError, match=r"the ranks' success predictors differ \(2 distinct states\)"):
-        _check_one_predictor([{"predictor_digest": _predictor_digest(p)} for p in (a, b)])
+        check_one_predictor([p.digest() for p in (a, b)])
 
 
 @pytest.mark.slow

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen3Config
 
-from trace_train.backends.vllm_backend import kv_bytes_per_token, kv_cache_bytes
+from trace_train.backends.vllm_backend import cpu_cache_options, kv_bytes_per_token, kv_cache_bytes
 from trace_train.config_loader import load_config
 from trace_train.configs import TrainConfig
-from trace_train.train import _cpu_kv_cache
 
 
 def test_kv_bytes_per_token_counts_keys_and_values_of_every_layer_and_kv_head():
@@ -31,7 +30,7 @@ def test_the_cpu_demo_asks_vllm_for_what_a_step_needs(tmp_path):
     model = Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=32)
     model.save_pretrained(tmp_path)
     cfg = load_config(TrainConfig, "cpu_demo", ["backend.kind=vllm"])
-    got = _cpu_kv_cache(cfg, str(tmp_path))
+    got = cpu_cache_options(cfg, str(tmp_path))
     r = cfg.rollout
     sequences = max(r.roots * (1 + r.continuations_per_root), cfg.eval.prompts * cfg.eval.samples)  # 128 (eval)
     assert got == {"max_model_len": 1024,

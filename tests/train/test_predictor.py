@@ -202,7 +202,7 @@ def _toy_states(sequences):
 
 
 def _with_states(pred):
-    if getattr(pred, "needs_states", False):
+    if pred.needs_states:
         pred.attach(_toy_states)
     return pred
 
@@ -232,3 +232,17 @@ def test_a_state_saved_before_kinds_loads_as_ngram():
     assert isinstance(predictor_from_state_dict(state), HashedSuccessPredictor)
     with pytest.raises(ValueError, match=r"a RunningMeanPredictor needs `kind: running_mean`, got 'ngram'"):
         RunningMeanPredictor(PredictorConfig())
+
+
+def test_the_configs_name_exactly_the_registered_kinds_and_the_base_declares_capabilities():
+    """``configs.PREDICTOR_KINDS`` is the one list a config is checked against; the registry holds the same
+    kinds, each a ``PosteriorPredictor`` whose capabilities (``needs_states``) the base class declares."""
+    from trace_train.configs import PREDICTOR_KINDS
+    from trace_train.predictors import PosteriorPredictor
+
+    assert sorted(PREDICTORS) == sorted(PREDICTOR_KINDS)
+    assert "needs_states" in vars(PosteriorPredictor) and PosteriorPredictor.needs_states is False
+    for kind in PREDICTORS:
+        cls = PREDICTORS[kind]
+        assert issubclass(cls, PosteriorPredictor) and cls.kind == kind and isinstance(cls.needs_states, bool)
+    assert [k for k in PREDICTORS if PREDICTORS[k].needs_states] == ["probe"]

@@ -48,6 +48,7 @@ def test_the_tiny_model_of_a_task_with_an_expert_learns_its_text_and_its_episode
 
 def test_the_warm_start_never_sees_a_held_out_row(tmp_path, monkeypatch):
     from trace_train import tiny, train
+    from trace_train.run.policy import model_path
     from trace_train.config_loader import load_config
 
     cfg = load_config(train.TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", "task.name=search_qa", "task.train=demo",
@@ -55,7 +56,7 @@ def test_the_warm_start_never_sees_a_held_out_row(tmp_path, monkeypatch):
     task = build_task(cfg.task, seed=cfg.seed, hold_out=True)
     shown = {}
     monkeypatch.setattr(tiny, "save_tiny", lambda path, **kw: shown.update(kw) or str(path))
-    train._model_path(cfg, task)
+    model_path(cfg.model, cfg.run_dir, seed=cfg.seed, task=task)
     make_env, rows, expert = shown["demonstrations"]
     held_out = {row["id"] for row in task.eval_rows}
     assert len(held_out) == 3 and rows == task.train_rows and not held_out & {row["id"] for row in rows}

@@ -41,7 +41,7 @@ from typing import Any, Hashable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "kv_bytes_per_token", "shield_from_kernel_scan"]
+__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "cpu_cache_options", "kv_bytes_per_token", "shield_from_kernel_scan"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 
@@ -60,6 +60,21 @@ def kv_cache_bytes(model_config, dtype: str, *, sequences: int, context_tokens: 
         raise ValueError(f"`sequences` and `context_tokens` must be at least 1, got {sequences} and {context_tokens}")
     blocks = -(-context_tokens // block_size) + 1
     return sequences * blocks * block_size * kv_bytes_per_token(model_config, dtype)
+
+
+def cpu_cache_options(cfg, model_path: str) -> dict:
+    """vLLM-CPU engine options sized to one step of a training config ``cfg`` (``backend.kv_cache_memory_bytes``'s
+    docstring): the rollouts a step keeps in flight (or the held-out evaluation's, if more) times the context
+    limit. Without them vLLM-CPU reserves a fixed multi-GB cache whatever the model."""
+    from transformers import AutoConfig
+
+    r = cfg.rollout
+    context = cfg.backend.max_model_len or r.limits.max_context_tokens
+    sequences = max(r.roots * (1 + r.continuations_per_root * r.expansion_rounds),
+                    cfg.eval.prompts * cfg.eval.samples if cfg.eval.every else 1)
+    size = kv_cache_bytes(AutoConfig.from_pretrained(model_path), cfg.model.dtype, sequences=sequences,
+                          context_tokens=context)
+    return {"kv_cache_memory_bytes": size, "max_model_len": context}
 
 
 def shield_from_kernel_scan() -> None:

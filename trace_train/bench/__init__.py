@@ -10,6 +10,27 @@ import json
 import os
 from typing import Any
 
+from ..backends import BACKENDS
+
+BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS.names())
+"""Every registered back end (``trace_train.backends.BACKENDS``): what a benchmark runs by default."""
+
+
+def backend_choices() -> list[str]:
+    """The ``--backend`` choices: a registered back end, or ``both`` (every registered one)."""
+    return [*BACKEND_NAMES, "both"]
+
+
+def chosen_backends(choice: str) -> tuple[str, ...]:
+    """``--backend``'s value as the back ends to run."""
+    return BACKEND_NAMES if choice == "both" else (choice,)
+
+
+def check_backends(backends) -> None:
+    """``backends`` must be a non-empty subset of the registered back ends."""
+    if set(backends) - set(BACKEND_NAMES) or not backends:
+        raise ValueError(f"`backends` must be a non-empty subset of {BACKEND_NAMES}, got {backends!r}")
+
 
 def write_results(results: dict[str, Any], out: str) -> None:
     """Write a benchmark's ``results`` to the JSON file ``out`` (NumPy scalars as floats) and say where."""
@@ -20,10 +41,9 @@ def write_results(results: dict[str, Any], out: str) -> None:
 
 
 def check_fields(cfg: Any, *, counts: tuple[str, ...] = ()) -> None:
-    """The checks every benchmark config shares: ``backends`` a non-empty subset of ("hf", "vllm"), and
-    each field named in ``counts`` at least 1. A ValueError names the field."""
-    if set(cfg.backends) - {"vllm", "hf"} or not cfg.backends:
-        raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), got {cfg.backends!r}")
+    """The checks every benchmark config shares: ``backends`` a non-empty subset of the registered back
+    ends, and each field named in ``counts`` at least 1. A ValueError names the field."""
+    check_backends(cfg.backends)
     for name in counts:
         if getattr(cfg, name) < 1:
             raise ValueError(f"`{name}` must be at least 1, got {getattr(cfg, name)}")

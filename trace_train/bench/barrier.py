@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import check_fields, write_results
+from . import BACKEND_NAMES, backend_choices, check_fields, chosen_backends, write_results
 
 __all__ = ["BenchConfig", "main"]
 
@@ -48,7 +48,7 @@ ARMS = {"grpo": ("grpo", "barrier"), "trace_streamed": ("trace", "streamed"), "t
 
 @dataclass(frozen=True)
 class BenchConfig:
-    backends: tuple[str, ...] = ("hf", "vllm")
+    backends: tuple[str, ...] = BACKEND_NAMES
     """Back ends to measure, of "hf" and "vllm" (transformers first: vLLM sets torch to one thread)."""
     pool: int = 16
     """Candidate prompts per call."""
@@ -183,7 +183,7 @@ def main(config: BenchConfig) -> dict:
 def _parse(argv=None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
-    parser.add_argument("--backend", choices=["vllm", "hf", "both"], default="both")
+    parser.add_argument("--backend", choices=backend_choices(), default="both")
     for field in ("pool", "token_budget", "continuations_per_root", "group_size", "repeats", "examples", "seed"):
         parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     parser.add_argument("--max-guesses", type=int, nargs="+", default=list(defaults.max_guesses))
@@ -193,7 +193,7 @@ def _parse(argv=None) -> BenchConfig:
     args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
     args["max_guesses"] = tuple(args["max_guesses"])
-    return BenchConfig(backends=("hf", "vllm") if backend == "both" else (backend,), **args)
+    return BenchConfig(backends=chosen_backends(backend), **args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from functools import partial
 
 import numpy as np
 
-from . import write_results
+from . import BACKEND_NAMES, backend_choices, check_backends, chosen_backends, write_results
 
 __all__ = ["ConcurrencyBenchConfig", "main"]
 
@@ -40,7 +40,7 @@ LATENCIES = {"0ms": (0.0, "constant"), "50ms": (0.05, "constant"), "200ms": (0.2
 
 @dataclass(frozen=True)
 class ConcurrencyBenchConfig:
-    backends: tuple[str, ...] = ("hf", "vllm")
+    backends: tuple[str, ...] = BACKEND_NAMES
     """Back ends to measure, of "hf" and "vllm" (transformers first: vLLM sets torch to one thread)."""
     latencies: tuple[str, ...] = tuple(LATENCIES)
     """Step latencies to measure, by name in ``LATENCIES``."""
@@ -63,9 +63,7 @@ class ConcurrencyBenchConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if set(self.backends) - {"vllm", "hf"} or not self.backends:
-            raise ValueError(f"`backends` must be a non-empty subset of ('hf', 'vllm'), "
-                             f"got {self.backends!r}")
+        check_backends(self.backends)
         if set(self.latencies) - set(LATENCIES) or not self.latencies:
             raise ValueError(f"`latencies` must be a non-empty subset of {tuple(LATENCIES)}, "
                              f"got {self.latencies!r}")
@@ -145,7 +143,7 @@ def main(config: ConcurrencyBenchConfig) -> dict:
 def _parse(argv=None) -> ConcurrencyBenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = ConcurrencyBenchConfig()
-    parser.add_argument("--backend", choices=["vllm", "hf", "both"], default="both")
+    parser.add_argument("--backend", choices=backend_choices(), default="both")
     parser.add_argument("--latencies", nargs="+", choices=list(LATENCIES), default=list(defaults.latencies))
     parser.add_argument("--schedules", nargs="+", choices=["lockstep", "concurrent"],
                         default=list(defaults.schedules))
@@ -156,7 +154,7 @@ def _parse(argv=None) -> ConcurrencyBenchConfig:
     args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
     args["latencies"], args["schedules"] = tuple(args["latencies"]), tuple(args["schedules"])
-    return ConcurrencyBenchConfig(backends=("hf", "vllm") if backend == "both" else (backend,), **args)
+    return ConcurrencyBenchConfig(backends=chosen_backends(backend), **args)
 
 
 if __name__ == "__main__":

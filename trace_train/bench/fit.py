@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import BACKEND_NAMES
 from ..config_loader import load_config
 from ..run.metrics_log import read_metrics
 from ..train import TrainConfig, main as train
@@ -113,7 +114,7 @@ def main(argv=None):
     parser.add_argument("--compare", action="store_true", help="TRACE against GRPO at equal tokens (docstring)")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step (--compare)")
-    parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
+    parser.add_argument("--backend", default="hf", choices=BACKEND_NAMES)
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=sorted(ARMS),
                         help="arms of --compare (GRPO always runs)")
     args = parser.parse_args(argv)

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import BACKEND_NAMES
+
 
 def _children(pid: int) -> list[int]:
     out = []
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="cpu_demo")
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--backends", nargs="+", default=["hf", "vllm"])
+    parser.add_argument("--backends", nargs="+", default=list(BACKEND_NAMES), choices=BACKEND_NAMES)
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for trace-train (after --)")
     args = parser.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -82,20 +82,23 @@ class BenchConfig:
 def demo_batch(policy: str, run_dir: str, seed: int):
     """The first training step's batch of ``trace-train --config cpu_demo rollout.policy=policy``, without
     environment snapshots (so it can be sent to a measuring process); returns (batch, model path)."""
+    import torch
+
     from ..config_loader import load_config
-    from ..run.distributed import DistInfo
     from ..rollout.engine import RolloutEngine
     from ..envs.tooling import chat_format
     from ..predictors import build_predictor
     from ..tasks import build_task
     from ..configs import TrainConfig
-    from ..train import PromptSampler, _build_backend, _load_policy, _model_path, _rollout_config, _step_seed
+    from ..backends import training_backend
+    from ..run.policy import load_policy, model_path
+    from ..train import PromptSampler, _rollout_config, _step_seed
 
     cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={run_dir}", f"rollout.policy={policy}", f"seed={seed}"])
     task = build_task(cfg.task, seed=cfg.seed)
-    path = _model_path(cfg)
-    model, tokenizer = _load_policy(path, cfg, "cpu")
-    backend = _build_backend(cfg, path, model, tokenizer, DistInfo())
+    path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed)
+    model, tokenizer = load_policy(path, "cpu", getattr(torch, cfg.model.dtype))
+    backend = training_backend(cfg, path, device="cpu", policy=model, tokenizer=tokenizer, sharded=False)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
     engine = RolloutEngine(backend, task.make_env, _rollout_config(cfg, task), chat=chat)
     pool = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed).next_pool()

@@ -63,7 +63,7 @@ def collect(out: Path, steps: int, seed: int = 0, task: str = "mixed") -> list[d
     predictor data."""
     from .. import train as train_module
     from ..config_loader import load_config
-
+    from ..predictors.fitting import histories
     from ..predictors.hidden_states import PolicyStates
     from ..predictors.probe import state_key
 
@@ -73,40 +73,38 @@ def collect(out: Path, steps: int, seed: int = 0, task: str = "mixed") -> list[d
         if len(stream) >= steps and all("states" in step for step in stream):
             return stream[:steps]
     stream: list[dict] = []
-    original = train_module._PredictorFit
+    original = train_module._start_fit
 
-    class Recording(original):
+    def recording(run, batch):
         """Records the step's predictor data, and the policy's states of every history in it, in the main
         thread before the policy updates (what ``predictor.kind=probe`` would have read at that step)."""
-
-        def __init__(self, pool, run, batch):
-            f = batch.forest
-            nodes = np.flatnonzero(~f.is_leaf)
-            values, weights = node_targets(f, run.cfg.algorithm.value_target)
-            roots, m, s = root_outcomes(f)
-            anchors = f.prefix_anchors()
-            step = {
-                "fit": (train_module._histories(batch, nodes), values[nodes], weights[nodes]),
-                "roots": (train_module._histories(batch, roots), s, m - s),
-                "anchors": (train_module._histories(batch, anchors), f.reward[f.factual_leaf[anchors]]),
-            }
-            seqs = {state_key(h.token_ids): list(h.token_ids) for part in ("fit", "roots", "anchors")
-                    for h in step[part][0]}
-            t0 = time.perf_counter()
-            states = PolicyStates(run.policy)(list(seqs.values())) if seqs else np.zeros((0, 0))
-            step["state_seconds"] = time.perf_counter() - t0
-            step["states"] = dict(zip(seqs, states))
-            stream.append(step)
-            super().__init__(pool, run, batch)
+        f = batch.forest
+        nodes = np.flatnonzero(~f.is_leaf)
+        values, weights = node_targets(f, run.cfg.algorithm.value_target)
+        roots, m, s = root_outcomes(f)
+        anchors = f.prefix_anchors()
+        step = {
+            "fit": (histories(batch, nodes), values[nodes], weights[nodes]),
+            "roots": (histories(batch, roots), s, m - s),
+            "anchors": (histories(batch, anchors), f.reward[f.factual_leaf[anchors]]),
+        }
+        seqs = {state_key(h.token_ids): list(h.token_ids) for part in ("fit", "roots", "anchors")
+                for h in step[part][0]}
+        t0 = time.perf_counter()
+        states = PolicyStates(run.policy)(list(seqs.values())) if seqs else np.zeros((0, 0))
+        step["state_seconds"] = time.perf_counter() - t0
+        step["states"] = dict(zip(seqs, states))
+        stream.append(step)
+        return original(run, batch)
 
     cfg = load_config(train_module.TrainConfig, "cpu_demo", [
         f"run_dir={out / 'run'}", f"seed={seed}", f"steps={steps}", "rollout.policy=trace", "eval.every=0",
         "tensorboard=false", f"checkpoint_every={steps}", *TASKS[task]])
-    train_module._PredictorFit = Recording
+    train_module._start_fit = recording
     try:
         train_module.main(cfg)
     finally:
-        train_module._PredictorFit = original
+        train_module._start_fit = original
     out.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(stream))
     return stream
@@ -134,7 +132,7 @@ def replay(stream: list[dict], spec: str) -> dict:
     predictor = parse_kind(spec)
     root_p, root_y, anchor_p, anchor_y, cpu, wall = [], [], [], [], [], []
     for step in stream:
-        if getattr(predictor, "needs_states", False):  # the states of the policy at this step
+        if predictor.needs_states:  # the states of the policy at this step
             predictor.attach(lambda seqs, table=step["states"]: np.stack([table[state_key(q)] for q in seqs]))
         hists, s, f = step["roots"]
         p = np.asarray(predictor(hists))
@@ -157,7 +155,7 @@ def replay(stream: list[dict], spec: str) -> dict:
                     f"{where}_constant_brier": float(y.var())})
     out["fit_cpu_s"] = float(np.mean(cpu[1:] if len(cpu) > 1 else cpu))
     out["state_s"] = float(np.mean([step["state_seconds"] for step in stream])) \
-        if getattr(predictor, "needs_states", False) else 0.0
+        if predictor.needs_states else 0.0
     out["fit_wall_s"] = float(np.mean(wall[1:] if len(wall) > 1 else wall))
     return out
 

@@ -29,14 +29,14 @@ from functools import partial
 
 import numpy as np
 
-from . import check_fields, write_results
+from . import BACKEND_NAMES, backend_choices, check_fields, chosen_backends, write_results
 
 __all__ = ["BenchConfig", "main"]
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    backends: tuple[str, ...] = ("hf", "vllm")
+    backends: tuple[str, ...] = BACKEND_NAMES
     """Back ends to measure, of "hf" and "vllm" (transformers first: vLLM sets torch to one thread)."""
     prompts: int = 8
     """Prompts rolled out per run."""
@@ -81,15 +81,14 @@ def system_prompt(examples: int, seed: int) -> str:
     return "\n".join(lines)
 
 
+_OPTIONS = {"vllm": dict(enforce_eager=True, block_size=32, kv_cache_memory_bytes=512 * 2**20, max_model_len=2048)}
+"""Engine options per back end (others take their defaults): eager, a small fixed KV cache."""
+
+
 def _backend(name: str, model: str):
-    if name == "vllm":
-        from ..backends.vllm_backend import VLLMBackend
+    from ..backends import build_backend
 
-        return VLLMBackend(model, dtype="float32", enforce_eager=True, block_size=32,
-                           kv_cache_memory_bytes=512 * 2**20, max_model_len=2048)
-    from ..backends.hf_backend import HFBackend
-
-    return HFBackend.from_pretrained(model)
+    return build_backend(name, model, dtype="float32", device="cpu", **_OPTIONS.get(name, {}))
 
 
 def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
@@ -173,7 +172,7 @@ def main(config: BenchConfig) -> dict:
 def _parse(argv=None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
-    parser.add_argument("--backend", choices=["vllm", "hf", "both"], default="both")
+    parser.add_argument("--backend", choices=backend_choices(), default="both")
     for field in ("prompts", "group_size", "continuations_per_root", "repeats", "examples", "high", "max_guesses",
                   "seed"):
         parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
@@ -181,7 +180,7 @@ def _parse(argv=None) -> BenchConfig:
     parser.add_argument("--out", default=defaults.out)
     args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
-    return BenchConfig(backends=("hf", "vllm") if backend == "both" else (backend,), **args)
+    return BenchConfig(backends=chosen_backends(backend), **args)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from trace_theory import (
     RolloutForest,
     run_step,
 )
-from trace_theory.step import Starts, StepRecord
+from trace_theory.step import RootAllocator, Starts, StepRecord
 
 from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
@@ -74,14 +74,14 @@ class RolloutEngine:
     chat : ChatFormat, optional
         Token-level chat formatting; defaults to the back end tokenizer's template.
     root_allocator : callable, optional
-        ``root_allocator(policy, v, budget, *, rng, concentration) -> m`` replaces
-        ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration)``. The distributed
+        A ``trace_theory.RootAllocator``: ``root_allocator(policy, v, budget, *, rng, concentration, cost=None)
+        -> m`` replaces ``policy.allocate_roots(v, budget, rng=rng, concentration=concentration, cost=cost)``. The distributed
         trainer passes one that allocates the budget over the candidate pools of all ranks together
         (``trace_train.run.distributed.GlobalRootAllocator``).
     """
 
     def __init__(self, backend: GenerationBackend, make_env: Callable[[], Environment], config: RolloutConfig,
-                 *, chat: ChatFormat | None = None, root_allocator: Callable | None = None):
+                 *, chat: ChatFormat | None = None, root_allocator: RootAllocator | None = None):
         if not isinstance(config, RolloutConfig):
             raise ValueError(f"`config` must be a RolloutConfig, got {type(config).__name__}")
         self.backend = backend

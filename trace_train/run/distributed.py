@@ -80,17 +80,18 @@ class GlobalRootAllocator:
     def __init__(self, info: DistInfo):
         self.info = info
 
-    def __call__(self, policy, v, budget, *, rng, concentration):
+    def __call__(self, policy, v, budget, *, rng, concentration, cost=None):
         parts = [None] * self.info.world_size
         dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration),
-                                       int(budget)))
+                                       int(budget), None if cost is None else np.asarray(cost)))
         sizes = [len(p[0]) for p in parts]
         v_all = np.concatenate([p[0] for p in parts])
         kappa_all = None if concentration is None else np.concatenate([p[1] for p in parts])
         # One budget for the job: with ``rollout.token_budget`` each rank sizes M from its own running
         # tokens-per-rollout estimate, so the ranks' budgets may differ; every rank allocates their mean.
         agreed = sum(p[2] for p in parts) // len(parts)
-        m_all = policy.allocate_roots(v_all, agreed, rng=rng, concentration=kappa_all)
+        cost_all = None if cost is None else np.concatenate([p[3] for p in parts])
+        m_all = policy.allocate_roots(v_all, agreed, rng=rng, concentration=kappa_all, cost=cost_all)
         start = sum(sizes[: self.info.rank])
         return m_all[start:start + sizes[self.info.rank]]
 

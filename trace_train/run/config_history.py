@@ -1,0 +1,25 @@
+"""The config's history as resumes see it: which fields a run may change, and which came and went.
+
+A run resumes only under the config it started with (``run.resume``), compared through a fingerprint of
+everything that determines its trajectory. Fields change over the project's life; each change is written
+here once, so that runs started before it still resume. (Renamed and removed *keys* of a config file are
+``TrainConfig.RENAMED`` / ``TrainConfig.REMOVED``, applied when a config is loaded.)
+"""
+
+from __future__ import annotations
+
+__all__ = ["ADDED_SINKS", "NOT_IN_FINGERPRINT", "REMOVED_IN_FINGERPRINT", "ADDED_IN_FINGERPRINT"]
+
+ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
+"""Top-level fields added after checkpoints existed that only say where results and warnings go."""
+
+NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir",
+                      *ADDED_SINKS)
+"""Fields that do not change what a run computes: a run may be resumed with other values of these."""
+
+REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
+"""Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume."""
+
+ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"}}
+"""Fields added after checkpoints existed: left out of the hash while they hold the default every older run
+had, so older runs still resume (a run that sets another value is another trajectory, and hashes it)."""

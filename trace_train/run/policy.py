@@ -1,0 +1,58 @@
+"""The trained policy on disk: where it loads from, loading it, its weights at a resume, its export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..configs import ModelConfig
+from .distributed import DistInfo, checkpoint_state_dict
+
+__all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_policy_weights", "export"]
+
+DEMONSTRATED_ROWS = 256
+"""The tiny model's warm start plays the scripted expert on at most this many (the first) training rows."""
+
+
+def model_path(model: ModelConfig, run_dir: str | Path, *, seed: int, task=None) -> str:
+    """A directory or hub id both back ends can load; the tiny model is built into the run directory, warmed
+    on the task's scripted expert over its first training rows where the task has one (``tiny.save_tiny``)."""
+    if model.name_or_path != "tiny":
+        return model.name_or_path
+    from .. import tiny
+
+    path = Path(run_dir) / "tiny_model"
+    if not (path / "config.json").exists():
+        shown = None if task is None or task.demonstration is None else (
+            task.make_env, task.train_rows[:DEMONSTRATED_ROWS], task.demonstration)
+        tiny.save_tiny(path, seed=seed, warm_steps=model.tiny_warm_steps, demonstrations=shown)
+    return str(path)
+
+
+def load_policy(path: str, device: str, dtype: torch.dtype):
+    """A model in ``dtype`` (generators and the frozen reference run in ``model.dtype``; the trained policy
+    in float32, its master weights) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def load_policy_weights(policy, state: dict, info: DistInfo) -> None:
+    """Load a checkpoint's full state dict into the policy (into its shards under FSDP)."""
+    if not info.enabled:
+        policy.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
+
+
+def export(policy, tokenizer, path: Path, info: DistInfo) -> None:
+    """Save the trained policy as a Hugging Face model directory (what trace-eval and vLLM load)."""
+    weights = checkpoint_state_dict(policy, info)
+    if info.is_main:
+        policy.save_pretrained(path, state_dict={k: v.detach().cpu() for k, v in weights.items()})
+        tokenizer.save_pretrained(path)

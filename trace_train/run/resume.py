@@ -1,0 +1,93 @@
+"""A run's identity: the resume fingerprint, and the check that a run directory holds this run.
+
+A checkpoint stores :func:`resume_fingerprint` of the config that wrote it; a run resumes only from a
+checkpoint with its own. A run directory's ``config.yaml`` is compared field by field
+(:func:`check_or_write_config`) before anything is written, so another run's config and metrics are never
+overwritten. What may differ between the two, and the fields that came and went, is in
+:mod:`.config_history`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+from ..config_loader import config_to_dict, drop_removed
+from ..configs import TrainConfig
+from .config_history import ADDED_IN_FINGERPRINT, ADDED_SINKS, NOT_IN_FINGERPRINT, REMOVED_IN_FINGERPRINT
+from .files import reporting_full_disk
+
+__all__ = ["resume_fingerprint", "check_or_write_config", "differing_fields"]
+
+
+def resume_fingerprint(cfg: TrainConfig) -> str:
+    """A hash of everything that determines the run's trajectory (not its length, cadence or sinks).
+    Fields added after checkpoints existed (``ADDED_SINKS``, and ``ADDED_IN_FINGERPRINT`` at their
+    defaults) are left out, and removed ones (``REMOVED_IN_FINGERPRINT``) put back at their old default,
+    so older runs still resume."""
+    plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in NOT_IN_FINGERPRINT})
+    data = {k: v for k, v in config_to_dict(plain).items() if k not in ADDED_SINKS}
+    for section, fields in REMOVED_IN_FINGERPRINT.items():
+        data[section] = {**data[section], **fields}
+    for section, fields in ADDED_IN_FINGERPRINT.items():
+        data[section] = {k: v for k, v in data[section].items() if not (k in fields and v == fields[k])}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_or_write_config(cfg: TrainConfig, run_dir: Path, *, write: bool = True) -> None:
+    """Refuse a run directory that holds another run's ``config.yaml``; then write ours (where ``write``:
+    rank 0).
+
+    Another run is one whose resume fingerprint differs (only steps, checkpointing and logging may
+    change), whether or not it wrote a checkpoint: its config and metrics are never overwritten.
+    """
+    stored = run_dir / "config.yaml"
+    if stored.exists():
+        differs = differing_fields(_stored_config(stored), config_to_dict(cfg))
+        if differs:
+            raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
+                             "use another run_dir (only steps, checkpointing and logging may change)")
+    if write:
+        with reporting_full_disk(stored):
+            stored.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def _stored_config(path: Path) -> dict:
+    """A stored ``config.yaml`` as plain data over the defaults: nothing in it is resolved or imported
+    (a planted ``task.name: file.py:attr`` is compared as a string, never run)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{path.parent} holds a config.yaml that cannot be read ({type(err).__name__}); "
+                         "use another run_dir") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.parent} holds a config.yaml that is not a mapping; use another run_dir")
+    return _merged(config_to_dict(TrainConfig()), drop_removed(data, TrainConfig.REMOVED))
+
+
+def _merged(defaults: dict, data: dict) -> dict:
+    out = dict(defaults)
+    for key, value in data.items():
+        sub = defaults.get(key)
+        is_section = isinstance(sub, dict) and isinstance(value, dict) and key not in ("env", "rows")
+        out[key] = _merged(sub, value) if is_section else value
+    return out
+
+
+def differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the leaves where two nested config dicts differ (ignoring run length and sinks)."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        name = prefix + key
+        if not prefix and key in NOT_IN_FINGERPRINT:
+            continue
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += differing_fields(x, y, name + ".")
+        elif x != y:
+            out.append(name)
+    return out

@@ -1,0 +1,64 @@
+"""One training step's metrics: the logged scalars (the names of ``metrics.jsonl``) and the printed line."""
+
+from __future__ import annotations
+
+from trace_theory import contrast_yield
+
+from ..rollout.batch import RolloutBatch
+from .distributed import DistInfo, merge_metrics
+
+__all__ = ["step_metrics", "metrics_line"]
+
+
+def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rollout_s: float, train_s: float,
+                 info: DistInfo) -> dict:
+    """The step's logged scalars (``trace_train/README.md``, "Metrics"), merged over ranks: counts summed,
+    the rest weighted by each rank's rollouts; ``update`` holds whatever the policy update returned."""
+    f, report = batch.forest, batch.report
+    scalars = {  # contrast yield first: unlike the effective ratio, filtering prompts out cannot raise it
+        **contrast_yield(f, rollouts=report.rollouts, tokens=report.generated_tokens),
+        "reward_mean": float(f.reward[f.leaves].mean()) if f.n_leaves else float("nan"),
+        "effective_ratio": batch.metrics()["effective_ratio"],
+        "mixed_anchor_ratio": batch.metrics()["mixed_anchor_ratio"],
+        "prompts": float(f.n_prompts),
+        "rollouts": float(report.rollouts),
+        "continuations": float(report.continuations),
+        "generated_tokens": float(report.generated_tokens),
+        "prompt_tokens": float(report.prompt_tokens),
+        "prefix_cache_hit_rate": report.cached_prompt_tokens / max(report.prompt_tokens, 1),
+        "continuation_prefix_hit_rate": report.continuation_prefix_hit_rate,
+        "rollout_seconds": rollout_s,
+        "train_seconds": train_s,
+        "generation_seconds": report.generation_seconds,
+        "env_seconds": report.env_seconds,
+        "generator_idle_share": report.generator_idle_share,
+        "samples_in_flight": report.samples_in_flight,
+        "generation_polls": float(report.generation_polls),
+        "streamed_expansion": float(report.streamed),
+        **{f"{k}_seconds": v for k, v in report.phase_seconds.items()},  # + allocation, forest building, envs' resets:
+        "allocation_seconds": max(report.seconds - sum(report.phase_seconds.values()), 0.0),  # what the phases leave
+        "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
+        **{k: float(v) for k, v in update.items()},
+    }
+    by_depth = batch.metrics()["rollouts_by_anchor_depth"]
+    scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
+    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens",
+              "train_forward_tokens", "train_unique_tokens", "env_failures",
+              *(k for k in scalars if k.startswith("rollouts_at_depth_")))
+    merged = merge_metrics(scalars, report.rollouts, info, sums=counts)
+    # one predictor for the job, fitted on every rank's targets: its metrics are already global
+    return {**merged, **{k: float(v) for k, v in predictor_metrics.items()}}
+
+
+def metrics_line(step: int, steps: int, m: dict) -> str:
+    """``step 3/20  reward 0.41  eval 0.52  eff 0.63  yield/1k 12.5  tokens 1234  4.1 s``."""
+    parts = [f"step {step}/{steps}", f"reward {m.get('reward_mean', float('nan')):.3f}"]
+    if "eval_success" in m:
+        parts.append(f"eval {m['eval_success']:.3f}")
+    parts += [f"eff {m.get('effective_ratio', float('nan')):.2f}",
+              f"mixed/1k {m.get('mixed_prompts_per_1k_rollouts', float('nan')):.1f}",
+              f"tokens {int(m.get('generated_tokens', 0))}",
+              f"{m.get('rollout_seconds', 0.0) + m.get('train_seconds', 0.0):.1f} s"]
+    if m.get("env_failures"):
+        parts.append(f"env failures {int(m['env_failures'])}")
+    return "  ".join(parts)
