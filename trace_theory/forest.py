@@ -407,6 +407,29 @@ class RolloutForest:
         ptr, order = self._child_index
         return order[ptr[node]:ptr[node + 1]]
 
+    def preorder(self) -> np.ndarray:
+        """Every node id in depth-first preorder: each root in id order, then its children's subtrees in
+        creation order, so a subtree is one contiguous run of the result (as long as the subtree's size).
+
+        Examples
+        --------
+        >>> nan = float("nan")
+        >>> f = RolloutForest.from_parents([-1, 0, 0, 1, -1, 4], [nan, nan, 1.0, 0.0, nan, 1.0])
+        >>> f.preorder().tolist()
+        [0, 1, 3, 2, 4, 5]
+        """
+        ptr, kids = self._child_index
+        out = np.empty(len(self), dtype=np.int64)
+        nxt = 0
+        for root in self.roots.tolist():
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                out[nxt] = node
+                nxt += 1
+                stack.extend(reversed(kids[ptr[node]:ptr[node + 1]].tolist()))
+        return out
+
     def path_to_root(self, node: int) -> np.ndarray:
         """Node ids from ``node`` up to its root, inclusive."""
         node = self._check_node(node)

@@ -141,7 +141,7 @@ class RolloutConfig:
         # the smallest group and the DAPO target are validated against the policy
         if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise ValueError(f"`pool_size` must be a positive integer, got {self.pool_size!r}")
-        RolloutBudget(self.roots, self.continuations_per_root)  # validates M and N
+        self.budget  # M and N, checked once here: the engine and the driver trust them
         if self.roots < 1:
             raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
         if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
@@ -162,6 +162,11 @@ class RolloutConfig:
         """The scheduler's settings."""
         return ScheduleConfig(limits=self.limits, schedule=self.schedule, env_workers=self.env_workers,
                               env_timeout_s=self.env_timeout_s, raise_env_errors=self.raise_env_errors)
+
+    @cached_property
+    def budget(self) -> RolloutBudget:
+        """RolloutBudget(M, N): the budget of a call without ``token_budget``, validated once per config."""
+        return RolloutBudget(self.roots, self.continuations_per_root)
 
     @cached_property
     def allocation_policy(self) -> AllocationPolicy:

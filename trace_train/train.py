@@ -68,7 +68,7 @@ from .run.resume import check_or_write_config, resume_fingerprint
 from .run.step_metrics import metrics_line, step_metrics
 from .run.threads import set_compute_threads
 from .tasks import Task, build_task
-from .update.loss import policy_loss
+from .update.loss import LOSS_METRICS
 from .update.packing import training_batch_for
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
@@ -114,7 +114,8 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     total = global_normaliser(seqs.normaliser(per_token), info)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+    stats: dict[str, float] = {"loss": 0.0}
+    loss_metrics = dict.fromkeys(LOSS_METRICS, 0.0)  # whatever the loss reports, weighted as the loss is
     weight = 0.0  # this rank's share of the normaliser
     parts = seqs.micro_batches()
     # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
@@ -138,21 +139,17 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
             if ref is not None:
                 with torch.no_grad():
                     ref_logp = part.logprobs(ref, **sampled)
-        seq_ids = part.sequence_ids.to(device) if part.sequence_ids is not None else None
-        loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
-                              part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,
-                              token_weights=part.weights.to(device), sequence_ids=seq_ids)
+        loss, m = part.inputs.loss(logp, loss_cfg, ref_logprobs=ref_logp)  # clipped PG (update.loss.LossInputs)
         share = part.normaliser(per_token) / max(total, 1e-12)
         scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
         if not torch.isfinite(loss) and bad_loss is None:
             bad_loss = float(loss.detach())  # raised below, once every rank knows: FSDP's backward is a collective
         scaled.backward()
         stats["loss"] += float(loss.detach()) * share * info.world_size
-        for k in ("pg_loss", "kl", "clip_fraction"):  # weighted as the loss is, so packing cannot change them
-            stats[k] += m[k] * share
+        for k, value in m.items():  # weighted as the loss is, so packing cannot change them
+            loss_metrics[k] = loss_metrics.get(k, 0.0) + value * share
         weight += share
-    for k in ("pg_loss", "kl", "clip_fraction"):
-        stats[k] /= max(weight, 1e-12)
+    stats.update({k: v / max(weight, 1e-12) for k, v in loss_metrics.items()})
     if max_over_ranks(bad_loss is not None, info):  # all ranks stop together, none is left in a collective
         raise NonFiniteLossError(f"loss is {bad_loss}" if bad_loss is not None else "loss is not finite on another rank")
     clip = cfg.optim.grad_clip or float("inf")

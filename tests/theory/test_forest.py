@@ -343,3 +343,12 @@ def test_builder_errors():
 def test_negative_prompt_ids_are_rejected():
     with pytest.raises(ValueError, match=r"prompt ids must be non-negative, got -4"):
         RolloutForest.from_parents([-1, 0], [NAN, 1], prompt=[-4])
+
+
+@given(forests())
+def test_preorder_is_the_recursive_depth_first_order(f):
+    """Roots in id order, each followed by its children's subtrees in creation order."""
+    def visit(node):
+        return [node] + [n for child in f.children(node).tolist() for n in visit(child)]
+
+    assert f.preorder().tolist() == [n for root in f.roots.tolist() for n in visit(root)]

@@ -14,11 +14,12 @@ from pathlib import Path
 import torch.distributed as dist
 
 import trace_train.train as train
+import trace_train.update.loss as loss_module
 from trace_train.config_loader import load_config
 
 out, run_dir = Path(sys.argv[1]), sys.argv[2]
 updates = {"n": 0}
-policy_update, policy_loss = train._policy_update, train.policy_loss
+policy_update, policy_loss = train._policy_update, loss_module.policy_loss
 
 
 def counting_update(*args, **kwargs):
@@ -33,7 +34,7 @@ def poisoned_loss(*args, **kwargs):
     return loss, metrics
 
 
-train._policy_update, train.policy_loss = counting_update, poisoned_loss
+train._policy_update, loss_module.policy_loss = counting_update, poisoned_loss
 cfg = load_config(train.TrainConfig, "cpu_demo", [
     f"run_dir={run_dir}", "steps=3", "checkpoint_every=1", "device=cpu", "tensorboard=false", "eval.every=0",
     "rollout.pool_size=4", "rollout.roots=8", "model.tiny_warm_steps=20", "quiet=true"])

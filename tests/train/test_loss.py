@@ -156,3 +156,21 @@ def test_kl_estimators_have_the_documented_gradients_inside_the_loss():
     with pytest.raises(ValueError, match="'k1' has zero expected gradient inside the loss"):
         PolicyLossConfig(kl_coef=0.1, kl_estimator="k1")
     PolicyLossConfig(kl_coef=0.0, kl_estimator="k1")  # as a logged value only: allowed
+
+
+def test_the_loss_reports_the_metrics_it_declares_and_both_layouts_hold_one_input_record():
+    """``LOSS_METRICS`` names what ``policy_loss`` returns (the trainer logs every one, ``ratio_mean``
+    included); the leaf rows and the packed trees carry their per-token inputs as one ``LossInputs``."""
+    from trace_train.update.loss import LOSS_METRICS, LossInputs
+    from trace_train.update.packing import PackedTrees
+    from trace_train.update.sequences import TrainingSequences
+
+    logp = torch.zeros(2, 3)
+    _, metrics = policy_loss(logp, logp, torch.ones(2, 3), torch.ones(2, 3), PolicyLossConfig())
+    assert tuple(metrics) == LOSS_METRICS
+    inputs = LossInputs(torch.ones(2, 3), logp, torch.ones(2, 3), torch.ones(2, 3))
+    loss, again = inputs.loss(logp, PolicyLossConfig())
+    assert again == metrics and float(loss) == float(policy_loss(logp, logp, torch.ones(2, 3), torch.ones(2, 3),
+                                                                 PolicyLossConfig())[0])
+    for layout in (PackedTrees, TrainingSequences):
+        assert layout.__dataclass_fields__["inputs"].type in ("LossInputs", LossInputs)

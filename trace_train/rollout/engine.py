@@ -116,7 +116,7 @@ class RolloutEngine:
         """
         cfg, policy = self.config, self.policy
         if cfg.token_budget is None:
-            return RolloutBudget(cfg.roots, cfg.continuations_per_root)
+            return cfg.budget  # checked when the config was built
         tokens = self.tokens_per_rollout or 0.5 * cfg.limits.max_turns * cfg.limits.max_turn_tokens
         n = cfg.continuations_per_root if policy.branches else 0
         ratio = 1.0 if policy.priced_in_tokens else self.continuation_cost_ratio  # priced: m N rollouts' tokens

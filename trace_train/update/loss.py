@@ -47,11 +47,71 @@ GRPO on the paths exactly (:mod:`trace_train.update.sequences`).
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from ..configs import KL_ESTIMATORS, PolicyLossConfig  # the config lives with every other config
+from ..configs import KL_ESTIMATORS, SHARED_TURN_WEIGHTS, PolicyLossConfig  # every config lives in configs
 
-__all__ = ["PolicyLossConfig", "policy_loss", "kl_penalty"]
+__all__ = ["PolicyLossConfig", "LossInputs", "LOSS_METRICS", "node_values", "policy_loss", "kl_penalty"]
+
+LOSS_METRICS = ("pg_loss", "kl", "clip_fraction", "ratio_mean")
+"""The metrics :func:`policy_loss` returns (the trainer logs each, 0 on a step with nothing to train)."""
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What :func:`policy_loss` reads besides the new log-probabilities, one (rows, width) tensor per input,
+    in either layout of the update (one row per leaf, :mod:`.sequences`; packed trees, :mod:`.packing`).
+
+    Every value is 0 where ``loss_mask`` is 0. The per-node inputs (:func:`node_values`: ``advantages``,
+    ``weights``) are broadcast to the trained tokens of their node by the layouts, which fill every field
+    :func:`node_values` returns, so a new per-node loss input is a field here, an entry of
+    :func:`node_values` and its use in :meth:`loss`.
+    """
+
+    loss_mask: torch.Tensor
+    """1 where the token is trained (generated, and owned by the row's rollout)."""
+    old_logprobs: torch.Tensor
+    """Generation-time log-probabilities."""
+    advantages: torch.Tensor
+    """The advantage of the token's turn."""
+    weights: torch.Tensor
+    """Per-token weight in the loss (n_y or 1: ``shared_turn_weight``)."""
+    sequence_ids: torch.Tensor | None = None
+    """The rollout each token is trained for (-1: none) where a row holds several; None: one per row."""
+
+    @classmethod
+    def zeros(cls, rows: int, width: int, *, packed: bool) -> "LossInputs":
+        z = lambda: torch.zeros((rows, width), dtype=torch.float32)  # noqa: E731
+        seq = torch.full((rows, width), -1, dtype=torch.long) if packed else None
+        return cls(z(), z(), z(), z(), seq)
+
+    def select(self, rows: torch.Tensor, width: int) -> "LossInputs":
+        """These rows, their first ``width`` columns."""
+        return LossInputs(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows, :width]
+                             for f in dataclasses.fields(self)})
+
+    def loss(self, logprobs: torch.Tensor, config: PolicyLossConfig, *,
+             ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """:func:`policy_loss` of ``logprobs`` on these inputs (moved to ``logprobs``' device)."""
+        on = lambda t: None if t is None else t.to(logprobs.device)  # noqa: E731
+        return policy_loss(logprobs, on(self.old_logprobs), on(self.advantages), on(self.loss_mask), config,
+                           ref_logprobs=ref_logprobs, token_weights=on(self.weights), sequence_ids=on(self.sequence_ids))
+
+
+def node_values(forest, advantages, shared_turn_weight: str) -> dict[str, np.ndarray]:
+    """The per-node loss inputs, checked: each node's ``advantages`` (one per node) and the token
+    ``weights`` of ``shared_turn_weight`` (its leaf count, ``"leaves"``, or 1, ``"once"``)."""
+    advantages = np.asarray(advantages, dtype=float)
+    if advantages.shape != (len(forest),):
+        raise ValueError(f"`advantages` must hold one value per node ({len(forest)}), got shape {advantages.shape}")
+    if shared_turn_weight not in SHARED_TURN_WEIGHTS:
+        raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {shared_turn_weight!r}")
+    weights = forest.leaf_count.astype(float) if shared_turn_weight == "leaves" else np.ones(len(forest))
+    return {"advantages": advantages, "weights": weights}
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

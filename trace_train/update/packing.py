@@ -53,7 +53,8 @@ import torch
 from ..configs import PACKINGS
 from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
-from .sequences import TrainingSequences, build_sequences, check_inputs, nodes_on_paths, path_tokens
+from .loss import LossInputs, node_values
+from .sequences import TrainingSequences, build_sequences, nodes_on_paths, path_tokens
 
 __all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
            "tree_logprobs", "tree_attention_mask"]
@@ -72,14 +73,11 @@ class PackedTrees:
     """Row i sees column j iff j <= i < visible_until[j] (j + 1 for padding, which sees itself only)."""
     predictor: torch.Tensor
     """Row position whose logits predict the token (-1 for a path's first token and padding)."""
-    loss_mask: torch.Tensor
-    advantages: torch.Tensor
-    old_logprobs: torch.Tensor
-    weights: torch.Tensor
+    inputs: LossInputs
+    """The loss's per-token inputs; ``sequence_ids``: index into ``leaves`` of the rollout that owns a
+    trained token (-1 where nothing is trained)."""
     node: torch.Tensor
     """Node whose turn holds the token (-1 for padding)."""
-    sequence_ids: torch.Tensor
-    """Index into ``leaves`` of the rollout that owns a trained token (-1 where nothing is trained)."""
     lengths: torch.Tensor
     """Real (unpadded) tokens of each row."""
     leaves: np.ndarray
@@ -88,6 +86,26 @@ class PackedTrees:
     """Rows of each micro-batch."""
     unique_tokens: int
     """Tokens of the nodes on some trained path, counted once."""
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return self.inputs.loss_mask
+
+    @property
+    def old_logprobs(self) -> torch.Tensor:
+        return self.inputs.old_logprobs
+
+    @property
+    def advantages(self) -> torch.Tensor:
+        return self.inputs.advantages
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.inputs.weights
+
+    @property
+    def sequence_ids(self) -> torch.Tensor:
+        return self.inputs.sequence_ids
 
     @property
     def forward_tokens(self) -> int:
@@ -99,8 +117,7 @@ class PackedTrees:
         width = int(self.lengths[rows].max()) if len(rows) else 0
         pick = lambda t: t[rows, :width]  # noqa: E731
         return PackedTrees(pick(self.input_ids), pick(self.position_ids), pick(self.visible_until),
-                           pick(self.predictor), pick(self.loss_mask), pick(self.advantages),
-                           pick(self.old_logprobs), pick(self.weights), pick(self.node), pick(self.sequence_ids),
+                           pick(self.predictor), self.inputs.select(rows, width), pick(self.node),
                            self.lengths[rows], self.leaves, (tuple(range(len(rows))),), 0)
 
     def micro_batches(self) -> list["PackedTrees"]:
@@ -163,7 +180,7 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
     :func:`trace_train.update.sequences.build_sequences`; only the layout differs.
     """
     forest = batch.forest
-    advantages, node_weight = check_inputs(forest, advantages, shared_turn_weight)
+    per_node = node_values(forest, advantages, shared_turn_weight)
     if isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer)) or token_budget < 1:
         raise ValueError(f"`token_budget` must be a positive integer, got {token_budget!r}")
     tokens = path_tokens(batch)
@@ -183,9 +200,8 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
     position = torch.zeros((n, width), dtype=torch.long)
     until = torch.arange(1, width + 1).repeat(n, 1)
     predictor = torch.full((n, width), -1, dtype=torch.long)
-    seq = torch.full((n, width), -1, dtype=torch.long)
     node = torch.full((n, width), -1, dtype=torch.long)
-    loss_mask, adv, old, weight = (torch.zeros((n, width), dtype=torch.float32) for _ in range(4))
+    inputs = LossInputs.zeros(n, width, packed=True)
     lengths = torch.zeros(n, dtype=torch.long)
     for r, row in enumerate(rows):
         start = 0
@@ -198,19 +214,18 @@ def pack_trees(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int
             until[r, span] = torch.from_numpy(lay["until"] + start)
             predictor[r, span] = torch.from_numpy(np.where(lay["predictor"] >= 0, lay["predictor"] + start, -1))
             mask = lay["train"].astype(np.float32)
-            loss_mask[r, span] = torch.from_numpy(mask)
-            adv[r, span] = torch.from_numpy(advantages[lay["node"]].astype(np.float32) * mask)
-            old[r, span] = torch.from_numpy(lay["logprobs"].astype(np.float32) * mask)
-            weight[r, span] = torch.from_numpy(node_weight[lay["node"]].astype(np.float32) * mask)
+            inputs.loss_mask[r, span] = torch.from_numpy(mask)
+            inputs.old_logprobs[r, span] = torch.from_numpy(lay["logprobs"].astype(np.float32) * mask)
+            for name, values in per_node.items():  # every per-node input, on its node's trained tokens
+                getattr(inputs, name)[r, span] = torch.from_numpy(values[lay["node"]].astype(np.float32) * mask)
             owner = np.array([seq_of_leaf.get(int(x), -1) for x in forest.factual_leaf[lay["node"]]], dtype=np.int64)
-            seq[r, span] = torch.from_numpy(np.where(lay["train"], owner, -1))
+            inputs.sequence_ids[r, span] = torch.from_numpy(np.where(lay["train"], owner, -1))
             node[r, span] = torch.from_numpy(lay["node"])
             start = end
         lengths[r] = start
     micro = _micro_batches(lengths.tolist(), token_budget)
     unique = int(tokens.length[nodes_on_paths(batch, leaves)].sum())
-    return PackedTrees(ids, position, until, predictor, loss_mask, adv, old, weight, node, seq, lengths, leaves,
-                       micro, unique)
+    return PackedTrees(ids, position, until, predictor, inputs, node, lengths, leaves, micro, unique)
 
 
 def _trained_chains(forest, n_action: np.ndarray) -> list[list[int]]:
@@ -225,16 +240,8 @@ def _trained_chains(forest, n_action: np.ndarray) -> list[list[int]]:
 def _preorder(forest) -> tuple[np.ndarray, np.ndarray]:
     """Depth-first preorder index of every node (children in creation order) and its subtree size."""
     order = np.zeros(len(forest), dtype=np.int64)
+    order[forest.preorder()] = np.arange(len(forest))
     size = forest.subtree_sum(np.ones(len(forest))).astype(np.int64)
-    ptr, kids = forest._child_index
-    nxt = 0
-    for root in forest.roots.tolist():
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            order[node] = nxt
-            nxt += 1
-            stack.extend(reversed(kids[ptr[node]:ptr[node + 1]].tolist()))
     return order, size
 
 

@@ -30,8 +30,9 @@ import torch
 from ..configs import SHARED_TURN_WEIGHTS
 from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
+from .loss import LossInputs, node_values
 
-__all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens", "check_inputs",
+__all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens",
            "nodes_on_paths", "token_logprobs"]
 
 
@@ -41,19 +42,31 @@ class TrainingSequences:
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    """1 where the token is trained in this row (generated, and owned by this row's leaf)."""
-    advantages: torch.Tensor
-    old_logprobs: torch.Tensor
-    """Generation-time log-probabilities (0 where not trained)."""
-    weights: torch.Tensor
-    """Per-token weight in the loss (n_y or 1; see the module docstring), 0 where not trained."""
+    inputs: LossInputs
+    """The loss's per-token inputs (``loss_mask`` 1 where the token is trained in this row: generated, and
+    owned by this row's leaf; ``weights`` n_y or 1, see the module docstring)."""
     leaves: np.ndarray
     """Leaf node id of each row."""
     micro_batch_size: int = 16
     """Rows per forward pass in :meth:`micro_batches`."""
     unique_tokens: int = 0
     """Tokens of the nodes on the rows' paths, counted once (what tree packing forwards)."""
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return self.inputs.loss_mask
+
+    @property
+    def old_logprobs(self) -> torch.Tensor:
+        return self.inputs.old_logprobs
+
+    @property
+    def advantages(self) -> torch.Tensor:
+        return self.inputs.advantages
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.inputs.weights
 
     sequence_ids = None
     """Every row is one sequence (the loss aggregates sequence means per row)."""
@@ -70,8 +83,7 @@ class TrainingSequences:
         rows = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[rows].sum(dim=1).max())
         pick = lambda t: t[rows, :width]  # noqa: E731
-        return TrainingSequences(pick(self.input_ids), pick(self.attention_mask), pick(self.loss_mask),
-                                 pick(self.advantages), pick(self.old_logprobs), pick(self.weights),
+        return TrainingSequences(pick(self.input_ids), pick(self.attention_mask), self.inputs.select(rows, width),
                                  self.leaves[rows.numpy()], self.micro_batch_size)
 
     def micro_batches(self) -> list["TrainingSequences"]:
@@ -132,17 +144,6 @@ def path_tokens(batch: RolloutBatch) -> NodeTokens:
     return NodeTokens(ids, action, logp, offset)
 
 
-def check_inputs(forest, advantages, shared_turn_weight: str) -> tuple[np.ndarray, np.ndarray]:
-    """Validated advantages (one per node) and the per-node token weight of ``shared_turn_weight``."""
-    advantages = np.asarray(advantages, dtype=float)
-    if advantages.shape != (len(forest),):
-        raise ValueError(f"`advantages` must hold one value per node ({len(forest)}), got shape {advantages.shape}")
-    if shared_turn_weight not in SHARED_TURN_WEIGHTS:
-        raise ValueError(f"`shared_turn_weight` must be one of {SHARED_TURN_WEIGHTS}, got {shared_turn_weight!r}")
-    node_weight = forest.leaf_count.astype(float) if shared_turn_weight == "leaves" else np.ones(len(forest))
-    return advantages, node_weight
-
-
 def nodes_on_paths(batch: RolloutBatch, leaves: np.ndarray) -> np.ndarray:
     """Boolean mask of the nodes on the root-to-leaf paths of ``leaves`` (:meth:`RolloutBatch.path`)."""
     on = np.zeros(len(batch.forest), dtype=bool)
@@ -170,7 +171,7 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
         uniform groups; :meth:`~trace_train.rollout.batch.RolloutBatch.trained_nodes`).
     """
     forest = batch.forest
-    advantages, node_weight = check_inputs(forest, advantages, shared_turn_weight)
+    per_node = node_values(forest, advantages, shared_turn_weight)
     if micro_batch_size < 1:
         raise ValueError(f"`micro_batch_size` must be at least 1, got {micro_batch_size}")
     rows = []
@@ -181,24 +182,24 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
         train = (traj.loss_mask == 1) & owned
         if not train.any():
             continue  # a leaf whose own turns generated no token (nothing to train)
-        rows.append((leaf, traj.token_ids, train, advantages[traj.node], traj.logprobs, node_weight[traj.node]))
+        rows.append((leaf, traj.token_ids, train, traj.node, traj.logprobs))
     width = max((len(r[1]) for r in rows), default=0)
     n = len(rows)
     input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
-    loss_mask, adv, old, weight = (torch.zeros((n, width), dtype=torch.float32) for _ in range(4))
-    for i, (_, ids, train, a, logp, w) in enumerate(rows):
+    inputs = LossInputs.zeros(n, width, packed=False)
+    for i, (_, ids, train, node, logp) in enumerate(rows):
         length = len(ids)
         input_ids[i, :length] = torch.from_numpy(ids)
         attention[i, :length] = 1
         mask = torch.from_numpy(train.astype(np.float32))
-        loss_mask[i, :length] = mask
-        adv[i, :length] = torch.from_numpy(a.astype(np.float32)) * mask
-        old[i, :length] = torch.from_numpy(logp.astype(np.float32)) * mask
-        weight[i, :length] = torch.from_numpy(w.astype(np.float32)) * mask
+        inputs.loss_mask[i, :length] = mask
+        inputs.old_logprobs[i, :length] = torch.from_numpy(logp.astype(np.float32)) * mask
+        for name, values in per_node.items():  # every per-node input, on its node's trained tokens
+            getattr(inputs, name)[i, :length] = torch.from_numpy(values[node].astype(np.float32)) * mask
     leaves = np.array([r[0] for r in rows], dtype=np.int64)
     unique = sum(len(batch.nodes[n].token_ids) for n in np.flatnonzero(nodes_on_paths(batch, leaves)).tolist())
-    return TrainingSequences(input_ids, attention, loss_mask, adv, old, weight, leaves, micro_batch_size, unique)
+    return TrainingSequences(input_ids, attention, inputs, leaves, micro_batch_size, unique)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
