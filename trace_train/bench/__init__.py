@@ -18,18 +18,19 @@ BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS.names())
 
 def backend_choices() -> list[str]:
     """The ``--backend`` choices: a registered back end, or ``both`` (every registered one)."""
-    return [*BACKEND_NAMES, "both"]
+    return [*BACKENDS.names(), "both"]
 
 
 def chosen_backends(choice: str) -> tuple[str, ...]:
     """``--backend``'s value as the back ends to run."""
-    return BACKEND_NAMES if choice == "both" else (choice,)
+    return tuple(BACKENDS.names()) if choice == "both" else (choice,)
 
 
 def check_backends(backends) -> None:
     """``backends`` must be a non-empty subset of the registered back ends."""
-    if set(backends) - set(BACKEND_NAMES) or not backends:
-        raise ValueError(f"`backends` must be a non-empty subset of {BACKEND_NAMES}, got {backends!r}")
+    known = tuple(BACKENDS.names())
+    if set(backends) - set(known) or not backends:
+        raise ValueError(f"`backends` must be a non-empty subset of {known}, got {backends!r}")
 
 
 def write_results(results: dict[str, Any], out: str) -> None:

@@ -19,7 +19,7 @@ its M derived from the arm's running token estimates after one untimed warm-up c
 * ``trace_barrier``: TRACE, continuations started after every bare rollout has ended.
 
 Both TRACE arms use one fixed predictor (0.5 everywhere): this measures scheduling, not allocation;
-with equal predictions both place the same continuations (``tests/train/test_engine.py``). The arms run
+with equal predictions both place the same continuations (``tests/rollout/test_engine.py``). The arms run
 interleaved (repeat r of every arm, then r + 1), torch and OpenMP on one thread each. Per call:
 wall seconds, generated tokens, seconds per 1,000 generated tokens, generation steps (batches on
 transformers, engine steps on vLLM), samples in flight (the generator's occupancy, averaged over its

@@ -11,7 +11,7 @@ diagnostics ``trace_leaf`` (per-leaf update rows) and ``grpo_fit`` (GRPO that fi
 after another, so load drifts hit every arm alike) of ``cpu_demo``
 runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
 (``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
-time (rollout + train), its phases (``trace_train.train._step_metrics``' timing breakdown) and the
+time (rollout + train), its phases (``trace_train.run.step_metrics``' timing breakdown) and the
 generated tokens per step, leaving out the first step (warm-up); reported: each policy's mean over pairs,
 the ratio to GRPO (mean of the per-pair ratios ± its standard error) and the load average.
 

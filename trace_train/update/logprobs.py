@@ -25,7 +25,7 @@ With C = 1024 and Qwen3's V = 151,936 the chunked head needs at most 1024 x 1519
 bf16 (1.24 GB in fp32), whatever the micro-batch, where the full one needs 1.5 MB per position (bf16):
 49 GB at 32k positions. The rest of an update's peak (weights, gradients, optimizer state, the decoder's
 activations: L layers x positions x H x a few) does not depend on V. ``python -m trace_train.bench.packing
---logprob-memory`` measures both at V = 151,936; ``tests/train/test_logprobs.py`` checks values, gradients
+--logprob-memory`` measures both at V = 151,936; ``tests/update/test_logprobs.py`` checks values, gradients
 and the bound.
 
 **Weight gradient.** dW accumulates over chunks in W's dtype (float32 master weights: exact to rounding;

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.test_packing import fixed_batch
-from tests.train.test_sequences import tree_batch  # noqa: F401  (real branched rollouts of the tiny model)
+from tests.update.test_packing import fixed_batch
+from tests.update.test_sequences import tree_batch  # noqa: F401  (real branched rollouts of the tiny model)
 from trace_theory import compute_advantages
 from trace_train.backends.base import GenerationRequest, Sampling, generator_asleep
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.theory.strategies import forests
-from tests.train.test_sequences import tree_batch  # noqa: F401  (real rollouts of the tiny model, with branches)
+from tests.update.test_sequences import tree_batch  # noqa: F401  (real rollouts of the tiny model, with branches)
 from trace_theory import ADVANTAGES, RolloutForest, compute_advantages
 from trace_train.rollout.batch import NodePayload, RolloutBatch
 from trace_train.run.distributed import DistInfo

@@ -12,7 +12,7 @@ import pytest
 
 from trace_train.run.metrics_log import read_metrics
 
-from .test_trainer import _free_port
+from tests.train.test_trainer import _free_port
 
 HELPERS = ("global_normaliser", "max_over_ranks", "merge_metrics", "gather_objects", "GlobalRootAllocator",
            "full_optimizer_state_dict", "full_state_dict", "checkpoint_state_dict")

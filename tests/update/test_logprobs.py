@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.test_packing import fixed_batch, models  # noqa: F401  (the random Qwen3 pair)
+from tests.update.test_packing import fixed_batch, models  # noqa: F401  (the random Qwen3 pair)
 from trace_train.update.logprobs import sampled_logprobs
 from trace_train.update.packing import build_training_batch
 from trace_train.bench.peak_memory import PeakMemory
