@@ -96,11 +96,11 @@ class RunInterrupted(KeyboardInterrupt):
 # ---------------------------------------------------------------------------------------------------
 
 
-def _compute_precision(cfg: TrainConfig, info: DistInfo, device: torch.device):
+def _compute_precision(model_dtype: str, info: DistInfo, device: torch.device):
     """Mixed precision on one device: the fp32 master weights compute in ``model.dtype`` under autocast
     (gradients and AdamW's moments stay fp32, so a step of lr 1e-6 is not rounded away). Under FSDP the
     shards' ``MixedPrecisionPolicy`` does the same (``distributed.shard_policy``); fp32 runs need neither."""
-    dtype = getattr(torch, cfg.model.dtype)
+    dtype = getattr(torch, model_dtype)
     if info.enabled or dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
@@ -126,14 +126,14 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     for i in range(n_micro):
         if i >= len(parts):
             ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
-            with _compute_precision(cfg, info, device):
+            with _compute_precision(cfg.model.dtype, info, device):
                 zero = model(input_ids=ids).logits.sum() * 0.0
             zero.backward()
             continue
         part = parts[i]
         sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
                        trained_only=True)  # the rollouts' distribution, in chunks (trace_train.update.logprobs)
-        with _compute_precision(cfg, info, device):
+        with _compute_precision(cfg.model.dtype, info, device):
             logp = part.logprobs(model, **sampled)
             ref_logp = None
             if ref is not None:
