@@ -465,8 +465,11 @@ def _start_fit(run: Run, batch: RolloutBatch) -> PredictorFit:
 
 
 def _rollout_config(cfg: TrainConfig, task) -> RolloutConfig:
-    """The engine's config: ``cfg.rollout`` with ``binary_rewards`` off where the task's rewards are graded."""
-    return dataclasses.replace(cfg.rollout, binary_rewards=cfg.rollout.binary_rewards and task.binary_rewards)
+    """The engine's config: ``cfg.rollout`` (its policy resolved once) with ``binary_rewards`` off where the
+    task's rewards are graded."""
+    if cfg.rollout.binary_rewards == (cfg.rollout.binary_rewards and task.binary_rewards):
+        return cfg.rollout
+    return dataclasses.replace(cfg.rollout, binary_rewards=False)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:

@@ -29,7 +29,8 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
     Fields added after checkpoints existed (``ADDED_SINKS``, and ``ADDED_IN_FINGERPRINT`` at their
     defaults) are left out, and removed ones (``REMOVED_IN_FINGERPRINT``) put back at their old default,
     so older runs still resume."""
-    plain = dataclasses.replace(cfg, **{k: getattr(TrainConfig(), k) for k in NOT_IN_FINGERPRINT})
+    default = TrainConfig()
+    plain = dataclasses.replace(cfg, **{k: getattr(default, k) for k in NOT_IN_FINGERPRINT})
     data = {k: v for k, v in config_to_dict(plain).items() if k not in ADDED_SINKS}
     for section, fields in REMOVED_IN_FINGERPRINT.items():
         data[section] = {**data[section], **fields}
