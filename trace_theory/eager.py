@@ -306,8 +306,9 @@ def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, ob
     """The largest threshold at which :func:`replay_spend` on a finished step spends ``target`` or more.
 
     Bisection on the log scale (the spend never grows with the threshold); where even a zero threshold
-    spends less than ``target`` (rollouts without prefixes, caps), 0. This is the next step's tau: the
-    level that would have spent the eager budget on the step just seen.
+    spends less than ``target`` (rollouts without prefixes, caps), the largest threshold that still spends
+    what a zero threshold spends. This is the next step's tau: the level that would have spent the eager
+    budget on the step just seen.
 
     >>> offline_level([0.5, 0.5], [1.0, 1.0], [0, 1], [2, 2], 2) > 0.25
     True
@@ -320,7 +321,8 @@ def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, ob
         k = replay_spend(v, price, rollout, budgets, t, max_per_anchor=max_per_anchor, objective=objective)
         return float(np.dot(k, price))
 
-    if spend(0.0) < target - 1e-9:
+    target = min(target, spend(0.0))  # what no threshold can spend (rollouts without prefixes) is not aimed at
+    if target <= 0:
         return 0.0
     lo, hi = -30.0, float(np.log(max(np.max(expected_flip_probability_gain(v, 0) / price), 1e-300)))
     if spend(np.exp(hi)) >= target - 1e-9:

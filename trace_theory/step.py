@@ -50,9 +50,11 @@ from . import _checks
 from .dynamic_sampling import DynamicSamplingState, mixed_groups
 from .forest import Origin, RolloutForest
 from .allocate import PrefixAllocation
+from .eager import EagerPlan, offline_level, prior_level, rollout_budgets, threshold_spend
 from .policies import AllocationPolicy, RolloutBudget, top_up_roots
 
-__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "TreeExpander", "StepRecord",
+__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "EagerWorld", "TreeExpander",
+           "PrefixCommitter", "StepRecord",
            "RootAllocator", "run_step",
            "round_shares", "in_rollout_order", "place_continuations"]
 
@@ -144,8 +146,32 @@ class StreamingWorld(World, Protocol):
         """
 
 
+class EagerWorld(StreamingWorld, Protocol):
+    """A world that can start continuations at the turn boundary where their prefix forms."""
+
+    def plant_eager(self, prompts: np.ndarray, counts: np.ndarray, commit: "PrefixCommitter",
+                    expand: "TreeExpander", rest: Callable[[], tuple[np.ndarray, list[np.ndarray]]]) -> RolloutForest:
+        """:meth:`StreamingWorld.plant_streamed`, and more: each time bare rollout j (in planting order
+        within its tree) of tree i reaches a turn boundary that is not its last, call
+        ``k = commit(i, j, depth, predict)`` (``depth`` the prefix's turns, 1, 2, ... for each rollout in
+        turn; ``predict(concentration=...)`` the :class:`Prediction` at that one prefix) and start ``k``
+        continuations from that prefix at once. Once every bare rollout of tree i has ended (after its
+        commits), call ``expand`` as the streaming world does; its ``predict`` may serve the predictions
+        the commits were given. Calls for one rollout come in depth order; across rollouts and trees, in
+        any order: the decisions do not depend on it.
+
+        ``commit`` carries ``commit.ended(i, j, length) -> k``: call it when bare rollout j of tree i ends
+        after ``length`` turns (after its commits, before its tree's ``expand``) and start ``k`` more
+        rollouts at once: continuations from its prefix at depth ``length - 1``, or bare top-ups at the
+        root when ``length`` is 1.
+        """
+
+
 TreeExpander = Callable[..., np.ndarray]
 """``expand(tree, reward, predict) -> k``: the driver's decision for one tree (:class:`StreamingWorld`)."""
+
+PrefixCommitter = Callable[..., int]
+"""``commit(tree, rollout, depth, predict) -> k``: the driver's decision at one turn boundary (:class:`EagerWorld`)."""
 
 RootAllocator = Callable[..., np.ndarray]
 """``root_allocator(policy, v, budget, *, rng, concentration) -> m``: replaces ``policy.allocate_roots``
@@ -200,6 +226,23 @@ class StepRecord:
     planned: RolloutBudget | None = None
     streamed: bool = False
     """Whether each tree's expansion started as soon as its own bare rollouts ended (see the module)."""
+    expansion: str = "barrier"
+    """What ran: "barrier", "streamed" or "eager" (continuations committed at turn boundaries)."""
+    node_phase: np.ndarray | None = None
+    """Streamed and eager: continuations per anchor (aligned with ``node_ids``) by when they were placed,
+    shape (n, 4): at the prefix's turn boundary (eager), at its rollout's end (eager: what the rollout left,
+    at its last prefix), once its tree ended (own budget and reserve), once every tree had ended (what
+    some trees could not place)."""
+    early_top_ups: np.ndarray | None = None
+    """Streamed and eager: per tree, top-ups started when a one-turn bare rollout ended (eager: what it
+    left of its eager budget), before the top-ups of the step's end (``counts["top_up"]`` holds both)."""
+    eager_threshold: float | None = None
+    """Eager: the threshold tau the step's turn-boundary decisions used."""
+    eager_level: float | None = None
+    """Eager: the threshold at which the rule, replayed on this step's prefixes, spends the eager budget
+    (:func:`~trace_theory.eager.offline_level`): the next step's tau."""
+    eager_spent: float = 0.0
+    """Eager: continuation budget committed at turn boundaries (in rollouts of each prompt)."""
 
     @property
     def rollouts(self) -> int:
@@ -242,6 +285,7 @@ def run_step(
     expansion_rounds: int = 1,
     root_allocator: RootAllocator | None = None,
     streamed: bool = False,
+    eager: EagerPlan | None = None,
 ) -> StepRecord:
     """Run one step of ``policy`` with ``budget`` over ``pool`` candidate prompts (see the module).
 
@@ -270,6 +314,12 @@ def run_step(
         the world can (:class:`StreamingWorld`), the policy's prefix rule is not randomised
         (``policy.streams_prefixes``) and ``expansion_rounds`` is 1; otherwise the step runs with the
         barrier. The decisions are the same either way; the record says which ran.
+    eager : EagerPlan, optional
+        Commit continuations at turn boundaries (:mod:`trace_theory.eager`): 1 - ``eager.reserve`` of each
+        tree's budget by the expected utility as prefixes form, the reserve by the policy's own rule once
+        the tree's bare rollouts have ended, then what is left as streamed expansion spends it. Runs where
+        streamed expansion would and the world is an :class:`EagerWorld`; otherwise as ``streamed``.
+        ``eager.reserve = 1`` is streamed expansion exactly.
 
     Returns
     -------
@@ -302,17 +352,23 @@ def run_step(
     counts["bare"] = int(m.sum())
     by_round: tuple[int, ...] = ()
     expands = policy.branches and per_root > 0 and active.size > 0
-    streams = (streamed and expands and expansion_rounds == 1 and policy.streams_prefixes
-               and hasattr(world, "plant_streamed"))
-    if streams:
+    can_stream = expands and expansion_rounds == 1 and policy.streams_prefixes
+    eagerly = eager is not None and can_stream and hasattr(world, "plant_eager")
+    streams = (streamed or eager is not None) and can_stream and hasattr(world, "plant_streamed")
+    if eagerly:
+        root_v = v[active] if policy.predicts_roots else None
+        forest, m, by_round = _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost,
+                                               eager=eager, root_v=root_v)
+    elif streams:
         forest, m, by_round = _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost)
     else:
         forest = world.plant(active, m[active])
         if expands:
             forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
                                           counts, root_cost)
+    expansion = "eager" if eagerly else "streamed" if streams else "barrier"
     return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,
-                      streamed=bool(streams), **record)
+                      streamed=bool(streams or eagerly), expansion=expansion, **record)
 
 
 def _allocate_roots_locally(policy, v, budget, *, rng, concentration, cost=None):
@@ -399,16 +455,27 @@ class _StreamedExpansion:
             raise ValueError(f"the world must expand each of its {len(self.budget)} trees once, got tree {tree}")
         reward = np.asarray(reward, dtype=float).reshape(-1)
         n = reward.size
-        v, kappa, price = np.full(n, 0.5), None, None
+        v, kappa, price = self._predictions(tree, n, predict)
+        start, at_end, budget = self._committed(tree, n)
+        first = policy.place_own_budgets(v, reward, np.zeros(n, dtype=np.int64), np.array([budget]),
+                                         cost=price, start=start)
+        self.decided[tree] = (reward, v, kappa, price, start + first.k, int(first.unspent[0]), start, at_end)
+        return first.k.copy()
+
+    def _predictions(self, tree: int, n: int, predict):
+        """(v, concentration, price) at the tree's ``n`` anchors."""
+        policy, v, kappa, price = self.policy, np.full(n, 0.5), None, None
         if policy.predicts_prefixes and n:
             guess = _checked(predict(concentration=policy.posterior), n, policy)
             v, kappa = guess.v, guess.concentration
             if guess.cost is not None and self.tree_cost is not None:
                 price = guess.cost / self.tree_cost[tree]
-        first = policy.place_own_budgets(v, reward, np.zeros(n, dtype=np.int64), self.budget[tree:tree + 1],
-                                         cost=price)
-        self.decided[tree] = (reward, v, kappa, price, first.k, int(first.unspent[0]))
-        return first.k.copy()
+        return v, kappa, price
+
+    def _committed(self, tree: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Continuations already committed at the tree's anchors (all; those at their rollout's end), and the
+        budget left for its own pass."""
+        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), int(self.budget[tree])
 
     def rest(self) -> tuple[np.ndarray, list[np.ndarray]]:
         """What some trees could not place, pooled over every anchor, and the top-ups: (top-ups per tree,
@@ -430,6 +497,9 @@ class _StreamedExpansion:
         top_ups = np.zeros(n_trees, dtype=np.int64)
         if alloc.unspent.sum():
             top_ups = top_up_roots(self.m_tree, int(alloc.unspent.sum())) - self.m_tree
+        early = np.concatenate([p[6] for p in parts]).astype(np.int64)
+        at_end = np.concatenate([p[7] for p in parts]).astype(np.int64)
+        self.phase = np.stack([early - at_end, at_end, first.k - early, alloc.k - first.k], axis=1)
         self.result = (v, kappa, first, alloc, top_ups)
         bounds = np.cumsum([0] + [p[0].size for p in parts])
         more = alloc.k - first.k
@@ -446,25 +516,170 @@ class _StreamedExpansion:
             raise ValueError("the world's anchors per tree (rollout order, factual rewards) differ from its forest's")
 
 
-def _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost=None):
+class _EagerExpansion(_StreamedExpansion):
+    """Eager expansion's decisions (:class:`EagerWorld`, :mod:`trace_theory.eager`): at each turn boundary of
+    a bare rollout (:meth:`commit`), the units of expected gain per price above the plan's threshold that
+    the rollout's eager budget pays for; once the tree has ended (:meth:`expand`), the tree's reserve and
+    whatever its rollouts left by the policy's outcome-aware rule, from the counts committed; then
+    :meth:`rest` as streamed."""
+
+    def __init__(self, policy, m_tree, per_root, tree_cost, plan: EagerPlan, root_v=None):
+        super().__init__(policy, m_tree, per_root, tree_cost)
+        self.plan = plan
+        self.eager_budget = plan.eager_budget(self.budget)
+        self.left = [b.astype(float) for b in rollout_budgets(self.eager_budget, m_tree)]
+        self.asks = bool(self.eager_budget.sum())  # reserve 1: no decision at a boundary, streamed exactly
+        threshold = plan.threshold
+        if threshold is None and self.asks:
+            v0 = np.full(len(m_tree), 0.5) if root_v is None else np.asarray(root_v, dtype=float)
+            threshold = prior_level(v0, m_tree, [b.copy() for b in self.left])
+        self.threshold = threshold
+        self.commits: dict[int, dict[tuple[int, int], tuple]] = {}
+        """tree -> {(rollout, depth): (v, concentration, price, k)}."""
+        self.stay: dict[tuple[int, int], tuple[float, float]] = {}
+        self.finished: set[tuple[int, int]] = set()
+        self.early_top_ups = np.zeros(len(m_tree), dtype=np.int64)
+
+    def commit(self, tree: int, rollout: int, depth: int, predict: Callable[..., Prediction]) -> int:
+        tree, rollout, depth = int(tree), int(rollout), int(depth)
+        if not 0 <= tree < len(self.budget) or not 0 <= rollout < int(self.m_tree[tree]) or tree in self.decided:
+            raise ValueError(f"the world committed at tree {tree}, rollout {rollout}: not a running bare rollout")
+        seen = self.commits.setdefault(tree, {})
+        if depth != 1 + sum(1 for (j, _) in seen if j == rollout) or (rollout, depth) in seen:
+            raise ValueError(f"the world must commit at each rollout's prefixes in depth order; tree {tree}, "
+                             f"rollout {rollout} reported depth {depth}")
+        if not self.asks:
+            seen[rollout, depth] = None
+            return 0
+        v, kappa, price = _StreamedExpansion._predictions(self, tree, 1, predict)
+        unit = 1.0 if price is None else float(price[0])
+        s1, s0 = self.stay.get((tree, rollout), (1.0, 1.0))
+        k, spent = threshold_spend(float(v[0]), unit, self.left[tree][rollout], self.threshold,
+                                   max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective,
+                                   stay=(s1, s0))
+        self.left[tree][rollout] -= spent
+        self.stay[tree, rollout] = (s1 * float(v[0]) ** k, s0 * (1.0 - float(v[0])) ** k)
+        seen[rollout, depth] = [float(v[0]), None if kappa is None else float(kappa[0]),
+                                None if price is None else unit, int(k), 0]
+        return int(k)
+
+    def ended(self, tree: int, rollout: int, length: int) -> int:
+        """Bare rollout ``rollout`` of ``tree`` ended after ``length`` turns: what it left of its eager budget,
+        in whole continuations from its last prefix (depth length - 1; its root when length = 1: top-ups),
+        started at once. From there a continuation ends at most one turn after the longest bare rollout
+        could, so the step stays one episode deep. Returns the count."""
+        tree, rollout, length = int(tree), int(rollout), int(length)
+        seen = self.commits.get(tree, {})
+        if tree in self.decided or length != 1 + sum(1 for (j, _) in seen if j == rollout) or (
+                (tree, rollout) in self.finished):
+            raise ValueError(f"the world must report each bare rollout's end once, after its {length - 1} "
+                             f"prefixes; tree {tree}, rollout {rollout}")
+        self.finished.add((tree, rollout))
+        if not self.asks:
+            return 0
+        left = self.left[tree][rollout]
+        if length == 1:
+            k = int(np.floor(left + 1e-9))  # a top-up is one rollout of the prompt
+            self.early_top_ups[tree] += k
+            self.left[tree][rollout] -= k
+            return k
+        row = seen[rollout, length - 1]
+        unit = 1.0 if row[2] is None else row[2]
+        k = int(np.floor(left / unit * (1.0 + 1e-9) + 1e-9))
+        if self.policy.max_per_anchor is not None:
+            k = min(k, self.policy.max_per_anchor - row[3])
+        row[4] += k
+        self.left[tree][rollout] -= k * unit
+        return k
+
+    def _ordered(self, tree: int, n: int) -> list:
+        seen = self.commits.get(tree, {})
+        if len(seen) != n:
+            raise ValueError(f"the world committed at {len(seen)} prefixes of tree {tree} but expands {n} anchors")
+        return [seen[key] for key in sorted(seen)]
+
+    def _predictions(self, tree, n, predict):
+        """At the tree's end: the predictions its commits were given, in anchor order (asked once per prefix)."""
+        if not (self.asks and self.policy.predicts_prefixes and n):
+            return super()._predictions(tree, n, predict)
+        rows = self._ordered(tree, n)
+        v = np.array([r[0] for r in rows])
+        kappa = np.array([r[1] for r in rows]) if self.policy.posterior else None
+        price = np.array([r[2] for r in rows]) if rows[0][2] is not None else None
+        return v, kappa, price
+
+    def _committed(self, tree, n):
+        if not self.asks:
+            return super()._committed(tree, n)
+        rows = self._ordered(tree, n)
+        at_end = np.array([r[4] for r in rows], dtype=np.int64)
+        k = np.array([r[3] for r in rows], dtype=np.int64) + at_end
+        price = np.array([1.0 if r[2] is None else r[2] for r in rows])
+        spent = float(np.dot(k, price)) + float(self.early_top_ups[tree])
+        return k, at_end, int(np.floor(self.budget[tree] - spent + 1e-9))
+
+    def level(self) -> tuple[float, float]:
+        """(offline level of this step's prefixes at the eager budget, budget committed at boundaries)."""
+        v, price, rollout, budgets, spent = [], [], [], [], 0.0
+        n_rollouts = 0
+        for tree in range(len(self.budget)):
+            b = rollout_budgets(self.eager_budget[tree:tree + 1], self.m_tree[tree:tree + 1])[0]
+            for (j, _), row in sorted(self.commits.get(tree, {}).items()):
+                if row is None:
+                    continue
+                v.append(row[0]), price.append(1.0 if row[2] is None else row[2]), rollout.append(n_rollouts + j)
+                spent += row[3] * price[-1]  # at boundaries only: what the rule committed
+            budgets.append(b)
+            n_rollouts += b.size
+        if not v:
+            return (self.threshold if self.threshold is not None else 0.0), spent
+        flat = np.concatenate(budgets).astype(float)
+        level = offline_level(np.array(v), np.array(price), np.array(rollout), flat, float(self.eager_budget.sum()),
+                              max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective)
+        return level, spent
+
+
+class _Committer:
+    """``commit(tree, rollout, depth, predict)`` with ``.ended(tree, rollout, length)``: what an
+    :class:`EagerWorld` calls (:class:`PrefixCommitter`)."""
+
+    def __init__(self, decide: _EagerExpansion):
+        self.ended = decide.ended
+        self._commit = decide.commit
+
+    def __call__(self, tree, rollout, depth, predict) -> int:
+        return self._commit(tree, rollout, depth, predict)
+
+
+def _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost=None, eager=None, root_v=None):
     """Stage 2 with one round, streamed: each tree's own budget is placed (and grown) as soon as its bare
     rollouts end; once every tree has, what some trees could not place goes to every anchor and tops up
-    the roots, as in :func:`_expand` (the same allocation: ``allocate_prefixes`` = own pass + leftover)."""
+    the roots, as in :func:`_expand` (the same allocation: ``allocate_prefixes`` = own pass + leftover).
+    With an :class:`EagerPlan`, continuations are first committed at turn boundaries (:class:`_EagerExpansion`)."""
     m_tree = m[active]  # trees are planted in prompt order
     tree_cost = None if root_cost is None else root_cost[active]
-    decide = _StreamedExpansion(policy, m_tree, per_root, tree_cost)
-    forest = world.plant_streamed(active, m_tree, decide.expand, decide.rest)
+    if eager is None:
+        decide = _StreamedExpansion(policy, m_tree, per_root, tree_cost)
+        forest = world.plant_streamed(active, m_tree, decide.expand, decide.rest)
+    else:
+        decide = _EagerExpansion(policy, m_tree, per_root, tree_cost, eager, root_v)
+        forest = world.plant_eager(active, m_tree, _Committer(decide), decide.expand, decide.rest)
+        level, spent = decide.level()
+        record.update(eager_threshold=decide.threshold, eager_level=level, eager_spent=spent)
     anchors = in_rollout_order(forest, _planted_anchors(forest, m_tree))
     decide.check(forest, anchors)
     v, kappa, first, alloc, top_ups = decide.result
+    record["node_phase"] = decide.phase
     if policy.predicts_prefixes and anchors.size:
         record.update(node_ids=anchors, node_v=v, node_round=np.ones(anchors.size, dtype=np.int64))
         if policy.posterior:
             record["node_concentration"] = kappa
     counts["continuation"] += int(alloc.k.sum())
-    counts["top_up"] += int(top_ups.sum())
+    early = getattr(decide, "early_top_ups", np.zeros_like(top_ups))
+    record["early_top_ups"] = early.copy()
+    counts["top_up"] += int(top_ups.sum() + early.sum())
     groups = np.zeros_like(m)
-    groups[forest.prompt[forest.roots]] = m_tree + top_ups
+    groups[forest.prompt[forest.roots]] = m_tree + top_ups + early
     return forest, groups, (int(alloc.k.sum()),)
 
 
