@@ -308,17 +308,19 @@ class BernoulliWorld:
             chain = 1_000_000 * forest.tree_index + _rollout_in_tree(forest)[forest.rollout_start]
             events = np.concatenate([anchors, leaves])
             time = np.concatenate([2 * depth, 2 * forest.depth[leaves] + 1])
+            where = {(int(tree[a]), int(rollout[a]), int(depth[a])): a for a in range(anchors.size)}
             for e in _event_order(time, chain[events], order_rng):
                 node = int(events[e])
                 t, j = int(forest.tree_index[node]), int(rollout_of[node])
                 if e < anchors.size:
-                    k[e] += commit(t, j, int(depth[e]), at(np.array([e])))
-                    continue
-                got = commit.ended(t, j, int(forest.depth[node]))
-                if forest.depth[node] == 1:
-                    early[t] += got
+                    branches = commit(t, j, int(depth[e]), at(np.array([e])))
                 else:
-                    k[position[forest.parent[node]]] += got
+                    branches = commit.ended(t, j, int(forest.depth[node]), float(forest.reward[node]))
+                for branch in branches:
+                    if branch.depth == 0:
+                        early[t] += branch.count
+                    else:
+                        k[where[t, j, branch.depth]] += branch.count
         ends = np.zeros(len(forest.roots), dtype=np.int64)
         np.maximum.at(ends, forest.tree_index[leaves], forest.depth[leaves])
         for t in _event_order(ends, np.arange(ends.size), order_rng):
@@ -384,7 +386,7 @@ def critical_path(batch: Batch) -> int:
         counts = np.cumsum(phase[row[a]], axis=1)
         eager, at_end = nth < counts[:, 0], (nth >= counts[:, 0]) & (nth < counts[:, 1])
         own = (nth >= counts[:, 1]) & (nth < counts[:, 2])
-        begin[order[eager]] = forest.depth[a[eager]]
+        begin[order[eager]] = forest.depth[a[eager]] + record.eager_lag  # decided as the prefix formed, or a turn on
         begin[order[at_end]] = forest.depth[a[at_end]] + 1  # the rollout ended one turn below its last prefix
         begin[order[own]] = planted_end[forest.tree_index[a[own]]]
         if record.early_top_ups is not None and record.early_top_ups.any():

@@ -143,14 +143,14 @@ def expected_flip_probability_gain(v, k, *, v_later=None):
     return w * np.power(v, kf) * (1.0 - v) + (1.0 - w) * np.power(1.0 - v, kf) * v
 
 
-def rollout_joint_gain(v, k, *, stay_success=1.0, stay_failure=1.0):
+def rollout_joint_gain(v, k, *, stay_success=1.0, stay_failure=1.0, v_later=None):
     """Marginal gain in P(the rollout's outcome is contradicted at least once) of one more unit at v.
 
     ``stay_success`` = prod_a v_a^k_a and ``stay_failure`` = prod_a (1 - v_a)^k_a over the rollout's
     earlier commitments: the chances that none of them contradicts a success, or a failure. With r ~ Bern(v)
     the probability is 1 - v S1 v^k - (1 - v) S0 (1 - v)^k, and the gain of the (k + 1)-th unit is
     v S1 v^k (1 - v) + (1 - v) S0 (1 - v)^k v: :func:`expected_flip_probability_gain` when nothing was
-    committed before (S1 = S0 = 1), smaller after.
+    committed before (S1 = S0 = 1), smaller after. ``v_later``: r ~ Bern(w) with a later prediction w.
 
     >>> import numpy as np
     >>> bool(np.isclose(rollout_joint_gain(0.6, 0), expected_flip_probability_gain(0.6, 0)))
@@ -160,7 +160,8 @@ def rollout_joint_gain(v, k, *, stay_success=1.0, stay_failure=1.0):
     k = _checks.counts("k", k).astype(float)
     s1 = _checks.probabilities("stay_success", stay_success)
     s0 = _checks.probabilities("stay_failure", stay_failure)
-    return v * s1 * np.power(v, k) * (1.0 - v) + (1.0 - v) * s0 * np.power(1.0 - v, k) * v
+    w = _later(v, v_later)
+    return w * s1 * np.power(v, k) * (1.0 - v) + (1.0 - w) * s0 * np.power(1.0 - v, k) * v
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,9 @@ class EagerPlan:
     reserve : float
         Share of each tree's continuation budget m_i N kept for the outcome-aware rule (spent once the
         tree's bare rollouts have ended); 1 - reserve is committed at turn boundaries. 1: streamed expansion.
+        0: the step never waits for a tree; priced in tokens, what a rollout leaves that buys no whole
+        continuation from its last prefix is then not spent (the step spends at most its budget, as
+        token-priced allocation always does).
     threshold : float or None
         tau, the expected gain per price (in rollouts of the prompt) a unit must exceed to be committed at
         a turn boundary; None: the prior of :func:`prior_level` from the roots' predictions (the first step).
@@ -183,6 +187,10 @@ class EagerPlan:
     reserve: float = 0.25
     threshold: float | None = None
     objective: str = "additive"
+    lag: int = 1
+    """Turns between a prefix forming and its decision: 0 (at once, w = v) or 1 (at the rollout's next
+    boundary, with its prediction w there, or at its end with w = r): one turn later, never past one
+    turn beyond the longest bare rollout, and with one more turn of the factual branch known."""
 
     def __post_init__(self):
         if not (isinstance(self.reserve, (int, float)) and 0.0 <= self.reserve <= 1.0):
@@ -191,6 +199,8 @@ class EagerPlan:
             raise ValueError(f"`threshold` must be a finite non-negative number or None, got {self.threshold!r}")
         if self.objective not in ("additive", "joint"):
             raise ValueError(f"`objective` must be 'additive' or 'joint', got {self.objective!r}")
+        if self.lag not in (0, 1):
+            raise ValueError(f"`lag` must be 0 or 1, got {self.lag!r}")
 
     def eager_budget(self, budget) -> np.ndarray:
         """Per tree, the part of ``budget`` committed at turn boundaries: floor((1 - reserve) B)."""
@@ -214,7 +224,7 @@ def rollout_budgets(budget, rollouts) -> list[np.ndarray]:
 
 
 def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objective="additive",
-                    stay=(1.0, 1.0)):
+                    stay=(1.0, 1.0), v_later=None):
     """Continuations committed at prefixes by the online rule (see the module), and what they cost.
 
     Parameters
@@ -232,6 +242,9 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     objective : {"additive", "joint"}
         Gains of :func:`expected_flip_probability_gain` or of :func:`rollout_joint_gain` (then ``stay`` is
         (S1, S0) of each rollout's earlier commitments).
+    v_later : array_like, optional
+        The factual branch's later prediction w at each prefix (r itself once the rollout has ended);
+        default ``v``, the decision as the prefix forms.
 
     Returns
     -------
@@ -248,6 +261,7 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     """
     scalar = np.ndim(v) == 0
     v = np.atleast_1d(np.asarray(v, dtype=float))
+    w = v if v_later is None else np.broadcast_to(np.asarray(v_later, dtype=float), v.shape)
     price = np.broadcast_to(np.asarray(price, dtype=float), v.shape)
     budget = np.broadcast_to(np.asarray(budget, dtype=float), v.shape)
     cap = np.floor(budget / price * (1.0 + 1e-9) + 1e-9).astype(np.int64)
@@ -263,9 +277,9 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
             s0 = np.broadcast_to(np.asarray(stay[1], float), v.shape)[:, None]
         else:
             s1 = s0 = 1.0
-        vv = v[:, None]
+        vv, ww = v[:, None], w[:, None]
         with np.errstate(under="ignore"):
-            gain = vv * s1 * vv**units * (1.0 - vv) + (1.0 - vv) * s0 * (1.0 - vv) ** units * vv
+            gain = ww * s1 * vv**units * (1.0 - vv) + (1.0 - ww) * s0 * (1.0 - vv) ** units * vv
         # gains fall along k: the units above the threshold (and within the cap) are a prefix
         k = np.count_nonzero((gain / price[:, None] > threshold) & (units < cap[:, None]), axis=1)
     spent = k * price
@@ -274,14 +288,17 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     return k.astype(np.int64), spent
 
 
-def replay_spend(v, price, rollout, budgets, threshold, *, max_per_anchor=None, objective="additive"):
+def replay_spend(v, price, rollout, budgets, threshold, *, max_per_anchor=None, objective="additive",
+                 v_later=None):
     """The rule replayed on a finished step: the eager count of every prefix.
 
     ``rollout`` numbers each prefix's bare rollout (a rollout's prefixes consecutive, by depth) and
-    ``budgets`` holds each rollout's eager budget. All rollouts advance together, one prefix position at
-    a time, which is what the online rule does whatever the order they reach their boundaries in.
+    ``budgets`` holds each rollout's eager budget; ``v_later`` the later prediction each decision saw.
+    All rollouts advance together, one prefix position at a time, which is what the online rule does
+    whatever the order they reach their boundaries in.
     """
     v, price = np.asarray(v, float), np.asarray(price, float)
+    w = v if v_later is None else np.asarray(v_later, float)
     rollout = np.asarray(rollout, np.int64)
     left = np.asarray(budgets, dtype=float).copy()
     s1, s0 = np.ones(left.size), np.ones(left.size)
@@ -294,7 +311,7 @@ def replay_spend(v, price, rollout, budgets, threshold, *, max_per_anchor=None, 
         at = np.flatnonzero(position == p)
         j = rollout[at]
         k[at], spent = threshold_spend(v[at], price[at], left[j], threshold, max_per_anchor=max_per_anchor,
-                                       objective=objective, stay=(s1[j], s0[j]))
+                                       objective=objective, stay=(s1[j], s0[j]), v_later=w[at])
         left[j] -= spent
         with np.errstate(under="ignore"):
             s1[j] *= v[at] ** k[at]
@@ -302,7 +319,8 @@ def replay_spend(v, price, rollout, budgets, threshold, *, max_per_anchor=None, 
     return k
 
 
-def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, objective="additive"):
+def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, objective="additive",
+                  v_later=None):
     """The largest threshold at which :func:`replay_spend` on a finished step spends ``target`` or more.
 
     Bisection on the log scale (the spend never grows with the threshold); where even a zero threshold
@@ -318,7 +336,8 @@ def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, ob
         return float(np.max(expected_flip_probability_gain(v, 0) / price, initial=0.0))
 
     def spend(t):
-        k = replay_spend(v, price, rollout, budgets, t, max_per_anchor=max_per_anchor, objective=objective)
+        k = replay_spend(v, price, rollout, budgets, t, max_per_anchor=max_per_anchor, objective=objective,
+                         v_later=v_later)
         return float(np.dot(k, price))
 
     target = min(target, spend(0.0))  # what no threshold can spend (rollouts without prefixes) is not aimed at

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from .eager import EagerPlan, offline_level, prior_level, rollout_budgets, thres
 from .policies import AllocationPolicy, RolloutBudget, top_up_roots
 
 __all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "EagerWorld", "TreeExpander",
-           "PrefixCommitter", "StepRecord",
+           "PrefixCommitter", "Branch", "StepRecord",
            "RootAllocator", "run_step",
            "round_shares", "in_rollout_order", "place_continuations"]
 
@@ -154,24 +154,35 @@ class EagerWorld(StreamingWorld, Protocol):
         """:meth:`StreamingWorld.plant_streamed`, and more: each time bare rollout j (in planting order
         within its tree) of tree i reaches a turn boundary that is not its last, call
         ``k = commit(i, j, depth, predict)`` (``depth`` the prefix's turns, 1, 2, ... for each rollout in
-        turn; ``predict(concentration=...)`` the :class:`Prediction` at that one prefix) and start ``k``
-        continuations from that prefix at once. Once every bare rollout of tree i has ended (after its
+        turn; ``predict(concentration=...)`` the :class:`Prediction` at that one prefix) and start, for
+        each :class:`Branch` returned, ``count`` continuations from that rollout's prefix at ``depth``
+        (this one, or one turn back) at once. Once every bare rollout of tree i has ended (after its
         commits), call ``expand`` as the streaming world does; its ``predict`` may serve the predictions
         the commits were given. Calls for one rollout come in depth order; across rollouts and trees, in
         any order: the decisions do not depend on it.
 
-        ``commit`` carries ``commit.ended(i, j, length) -> k``: call it when bare rollout j of tree i ends
-        after ``length`` turns (after its commits, before its tree's ``expand``) and start ``k`` more
-        rollouts at once: continuations from its prefix at depth ``length - 1``, or bare top-ups at the
-        root when ``length`` is 1.
+        ``commit`` carries ``commit.ended(i, j, length, reward) -> (Branch, ...)``: call it when bare
+        rollout j of tree i ends after ``length`` turns with ``reward`` (after its commits, before its
+        tree's ``expand``) and start the branches at once: continuations from its prefix at depth
+        ``length - 1``, or bare top-ups at the root (depth 0) when ``length`` is 1.
         """
 
 
 TreeExpander = Callable[..., np.ndarray]
 """``expand(tree, reward, predict) -> k``: the driver's decision for one tree (:class:`StreamingWorld`)."""
 
-PrefixCommitter = Callable[..., int]
-"""``commit(tree, rollout, depth, predict) -> k``: the driver's decision at one turn boundary (:class:`EagerWorld`)."""
+class Branch(NamedTuple):
+    """Continuations to start now from one prefix of a running (or just ended) bare rollout."""
+
+    depth: int
+    """The prefix's depth along the rollout (0: its root; then the ``count`` rollouts are bare top-ups)."""
+    count: int
+    """How many rollouts to start there."""
+
+
+PrefixCommitter = Callable[..., tuple]
+"""``commit(tree, rollout, depth, predict) -> (Branch, ...)``, with ``commit.ended(tree, rollout, length,
+reward) -> (Branch, ...)``: the driver's decisions at turn boundaries (:class:`EagerWorld`)."""
 
 RootAllocator = Callable[..., np.ndarray]
 """``root_allocator(policy, v, budget, *, rng, concentration) -> m``: replaces ``policy.allocate_roots``
@@ -242,6 +253,9 @@ class StepRecord:
     """Eager: the threshold at which the rule, replayed on this step's prefixes, spends the eager budget
     (:func:`~trace_theory.eager.offline_level`): the next step's tau."""
     eager_spent: float = 0.0
+    eager_lag: int = 0
+    """Eager: turns between a prefix forming and its decision (``EagerPlan.lag``): column 0 of
+    ``node_phase`` started at the prefix's depth plus this."""
     """Eager: continuation budget committed at turn boundaries (in rollouts of each prompt)."""
 
     @property
@@ -538,36 +552,49 @@ class _EagerExpansion(_StreamedExpansion):
         """tree -> {(rollout, depth): (v, concentration, price, k)}."""
         self.stay: dict[tuple[int, int], tuple[float, float]] = {}
         self.finished: set[tuple[int, int]] = set()
+        self.rewards: dict[tuple[int, int], float] = {}
         self.early_top_ups = np.zeros(len(m_tree), dtype=np.int64)
 
-    def commit(self, tree: int, rollout: int, depth: int, predict: Callable[..., Prediction]) -> int:
+    def commit(self, tree: int, rollout: int, depth: int, predict: Callable[..., Prediction]) -> tuple[Branch, ...]:
+        """Bare rollout ``rollout`` of ``tree`` reached a turn boundary at ``depth``, not its last: the
+        continuations to start now (at this prefix, or with ``lag`` 1 at the one before, now that the
+        factual branch's next prediction is known)."""
         tree, rollout, depth = int(tree), int(rollout), int(depth)
         if not 0 <= tree < len(self.budget) or not 0 <= rollout < int(self.m_tree[tree]) or tree in self.decided:
             raise ValueError(f"the world committed at tree {tree}, rollout {rollout}: not a running bare rollout")
         seen = self.commits.setdefault(tree, {})
-        if depth != 1 + sum(1 for (j, _) in seen if j == rollout) or (rollout, depth) in seen:
+        if depth != 1 + sum(1 for (j, _) in seen if j == rollout) or (tree, rollout) in self.finished:
             raise ValueError(f"the world must commit at each rollout's prefixes in depth order; tree {tree}, "
                              f"rollout {rollout} reported depth {depth}")
         if not self.asks:
             seen[rollout, depth] = None
-            return 0
+            return ()
         v, kappa, price = _StreamedExpansion._predictions(self, tree, 1, predict)
-        unit = 1.0 if price is None else float(price[0])
+        seen[rollout, depth] = [float(v[0]), None if kappa is None else float(kappa[0]),
+                                None if price is None else float(price[0]), 0, 0]
+        if self.plan.lag == 0:
+            return self._decide(tree, rollout, depth, float(v[0]))
+        return self._decide(tree, rollout, depth - 1, float(v[0])) if depth > 1 else ()
+
+    def _decide(self, tree: int, rollout: int, depth: int, later: float) -> tuple[Branch, ...]:
+        """The threshold rule at the rollout's prefix at ``depth``, the factual branch now at ``later``."""
+        row = self.commits[tree][rollout, depth]
+        unit = 1.0 if row[2] is None else row[2]
         s1, s0 = self.stay.get((tree, rollout), (1.0, 1.0))
-        k, spent = threshold_spend(float(v[0]), unit, self.left[tree][rollout], self.threshold,
+        k, spent = threshold_spend(row[0], unit, self.left[tree][rollout], self.threshold, v_later=later,
                                    max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective,
                                    stay=(s1, s0))
         self.left[tree][rollout] -= spent
-        self.stay[tree, rollout] = (s1 * float(v[0]) ** k, s0 * (1.0 - float(v[0])) ** k)
-        seen[rollout, depth] = [float(v[0]), None if kappa is None else float(kappa[0]),
-                                None if price is None else unit, int(k), 0]
-        return int(k)
+        self.stay[tree, rollout] = (s1 * row[0] ** k, s0 * (1.0 - row[0]) ** k)
+        row[3] += int(k)
+        return (Branch(depth, int(k)),) if k else ()
 
-    def ended(self, tree: int, rollout: int, length: int) -> int:
-        """Bare rollout ``rollout`` of ``tree`` ended after ``length`` turns: what it left of its eager budget,
-        in whole continuations from its last prefix (depth length - 1; its root when length = 1: top-ups),
+    def ended(self, tree: int, rollout: int, length: int, reward: float) -> tuple[Branch, ...]:
+        """Bare rollout ``rollout`` of ``tree`` ended after ``length`` turns with ``reward``: with ``lag`` 1 the
+        rule at its last prefix (r known: the paper's flip), then what it left of its eager budget, all as
+        continuations from that last prefix (depth length - 1; at the root when length = 1: top-ups),
         started at once. From there a continuation ends at most one turn after the longest bare rollout
-        could, so the step stays one episode deep. Returns the count."""
+        could, so the step stays one episode deep."""
         tree, rollout, length = int(tree), int(rollout), int(length)
         seen = self.commits.get(tree, {})
         if tree in self.decided or length != 1 + sum(1 for (j, _) in seen if j == rollout) or (
@@ -575,14 +602,18 @@ class _EagerExpansion(_StreamedExpansion):
             raise ValueError(f"the world must report each bare rollout's end once, after its {length - 1} "
                              f"prefixes; tree {tree}, rollout {rollout}")
         self.finished.add((tree, rollout))
+        self.rewards[tree, rollout] = float(reward)
         if not self.asks:
-            return 0
+            return ()
+        out = []
+        if self.plan.lag == 1 and length > 1:
+            out += self._decide(tree, rollout, length - 1, float(reward))
         left = self.left[tree][rollout]
         if length == 1:
             k = int(np.floor(left + 1e-9))  # a top-up is one rollout of the prompt
             self.early_top_ups[tree] += k
             self.left[tree][rollout] -= k
-            return k
+            return (Branch(0, k),) if k else ()
         row = seen[rollout, length - 1]
         unit = 1.0 if row[2] is None else row[2]
         k = int(np.floor(left / unit * (1.0 + 1e-9) + 1e-9))
@@ -590,7 +621,7 @@ class _EagerExpansion(_StreamedExpansion):
             k = min(k, self.policy.max_per_anchor - row[3])
         row[4] += k
         self.left[tree][rollout] -= k * unit
-        return k
+        return tuple(out) + ((Branch(length - 1, k),) if k else ())
 
     def _ordered(self, tree: int, n: int) -> list:
         seen = self.commits.get(tree, {})
@@ -616,38 +647,47 @@ class _EagerExpansion(_StreamedExpansion):
         k = np.array([r[3] for r in rows], dtype=np.int64) + at_end
         price = np.array([1.0 if r[2] is None else r[2] for r in rows])
         spent = float(np.dot(k, price)) + float(self.early_top_ups[tree])
+        if self.plan.reserve == 0:  # never wait: what buys no whole continuation at a rollout's end is not spent
+            return k, at_end, 0
         return k, at_end, int(np.floor(self.budget[tree] - spent + 1e-9))
 
     def level(self) -> tuple[float, float]:
-        """(offline level of this step's prefixes at the eager budget, budget committed at boundaries)."""
-        v, price, rollout, budgets, spent = [], [], [], [], 0.0
+        """(offline level of this step's prefixes at the eager budget, budget committed by the rule)."""
+        v, later, price, rollout, budgets, spent = [], [], [], [], [], 0.0
         n_rollouts = 0
         for tree in range(len(self.budget)):
             b = rollout_budgets(self.eager_budget[tree:tree + 1], self.m_tree[tree:tree + 1])[0]
-            for (j, _), row in sorted(self.commits.get(tree, {}).items()):
-                if row is None:
-                    continue
+            rows = sorted((key, row) for key, row in self.commits.get(tree, {}).items() if row is not None)
+            for i, ((j, d), row) in enumerate(rows):
                 v.append(row[0]), price.append(1.0 if row[2] is None else row[2]), rollout.append(n_rollouts + j)
-                spent += row[3] * price[-1]  # at boundaries only: what the rule committed
+                nxt = rows[i + 1] if i + 1 < len(rows) else None
+                if self.plan.lag == 0:
+                    later.append(row[0])
+                elif nxt is not None and nxt[0][0] == j:
+                    later.append(nxt[1][0])
+                else:
+                    later.append(self.rewards.get((tree, j), row[0]))
+                spent += row[3] * price[-1]  # what the rule committed (not what rollouts left at their end)
             budgets.append(b)
             n_rollouts += b.size
         if not v:
             return (self.threshold if self.threshold is not None else 0.0), spent
         flat = np.concatenate(budgets).astype(float)
         level = offline_level(np.array(v), np.array(price), np.array(rollout), flat, float(self.eager_budget.sum()),
-                              max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective)
+                              max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective,
+                              v_later=np.array(later))
         return level, spent
 
 
 class _Committer:
-    """``commit(tree, rollout, depth, predict)`` with ``.ended(tree, rollout, length)``: what an
-    :class:`EagerWorld` calls (:class:`PrefixCommitter`)."""
+    """``commit(tree, rollout, depth, predict)`` with ``.ended(tree, rollout, length, reward)``: what an
+    :class:`EagerWorld` calls (:data:`PrefixCommitter`)."""
 
     def __init__(self, decide: _EagerExpansion):
         self.ended = decide.ended
         self._commit = decide.commit
 
-    def __call__(self, tree, rollout, depth, predict) -> int:
+    def __call__(self, tree, rollout, depth, predict) -> tuple[Branch, ...]:
         return self._commit(tree, rollout, depth, predict)
 
 
@@ -665,7 +705,7 @@ def _expand_streamed(world, policy, active, m, per_root, record, counts, root_co
         decide = _EagerExpansion(policy, m_tree, per_root, tree_cost, eager, root_v)
         forest = world.plant_eager(active, m_tree, _Committer(decide), decide.expand, decide.rest)
         level, spent = decide.level()
-        record.update(eager_threshold=decide.threshold, eager_level=level, eager_spent=spent)
+        record.update(eager_threshold=decide.threshold, eager_level=level, eager_spent=spent, eager_lag=eager.lag)
     anchors = in_rollout_order(forest, _planted_anchors(forest, m_tree))
     decide.check(forest, anchors)
     v, kappa, first, alloc, top_ups = decide.result

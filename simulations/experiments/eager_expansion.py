@@ -3,9 +3,10 @@
 Lazy TRACE places a prefix's continuations once the factual outcome r is known, so a step is two
 episodes deep: with the barrier, after every bare rollout; streamed, after its own tree's. Eager TRACE
 (``trace_theory.eager``, ``run_step(eager=EagerPlan(reserve))``) commits 1 - reserve of each tree's
-continuation budget at turn boundaries by the expected utility E_r[1 - q^k] = 1 - v^(k+1) - (1 - v)^(k+1),
-with a threshold carried from the previous batch (its ``eager_level``), and spends the reserve by the
-outcome-aware rule once the tree has ended.
+continuation budget at turn boundaries by the expected utility E_r[1 - q^k] = 1 - w v^k - (1 - w)(1 - v)^k
+(w = v as the prefix forms, ``eager_now_*``; w the next prediction, or r at the rollout's end, one turn
+later, ``eager_*``), with a threshold carried from the previous batch (its ``eager_level``), and spends
+the reserve by the outcome-aware rule once the tree has ended.
 
 **Table.** Per (predictor, episode-length spread, arm), online batches as in the other batch experiments
 (the learned predictor fitted as it goes, the first ``warmup`` batches left out): contrast pairs and
@@ -60,15 +61,16 @@ def parse_arm(label: str, policy: str) -> tuple[str, str, EagerPlan | None]:
         return label, "barrier", None
     if label in ("trace_barrier", "trace_streamed"):
         return policy, label.split("_")[1], None
-    for prefix, objective in (("eager_joint_", "joint"), ("eager_", "additive")):
+    for prefix, objective, lag in (("eager_joint_", "joint", 1), ("eager_now_", "additive", 0),
+                                   ("eager_", "additive", 1)):
         if label.startswith(prefix):
             try:
                 reserve = float(label[len(prefix):])
             except ValueError:
                 break
-            return policy, "eager", EagerPlan(reserve=reserve, objective=objective)
-    raise ValueError(f"unknown arm {label!r}: grpo, root_only, trace_barrier, trace_streamed, eager_R or "
-                     "eager_joint_R (R the reserve share)")
+            return policy, "eager", EagerPlan(reserve=reserve, objective=objective, lag=lag)
+    raise ValueError(f"unknown arm {label!r}: grpo, root_only, trace_barrier, trace_streamed, eager_R, "
+                     "eager_now_R or eager_joint_R (R the reserve share)")
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ class Config(BatchShape):
     policy: str = "trace_tokens"
     """The TRACE policy of the lazy and eager arms (priced in tokens)."""
     arms: tuple[str, ...] = ("grpo", "root_only", "trace_barrier", "trace_streamed", "eager_0.0", "eager_0.25",
-                             "eager_0.5", "eager_joint_0.0")
+                             "eager_0.5", "eager_now_0.0", "eager_joint_0.0")
+    """``eager_R``: reserve share R, decided one turn after the prefix forms (``EagerPlan.lag`` 1);
+    ``eager_now_R``: as it forms (lag 0); ``eager_joint_R``: the rollout-joint gain."""
     predictors: tuple[str, ...] = ("oracle", "learned", "running_mean", "noisy")
     spreads: tuple[str, ...] = ("fixed", "mid", "wide")
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)

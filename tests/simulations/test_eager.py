@@ -46,8 +46,9 @@ def test_reserve_one_is_streamed_node_for_node(policy, seed):
 
 @pytest.mark.parametrize("policy", ["trace", "trace_tokens"])
 @pytest.mark.parametrize("reserve", [0.0, 0.25, 0.5])
-def test_decisions_do_not_depend_on_the_order_the_world_reports(policy, reserve):
-    plan = EagerPlan(reserve=reserve, threshold=0.05)
+@pytest.mark.parametrize("lag", [0, 1])
+def test_decisions_do_not_depend_on_the_order_the_world_reports(policy, reserve, lag):
+    plan = EagerPlan(reserve=reserve, threshold=0.05, lag=lag)
     ref = batch(policy, "eager", plan, seed=3)
     assert ref.record.eager_spent > 0
     for order_seed in (1, 2, 3):
@@ -69,17 +70,17 @@ def test_rollout_priced_eager_spends_the_budget_exactly(reserve, threshold):
 
 @pytest.mark.parametrize("policy", ["trace", "trace_tokens"])
 @pytest.mark.parametrize("seed", [0, 5])
-def test_no_reserve_keeps_the_step_one_episode_deep(policy, seed):
+@pytest.mark.parametrize("lag", [0, 1])
+def test_no_reserve_keeps_the_step_one_episode_deep(policy, seed, lag):
     """Reserve 0: every continuation starts at its prefix's boundary or at its rollout's end, from its last
     prefix: the critical path is at most one turn past the longest bare rollout (GRPO's)."""
     model = BernoulliTreeModel(max_turns=6, stop_prob=0.2)
-    eager = batch(policy, "eager", EagerPlan(reserve=0.0, threshold=0.02), seed=seed, model=model)
+    eager = batch(policy, "eager", EagerPlan(reserve=0.0, threshold=0.02, lag=lag), seed=seed, model=model)
     barrier = batch(policy, "barrier", seed=seed, model=model)
     longest = int(barrier.sampled.forest.depth[barrier.sampled.forest.leaves][
         barrier.sampled.forest.rollout_start[barrier.sampled.forest.leaves] < barrier.planted].max())
-    if policy == "trace":  # rollout-priced: nothing is left for the tree's end
-        assert eager.record.node_phase[:, 2:].sum() == 0
-        assert critical_path(eager) <= longest + 1
+    assert eager.record.node_phase[:, 2:].sum() == 0  # nothing is left for the tree's end
+    assert critical_path(eager) <= longest + 1
     assert critical_path(barrier) > longest + 1
     assert critical_path(eager) < critical_path(barrier)
 
@@ -110,10 +111,14 @@ def test_the_world_must_report_boundaries_in_depth_order():
     from trace_theory import Prediction
 
     one = lambda concentration=False: Prediction(np.array([0.5]))  # noqa: E731
-    assert decide.commit(0, 0, 1, one) == 2
+    assert decide.commit(0, 0, 1, one) == ()  # lag 1: decided at the next boundary
+    assert decide.commit(0, 0, 2, one) == ((1, 2),)  # prefix at depth 1 takes the rollout's budget 2
     with pytest.raises(ValueError, match="depth order"):
-        decide.commit(0, 0, 3, one)
+        decide.commit(0, 0, 4, one)
     with pytest.raises(ValueError, match="not a running bare rollout"):
         decide.commit(0, 5, 1, one)
     with pytest.raises(ValueError, match="end once"):
-        decide.ended(0, 1, 3)
+        decide.ended(0, 1, 3, 1.0)
+    assert decide.ended(0, 1, 1, 0.0) == ((0, 2),)  # a one-turn rollout: its budget tops up its root
+    lag0 = _EagerExpansion(get_policy("trace"), np.array([1]), 2, None, EagerPlan(reserve=0.0, threshold=0.0, lag=0))
+    assert lag0.commit(0, 0, 1, one) == ((1, 2),)
