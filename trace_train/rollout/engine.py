@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_theory import (
+    EagerPlan,
     Origin,
     Prediction,
     RolloutBudget,
@@ -101,6 +102,9 @@ class RolloutEngine:
         """Tokens of a continuation relative to a bare rollout, averaged the same way from a prior of 0.5."""
         self.turns_per_rollout: float | None = None
         """Turns per bare rollout, averaged the same way: what a token-priced policy's costs are read from."""
+        self.eager_threshold: float | None = None
+        """``rollout.expansion=eager``: the threshold the next call's turn-boundary decisions use, the level
+        of the previous call (``StepRecord.eager_level``); None before the first (a prior from the roots)."""
 
     # -----------------------------------------------------------------------------------------------
 
@@ -283,6 +287,45 @@ class _Run:
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
+    def plant_eager(self, prompts: np.ndarray, counts: np.ndarray, commit, expand, rest) -> RolloutForest:
+        """:meth:`plant_streamed`, and continuations committed at turn boundaries
+        (``trace_theory.step.EagerWorld``): the scheduler reports each bare rollout's boundaries and its
+        end as they happen, the driver's ``commit`` (and ``commit.ended``) returns the branches to start,
+        and they join the generation stream at once."""
+        prompts = prompts.tolist()
+        roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
+
+        def history(s: int, p) -> History:
+            return History(prompts[s], self.pool[prompts[s]], p.depth, p.messages, p.token_ids)
+
+        def branch(s: int, prefixes):
+            reward = np.array([p.reward for p in prefixes], dtype=float)
+            histories = [history(s, p) for p in prefixes]
+            return expand(s, reward, lambda concentration: self._predict(histories, concentration))
+
+        def boundary(s: int, j: int, depth: int, prefix):
+            one = [history(s, prefix)]
+            branches = commit(s, j, depth, lambda concentration: self._predict(one, concentration))
+            return [(b.depth, b.count) for b in branches]
+
+        def finished(s: int, j: int, length: int, reward: float):
+            return [(b.depth, b.count) for b in commit.ended(s, j, length, reward)]
+
+        def more():
+            top_ups, extra = rest()
+            return [(s, -1, int(k)) for s, k in enumerate(top_ups) if k] + \
+                [(s, a, int(k)) for s, ks in enumerate(extra) for a, k in enumerate(ks) if k]
+
+        t0 = time.perf_counter()
+        if roots:
+            report = self.engine.scheduler.grow(
+                self.builder, [(root, "bare", int(k)) for root, k in zip(roots, counts)], seed=self.next_seed,
+                branch=branch, rest=more, boundary=boundary, finished=finished)
+            self.next_seed += report.seeds
+            self.grown = self.grown + report
+        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
+        return self.builder.build()
+
     def grow(self, starts: Starts) -> RolloutForest:
         t0 = time.perf_counter()
         if len(starts):
@@ -299,9 +342,15 @@ class _Run:
     # ---- the call and its result ------------------------------------------------------------------
 
     def execute(self, budget: RolloutBudget) -> RolloutBatch:
+        eager = None
+        if self.cfg.expansion == "eager":
+            eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold)
         record = run_step(self, self.engine.policy, budget, pool=len(self.pool), rng=self.rng,
                           expansion_rounds=self.cfg.expansion_rounds,
-                          root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed")
+                          root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed",
+                          eager=eager)
+        if record.eager_level is not None:  # the next step's threshold (trace_theory.eager.offline_level)
+            self.engine.eager_threshold = record.eager_level
         return self._finish(record)
 
     def _finish(self, record: StepRecord) -> RolloutBatch:
