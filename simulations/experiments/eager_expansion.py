@@ -99,7 +99,7 @@ class Config(BatchShape):
     steps: int = 30
     learning_roots: int = 16
     learning_continuations: int = 2
-    lrs: tuple[float, ...] = (10.0, 20.0, 40.0, 80.0)
+    lrs: tuple[float, ...] = (20.0, 40.0, 80.0, 160.0, 320.0)
     report_seeds: int = 4
     tuning_seeds: int = 2
     mdp: TreeMDP = field(default_factory=lambda: TreeMDP(
@@ -316,6 +316,11 @@ def _verdict(headline: dict, details: dict, config: Config) -> tuple[str, bool]:
                      f"TRACE's contrast pairs per 1k turns, critical path {cell['critical_path_over_grpo']:+.2f} "
                      "turns over GRPO's")
         held &= cell["pairs_kept"] >= 0.9 and cell["critical_path_over_grpo"] <= 1.0
+        for reserve in ("0.25", "0.5"):
+            other = details["regime"].get(key.replace("eager_0.0", f"eager_{reserve}"))
+            if other:
+                parts[-1] += (f" (reserve {reserve}: {other['pairs_kept']:.0%}, "
+                              f"{other['critical_path_over_grpo']:+.2f} turns)")
     waiting = details["value_of_waiting"]
     parts.append("value of waiting (share of lazy TRACE's contrast pairs eager loses, mid spread): " + ", ".join(
         f"{k.split('/')[0]} {v:+.1%}" for k, v in waiting.items() if k.endswith("/mid") or len(config.spreads) == 1))

@@ -148,3 +148,30 @@ def test_rollout_budgets_and_plan_checks():
         EagerPlan(reserve=1.5)
     with pytest.raises(ValueError, match="`objective`"):
         EagerPlan(objective="sum")
+
+
+def test_calibration_by_depth_against_a_loop():
+    from trace_theory import RolloutForest
+    from trace_theory.metrics import CALIBRATION_WARNING_ECE, calibration_by_depth
+
+    f = RolloutForest.from_nested([[[1, 0], [0, [1, 1]]], [0, 0]])
+    rng = np.random.default_rng(0)
+    pred = rng.uniform(0, 1, len(f))
+    pred[f.is_leaf] = np.nan
+    out = calibration_by_depth(f, pred, min_count=1)
+    for d in range(int(f.depth.max())):
+        nodes = [n for n in range(len(f)) if f.depth[n] == d and not f.is_leaf[n]]
+        if not nodes:
+            continue
+        outcome = []
+        for n in nodes:
+            if f.parent[n] == -1:
+                kids = [c for c in range(len(f)) if f.parent[c] == n]
+                outcome.append(np.mean([f.reward[f.factual_leaf[c]] for c in kids]))
+            else:
+                outcome.append(f.reward[f.factual_leaf[n]])
+        assert out[d]["n"] == len(nodes)
+        assert out[d]["brier"] == pytest.approx(np.mean((pred[nodes] - np.array(outcome)) ** 2))
+    assert out["miscalibrated"] == float(any(out[d]["ece"] > CALIBRATION_WARNING_ECE for d in out if d != "miscalibrated"))
+    with pytest.raises(ValueError, match="one value per node"):
+        calibration_by_depth(f, pred[:-1])

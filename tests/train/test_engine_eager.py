@@ -74,3 +74,14 @@ def test_eager_decisions_do_not_depend_on_environment_timing(hf_backend):
     _same(a, b)
     assert a.report.continuations > 0
     _same(a, run(GuessNumberEnv, schedule="lockstep"))
+
+
+def test_calibration_by_depth_reaches_the_step_metrics(hf_backend):
+    from trace_train.train import _calibration_metrics
+
+    batch = make_engine(hf_backend, expansion="eager", roots=8, continuations_per_root=2, pool_size=len(UNEVEN),
+                        env_workers=4).rollout(UNEVEN, predictor=TurnPredictor(), seed=1)
+    metrics = _calibration_metrics(batch)
+    assert {"predictor_brier_depth_0", "predictor_ece_depth_0", "predictor_brier_depth_1",
+            "predictor_miscalibrated"} <= set(metrics)
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
