@@ -369,7 +369,7 @@ class _Run:
             seconds=seconds, **grown.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
             env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
-            streamed=record.streamed,
+            streamed=record.streamed, expansion=record.expansion,
             occupancy=tuple((round(a - self.start, 4), n) for (a, _), n in zip(grown.timeline.generation,
                                                                               grown.timeline.in_flight)),
         )
