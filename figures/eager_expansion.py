@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from .data import Results, seed_summary
-from .style import ci95, new_figure, panel_label, percent, shades
+from .style import OKABE_ITO, ci95, new_figure, panel_label, percent, shades
+
+MARKERS = "osD^v<>Xp*"
 
 EXPERIMENT = "eager_expansion"
 METRICS = ("contrast_pairs_per_1k_turns", "critical_path")
@@ -32,15 +34,16 @@ def draw(results: Results):
     figure, axes = new_figure(panels=3, height=2.8)
 
     ax = axes[0]
-    colours = shades(len(arms))
-    for arm, colour in zip(arms, colours):
+    palette = list(OKABE_ITO.values())
+    for i, arm in enumerate(arms):
+        colour, marker = palette[i % len(palette)], MARKERS[i % len(MARKERS)]
         at = (summary["predictor"] == predictor) & (summary["spread"] == spread) & (summary["arm"] == arm)
         pairs = summary[at & (summary["metric"] == "contrast_pairs_per_1k_turns")]
         path = summary[at & (summary["metric"] == "critical_path")]
         if pairs.empty or path.empty:
             continue
         ax.errorbar(path["value"], pairs["value"], yerr=ci95(pairs["stderr"], pairs["n"]),
-                    xerr=ci95(path["stderr"], path["n"]), color=colour, marker="o", linestyle="none", label=arm)
+                    xerr=ci95(path["stderr"], path["n"]), color=colour, marker=marker, linestyle="none", label=arm)
     ax.set_xlabel("critical path (turns)")
     ax.set_ylabel("contrast pairs per 1k turns")
     panel_label(ax, f"a  {predictor}, {spread} spread")
@@ -54,7 +57,7 @@ def draw(results: Results):
         values = [waiting.get(f"{p}/{sp}", np.nan) for p in predictors]
         ax.bar(x + i * width - 0.4 + width / 2, values, width, color=colour, label=f"{sp} spread")
     ax.axhline(0.0, color="black", linewidth=0.6)
-    ax.set_xticks(x, predictors)
+    ax.set_xticks(x, [p.replace("running_mean", "mean") for p in predictors], rotation=20)
     ax.set_ylabel("contrast pairs lost without waiting")
     percent(ax)
     panel_label(ax, "b  value of waiting")
@@ -65,7 +68,8 @@ def draw(results: Results):
     learning = learning[learning["part"] == "learning"]
     best = data["details"]["learning"]["equal_critical_path"]["score"]
     report = learning["seed"] < config["report_seeds"]
-    for (arm, entry), colour in zip(best.items(), shades(len(best))):
+    for i, (arm, entry) in enumerate(best.items()):
+        colour = list(OKABE_ITO.values())[i % len(OKABE_ITO)]
         runs = learning[report & (learning["arm"] == arm) & (learning["lr"] == entry["lr"])]
         wide = runs.pivot_table(index=["seed", "step"], columns="metric", values="value").reset_index()
         curve = wide.groupby("step")[["critical_path", "success"]].mean()
