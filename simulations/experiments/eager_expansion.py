@@ -125,8 +125,9 @@ class Config(BatchShape):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=2, batches=3, warmup=1, roots=32, predictors=("oracle", "learned"), spreads=("mid",),
-                   steps=4, lrs=(20.0, 40.0), report_seeds=2, tuning_seeds=1,
+        return cls(seeds=2, batches=3, warmup=1, roots=24, predictors=("oracle", "learned"), spreads=("mid",),
+                   arms=("grpo", "trace_barrier", "eager_0.0", "eager_0.5"), learning_arms=("grpo", "eager_0.0"),
+                   steps=3, lrs=(20.0, 40.0), report_seeds=2, tuning_seeds=1,
                    mdp=TreeMDP(n_tasks=16, horizon=3, pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8)))
 
 

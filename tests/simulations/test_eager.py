@@ -122,3 +122,18 @@ def test_the_world_must_report_boundaries_in_depth_order():
     assert decide.ended(0, 1, 1, 0.0) == ((0, 2),)  # a one-turn rollout: its budget tops up its root
     lag0 = _EagerExpansion(get_policy("trace"), np.array([1]), 2, None, EagerPlan(reserve=0.0, threshold=0.0, lag=0))
     assert lag0.commit(0, 0, 1, one) == ((1, 2),)
+
+
+def test_the_experiment_at_quick_size():
+    from simulations.experiments import eager_expansion
+    from simulations.experiments.base import Units
+
+    outcome = eager_expansion.run(eager_expansion.Config.quick(), Units(progress=False))
+    cell = outcome.headline["learned"]["mid"]
+    assert cell["eager_0.0"]["critical_path"] <= cell["grpo"]["critical_path"] + 1
+    assert cell["trace_barrier"]["critical_path"] > cell["grpo"]["critical_path"] + 1
+    assert cell["trace_barrier"]["regret_per_1k_turns"] == 0.0  # the barrier is its own hindsight optimum
+    assert cell["eager_0.0"]["regret_per_1k_turns"] >= 0.0
+    assert set(outcome.details["learning"]["equal_critical_path"]["score"]) == {"grpo", "eager_0.0"}
+    with pytest.raises(ValueError, match="unknown arm"):
+        eager_expansion.Config(arms=("grpo", "trace_barrier", "eager_0.0", "eager_x"))
