@@ -175,3 +175,22 @@ def test_calibration_by_depth_against_a_loop():
     assert out["miscalibrated"] == float(any(out[d]["ece"] > CALIBRATION_WARNING_ECE for d in out if d != "miscalibrated"))
     with pytest.raises(ValueError, match="one value per node"):
         calibration_by_depth(f, pred[:-1])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_rollout_that_leaves_budget_took_exactly_the_units_above_the_threshold(seed):
+    """The regret statement's first half: where a rollout's budget did not bind, the rule took every unit
+    of expected gain per price above tau and none below, so it is the optimum of that rollout's expected
+    utility among allocations spending at most what it spent (the prefix greedy's guarantee)."""
+    rng = np.random.default_rng(seed)
+    rollout = np.repeat(np.arange(40), rng.integers(1, 6, 40))
+    v, price = rng.uniform(0, 1, rollout.size), rng.uniform(0.2, 1.0, rollout.size)
+    budgets = rng.integers(0, 8, 40).astype(float)
+    tau = 0.08
+    k = replay_spend(v, price, rollout, budgets, tau)
+    spent = np.bincount(rollout, weights=k * price, minlength=40)
+    for j in np.flatnonzero(spent < budgets - 1.0):  # room for one more unit of any price left
+        at = np.flatnonzero(rollout == j)
+        for a in at:
+            gains = expected_flip_probability_gain(v[a], np.arange(k[a] + 1)) / price[a]
+            assert (gains[:k[a]] > tau).all() and gains[k[a]] <= tau

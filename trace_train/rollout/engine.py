@@ -50,7 +50,7 @@ from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from .chat import ChatFormat
 from ..envs.base import Environment, Message
-from .scheduler import EnvFailure, GrowReport, OpeningFailed, Scheduler
+from .scheduler import EnvFailure, Extra, GrowReport, OpeningFailed, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
@@ -173,6 +173,13 @@ class RolloutEngine:
             self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
 
 
+def _extras(top_ups, more) -> list[Extra]:
+    """The driver's ``rest()`` (top-ups per tree, more continuations per anchor of each tree) as the
+    scheduler's records."""
+    return [Extra(s, None, int(k)) for s, k in enumerate(top_ups) if k] + \
+        [Extra(s, a, int(k)) for s, ks in enumerate(more) for a, k in enumerate(ks) if k]
+
+
 def _rollout_tokens(forest: RolloutForest, start: int, *, per_turn: bool = False) -> float:
     """Tokens of the rollout that begins at ``start``: its turns along first children (turns with ``per_turn``)."""
     total, node = 0.0, int(start)
@@ -277,9 +284,7 @@ class _Run:
             return expand(s, reward, lambda concentration: self._predict(histories, concentration))
 
         def more():
-            top_ups, extra = rest()
-            return [(s, -1, int(k)) for s, k in enumerate(top_ups) if k] + \
-                [(s, a, int(k)) for s, ks in enumerate(extra) for a, k in enumerate(ks) if k]
+            return _extras(*rest())
 
         t0 = time.perf_counter()
         if roots:
@@ -305,16 +310,13 @@ class _Run:
 
         def boundary(s: int, j: int, depth: int, prefix):
             one = [history(s, prefix)]
-            branches = commit(s, j, depth, lambda concentration: self._predict(one, concentration))
-            return [(b.depth, b.count) for b in branches]
+            return commit(s, j, depth, lambda concentration: self._predict(one, concentration))
 
         def finished(s: int, j: int, length: int, reward: float):
-            return [(b.depth, b.count) for b in commit.ended(s, j, length, reward)]
+            return commit.ended(s, j, length, reward)
 
         def more():
-            top_ups, extra = rest()
-            return [(s, -1, int(k)) for s, k in enumerate(top_ups) if k] + \
-                [(s, a, int(k)) for s, ks in enumerate(extra) for a, k in enumerate(ks) if k]
+            return _extras(*rest())
 
         t0 = time.perf_counter()
         if roots:

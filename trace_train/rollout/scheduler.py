@@ -69,9 +69,11 @@ import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
+
+from trace_theory.step import Branch
 
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
@@ -373,19 +375,28 @@ Branch = Callable[[int, list[Prefix]], Sequence[int]]
 """``branch(s, prefixes) -> k``: called once the walkers of start ``s`` have all ended, with their
 prefixes (walker by walker, by depth); ``k[a]`` continuations start from ``prefixes[a]`` at once."""
 
-Boundary = Callable[..., Sequence[tuple[int, int]]]
-"""``boundary(s, j, depth, prefix) -> [(depth, k), ...]`` (eager expansion): walker ``j`` of start ``s`` went
-on past a turn boundary at ``depth`` (``prefix``: that :class:`Prefix`, its reward unknown, NaN); ``k``
-rollouts start at once from that walker's prefix at each ``depth`` returned (0: at the start's node, top-ups)."""
+class Extra(NamedTuple):
+    """Rollouts ``rest`` adds after the last start ended: ``count`` from prefix ``prefix`` of start ``start``
+    (the index in what ``branch`` saw), or with ``prefix`` None from the start's own node (top-ups)."""
 
-Finished = Callable[..., Sequence[tuple[int, int]]]
-"""``finished(s, j, length, reward) -> [(depth, k), ...]`` (eager expansion): walker ``j`` of start ``s``
-ended after ``length`` turns; the rollouts to start at once, as for :data:`Boundary`."""
+    start: int
+    prefix: int | None
+    count: int
 
-Rest = Callable[[], Sequence[tuple[int, int, int]]]
-"""``rest() -> [(s, a, k), ...]``: called once ``branch`` has been called for every start: ``k`` more
-continuations from prefix ``a`` of start ``s``, or with ``a = -1`` ``k`` more rollouts from start ``s``'s
-node (top-ups)."""
+
+Boundary = Callable[..., Sequence[Branch]]
+"""``boundary(s, j, depth, prefix) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
+``s`` went on past a turn boundary at ``depth`` (``prefix``: that :class:`Prefix`, its reward unknown,
+NaN); ``count`` rollouts start at once from that walker's prefix at each ``depth`` returned (0: at the
+start's node, top-ups). ``Branch`` is ``trace_theory.step.Branch``."""
+
+Finished = Callable[..., Sequence[Branch]]
+"""``finished(s, j, length, reward) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
+``s`` ended after ``length`` turns; the rollouts to start at once, as for :data:`Boundary`."""
+
+Rest = Callable[[], Sequence[Extra]]
+"""``rest() -> [Extra(start, prefix, count), ...]``: called once ``branch`` has been called for every start:
+more continuations from a prefix of a start, or top-ups at its node (:class:`Extra`)."""
 
 
 class Scheduler:
@@ -557,8 +568,8 @@ class _Grower:
 
     def _start_eager(self, stream, sampling, s: int, j: int, w: _Walker, branches) -> None:
         """Start ``k`` rollouts from walker ``w``'s prefix at each ``(depth, k)`` (depth 0: its start node)."""
-        for depth, count in branches:
-            depth, count = int(depth), int(count)
+        for branch in branches:
+            depth, count = int(branch.depth), int(branch.count)
             t = depth - w.start_depth - 1
             if count < 0 or not (depth == 0 or 0 <= t < len(w.boundaries)):
                 raise ValueError(f"the eager hooks returned ({depth}, {count}) for walker {j} of start {s}: "
@@ -587,9 +598,10 @@ class _Grower:
     def _add_rest(self, stream, sampling) -> None:
         """Streamed expansion, after the last start ended: the rollouts ``rest`` adds (top-ups, a = -1)."""
         by_start: dict[int, list[tuple[int, int]]] = {}
-        for s, a, k in self.rest():
+        for extra in self.rest():
+            s, a, k = extra.start, -1 if extra.prefix is None else extra.prefix, extra.count
             if not 0 <= s < self.planted_starts or not -1 <= a < len(self.prefixes[s]) or k < 0:
-                raise ValueError(f"`rest` returned ({s}, {a}, {k}): no such start, prefix or count")
+                raise ValueError(f"`rest` returned {extra}: no such start, prefix or count")
             if k:
                 by_start.setdefault(s, []).append((a, k))
         for s, starts in sorted(by_start.items()):
