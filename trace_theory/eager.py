@@ -175,7 +175,9 @@ class EagerPlan:
         tree's bare rollouts have ended); 1 - reserve is committed at turn boundaries. 1: streamed expansion.
         0: the step never waits for a tree; priced in tokens, what a rollout leaves that buys no whole
         continuation from its last prefix is then not spent (the step spends at most its budget, as
-        token-priced allocation always does).
+        token-priced allocation always does). The default, 0, is the simulator's choice for a step as deep
+        as GRPO's (``simulations.experiments.eager_expansion``: a reserve of 0.5 keeps about all of lazy
+        TRACE's contrast, but brings its second episode back).
     threshold : float or None
         tau, the expected gain per price (in rollouts of the prompt) a unit must exceed to be committed at
         a turn boundary; None: the prior of :func:`prior_level` from the roots' predictions (the first step).
@@ -184,7 +186,7 @@ class EagerPlan:
         rollout's outcome is contradicted at least once, :func:`rollout_joint_gain`).
     """
 
-    reserve: float = 0.25
+    reserve: float = 0.0
     threshold: float | None = None
     objective: str = "additive"
     lag: int = 1
