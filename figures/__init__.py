@@ -25,6 +25,7 @@ FIGURES = (
     "expansion_rounds",
     "sensitivity",
     "regime_map",
+    "eager_expansion",
 )
 """Every figure, in the order of the report."""
 

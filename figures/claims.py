@@ -340,6 +340,28 @@ def _regime_map(summary: dict) -> list[Row]:
     return _rows(rows)
 
 
+def _eager_expansion(summary: dict) -> list[Row]:
+    details = summary["details"]
+    rows = []
+    for key, cell in details.get("regime", {}).items():
+        predictor, spread, arm = key.split("/")
+        if predictor != "learned" or arm not in ("eager_0.0", "eager_0.25"):
+            continue
+        rows.append((f"{arm.replace('_', ' reserve ')}, learned predictor, {spread} spread: share of lazy TRACE's "
+                     "contrast pairs per 1k turns; critical path minus GRPO's",
+                     NONE, f"{cell['pairs_kept']:.0%}; {cell['critical_path_over_grpo']:+.2f} turns"))
+    waiting = details.get("value_of_waiting", {})
+    if waiting:
+        rows.append(("value of waiting (contrast pairs eager loses at reserve 0), by predictor/spread", NONE,
+                     ", ".join(f"{k} {v:+.0%}" for k, v in waiting.items())))
+    for view in ("equal_turns", "equal_critical_path"):
+        learn = details.get("learning", {}).get(view)
+        if learn:
+            rows.append((f"tree MDP, eager reserve 0 minus, best rates, {view.replace('_', ' ')}", NONE,
+                         ", ".join(f"{a} {g['mean']:+.3f} ± {g['stderr']:.3f}" for a, g in learn["gap"].items())))
+    return _rows(rows)
+
+
 @dataclass(frozen=True)
 class Section:
     """One claim of the method: the experiment that tests it, its figures and how to read its numbers."""
@@ -396,4 +418,6 @@ SECTIONS = (
         _sensitivity,
     ),
     Section("regime_map", "Where tree expansion pays, beyond the paper", ("regime_map",), _regime_map),
+    Section("eager_expansion", "Branching that never waits (eager expansion, beyond the paper)",
+            ("eager_expansion",), _eager_expansion),
 )

@@ -12,6 +12,7 @@ value is Beta(v kappa, (1 - v) kappa), which ``trace_beta`` uses and every other
 ``noisy``         logit v = tau logit V + bias + noise * N(0, 1): a calibration and noise knob
 ``learned``       ridge regression of the recursive targets (``trace_theory.node_targets``) on a
                   basis of the node's signal and depth, fitted online (PAPER.md, "Predictor update")
+``running_mean``  the running success rate of all rollouts seen, the same at every node (no features)
 ================  ==================================================================================
 """
 
@@ -189,13 +190,42 @@ class LearnedPredictor:
         return dataclasses.replace(self, stats=new)
 
 
+@dataclass(frozen=True)
+class RunningMeanPredictor:
+    """The running success rate of every rollout seen, the same at every node: a predictor with no
+    features, what a value head knows before it learns anything about the history.
+
+    v = (1 + successes) / (2 + rollouts), past counts discounted by ``decay`` per update; the
+    concentration is 2 + rollouts (a Beta posterior on one shared pass rate).
+    """
+
+    decay: float = 0.8
+    successes: float = 0.0
+    rollouts: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"`decay` must lie in (0, 1], got {self.decay!r}")
+
+    def predict(self, nodes, depth, rng) -> Prediction:
+        n = len(np.asarray(depth))
+        v = (1.0 + self.successes) / (2.0 + self.rollouts)
+        return Prediction(np.full(n, v), np.full(n, min(2.0 + self.rollouts, _KAPPA_RANGE[1])))
+
+    def update(self, sim: SimForest) -> RunningMeanPredictor:
+        reward = sim.forest.reward[sim.forest.leaves]
+        return dataclasses.replace(self, successes=self.decay * self.successes + float(reward.sum()),
+                                   rollouts=self.decay * self.rollouts + float(reward.size))
+
+
 def _weighted_gram(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
     """sum_n w_n phi_n phi_n^T. ``einsum`` keeps this thin product off multi-threaded BLAS, whose thread
     start-up costs ten times the product itself on a two-core machine."""
     return np.einsum("ni,nj->ij", phi * w[:, None], phi)
 
 
-PREDICTORS = {"oracle": OraclePredictor, "noisy": NoisyOracle, "learned": LearnedPredictor}
+PREDICTORS = {"oracle": OraclePredictor, "noisy": NoisyOracle, "learned": LearnedPredictor,
+              "running_mean": RunningMeanPredictor}
 
 
 def make_predictor(name: str, **options) -> Predictor:

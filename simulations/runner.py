@@ -24,8 +24,9 @@ from typing import Protocol
 
 import numpy as np
 
-from trace_theory import POLICIES, AllocationPolicy, Origin, Prediction, RolloutBudget, get_policy, run_step
-from trace_theory.step import Kind, Starts, StepRecord
+from trace_theory import POLICIES, AllocationPolicy, EagerPlan, Origin, Prediction, RolloutBudget, get_policy, run_step
+from trace_theory.eager import EXPANSIONS
+from trace_theory.step import Kind, Starts, StepRecord, in_rollout_order
 
 from .predictors import PREDICTORS, Predictor
 from .rollout import Rollouts, SimForest
@@ -143,6 +144,8 @@ class Batch:
     actual: np.ndarray = field(default_factory=lambda: _EMPTY)
     depth: np.ndarray = field(default_factory=lambda: _EMPTY)
     record: StepRecord | None = None
+    planted: int = 0
+    """Nodes of the forest once the bare rollouts were planted (later ids: top-ups and continuations)."""
 
     @property
     def rollouts(self) -> int:
@@ -162,6 +165,9 @@ def sample_batch(
     pool: int,
     rng: np.random.Generator,
     expansion_rounds: int = 1,
+    expansion: str = "barrier",
+    eager: EagerPlan | None = None,
+    order_seed: int | None = None,
 ) -> Batch:
     """Sample one batch with ``policy`` from a fresh pool of ``pool`` candidate prompts.
 
@@ -181,19 +187,33 @@ def sample_batch(
     rng : numpy.random.Generator
     expansion_rounds : int, default 1
         R: rounds of prefix expansion for branching policies (``trace_theory.step``).
+    expansion : {"barrier", "streamed", "eager"}, default "barrier"
+        When continuations start (``trace_theory.eager.EXPANSIONS``); "eager" needs ``eager``. The
+        simulated rollouts are drawn as the barrier draws them, so the three differ only in the driver's
+        decisions and in when each continuation starts (:func:`critical_path`).
+    eager : trace_theory.EagerPlan, optional
+        The reserve share and threshold of eager expansion.
+    order_seed : int, optional
+        Shuffle the order in which rollouts report their turn boundaries and trees their ends (as the
+        engine's timing would); None: in time order. The batch does not depend on it.
 
     Returns
     -------
     Batch
     """
+    if expansion not in EXPANSIONS:
+        raise ValueError(f"`expansion` must be one of {EXPANSIONS}, got {expansion!r}")
+    if (expansion == "eager") != (eager is not None):
+        raise ValueError("pass `eager` (an EagerPlan) exactly when `expansion` is 'eager'")
     n_roots, _ = policy.split(budget)
     need = -(-n_roots // policy.group_size)
     if pool < need:
         raise ValueError(
             f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use"
         )
-    sim_world = BernoulliWorld(world, world.sample_prompts(pool, rng), predictor, rng)
-    record = run_step(sim_world, policy, budget, pool=pool, rng=rng, expansion_rounds=expansion_rounds)
+    sim_world = BernoulliWorld(world, world.sample_prompts(pool, rng), predictor, rng, order_seed=order_seed)
+    record = run_step(sim_world, policy, budget, pool=pool, rng=rng, expansion_rounds=expansion_rounds,
+                      streamed=expansion == "streamed", eager=eager)
     return sim_world.batch(record)
 
 
@@ -204,10 +224,13 @@ class BernoulliWorld:
     prompt planted so far, so that roots always come first, in prompt order.
     """
 
-    def __init__(self, world: World, prompts: dict[str, np.ndarray], predictor: Predictor, rng):
+    def __init__(self, world: World, prompts: dict[str, np.ndarray], predictor: Predictor, rng,
+                 order_seed: int | None = None):
         self.world, self.prompts, self.predictor, self.rng = world, prompts, predictor, rng
+        self.order_seed = order_seed
         self.m = np.zeros(len(prompts["v"]), dtype=np.int64)
         self.blocks: list[Rollouts] = []
+        self.planted = 0
         self.sim: SimForest | None = None
 
     def predict_prompts(self, prompts, *, concentration: bool) -> Prediction:
@@ -235,6 +258,7 @@ class BernoulliWorld:
         self.blocks.append(_bare(self.world, self.prompts, m, self.rng))
         self.m += m
         self.sim = SimForest.plant(self.prompts, self.m, Rollouts.concatenate(self.blocks))
+        self.planted = len(self.sim.forest)
         return self.sim.forest
 
     def grow(self, starts: Starts):
@@ -245,6 +269,73 @@ class BernoulliWorld:
                 rollouts = self.world.rollouts(self.sim.payload(at), self.sim.forest.depth[at], self.rng)
                 self.sim = self.sim.grow(at, rollouts, origin=origin)
         return self.sim.forest
+
+    def plant_streamed(self, prompts, counts, expand, rest):
+        """``StreamingWorld.plant_streamed``: the bare rollouts, each tree expanded at its end, then the rest."""
+        return self.plant_eager(prompts, counts, None, expand, rest)
+
+    def plant_eager(self, prompts, counts, commit, expand, rest):
+        """``EagerWorld.plant_eager`` on simulated rollouts.
+
+        The bare rollouts are drawn at once (they do not depend on branching), and so are the predictions
+        at their prefixes, in rollout order, exactly as the barrier asks for them: then barrier, streamed
+        and eager see the same rollouts and predictions. The driver is then told, in time order (turn
+        boundary at depth d at time d, a tree's end at its longest bare rollout's length; ties, or with
+        ``order_seed`` everything consistent with each rollout's own order, shuffled), what the engine would
+        tell it; all continuations and top-ups are then grown in one call, as the barrier grows them.
+        """
+        forest = self.plant(prompts, counts)
+        anchors = in_rollout_order(forest, forest.prefix_anchors())
+        guess = self.predict_nodes(anchors, concentration=True) if anchors.size else None
+        tree = forest.tree_index[anchors]
+        start = forest.rollout_start[anchors]
+        rollout_of = _rollout_in_tree(forest)[forest.rollout_start]
+        rollout = rollout_of[anchors]
+        depth = forest.depth[anchors]
+        order_rng = None if self.order_seed is None else np.random.default_rng(self.order_seed)
+
+        def at(ids):
+            return lambda concentration=False: _slice(guess, ids)
+
+        k = np.zeros(anchors.size, dtype=np.int64)
+        leaves = np.flatnonzero(forest.is_leaf)
+        early = np.zeros(len(forest.roots), dtype=np.int64)
+        if commit is not None:
+            # turn boundaries (prefix at depth d: time d) and rollout ends (leaf at depth L: time L), each
+            # rollout's in its own order; the end after the boundaries of the same time
+            position = np.full(len(forest), -1, dtype=np.int64)
+            position[anchors] = np.arange(anchors.size)
+            chain = 1_000_000 * forest.tree_index + _rollout_in_tree(forest)[forest.rollout_start]
+            events = np.concatenate([anchors, leaves])
+            time = np.concatenate([2 * depth, 2 * forest.depth[leaves] + 1])
+            where = {(int(tree[a]), int(rollout[a]), int(depth[a])): a for a in range(anchors.size)}
+            for e in _event_order(time, chain[events], order_rng):
+                node = int(events[e])
+                t, j = int(forest.tree_index[node]), int(rollout_of[node])
+                if e < anchors.size:
+                    branches = commit(t, j, int(depth[e]), at(np.array([e])))
+                else:
+                    branches = commit.ended(t, j, int(forest.depth[node]), float(forest.reward[node]))
+                for branch in branches:
+                    if branch.depth == 0:
+                        early[t] += branch.count
+                    else:
+                        k[where[t, j, branch.depth]] += branch.count
+        ends = np.zeros(len(forest.roots), dtype=np.int64)
+        np.maximum.at(ends, forest.tree_index[leaves], forest.depth[leaves])
+        for t in _event_order(ends, np.arange(ends.size), order_rng):
+            mine = np.flatnonzero(tree == t)
+            reward = forest.reward[forest.factual_leaf[anchors[mine]]]
+            k[mine] += expand(int(t), reward, at(mine))
+        top_ups, more = rest()
+        top_ups = top_ups + early
+        k += np.concatenate(more) if len(more) else 0
+        roots = forest.roots
+        topped, branch = np.flatnonzero(top_ups), np.flatnonzero(k)
+        kinds = np.repeat(np.array([Kind.TOP_UP, Kind.CONTINUATION], dtype=np.int8), [topped.size, branch.size])
+        starts = Starts(np.concatenate([roots[topped], anchors[branch]]), kinds,
+                        np.concatenate([top_ups[topped], k[branch]]).astype(np.int64))
+        return self.grow(starts) if len(starts) else forest
 
     def batch(self, record: StepRecord) -> Batch:
         """The :class:`Batch` of a finished step: what was sampled, trained on and predicted."""
@@ -259,7 +350,87 @@ class BernoulliWorld:
             m_kept = np.where(keep, self.m, 0)
             rollouts = Rollouts.concatenate(self.blocks)
             trained = SimForest.plant(self.prompts, m_kept, rollouts.select(np.repeat(keep, self.m)))
-        return Batch(sim, trained, record.rounds, predicted, actual, depth, record)
+        return Batch(sim, trained, record.rounds, predicted, actual, depth, record, self.planted)
+
+
+def critical_path(batch: Batch) -> int:
+    """Turns on the longest chain of the batch's step: the wall-clock proxy of one generation phase.
+
+    Turn t of a rollout ends at time t after its start, and every rollout runs as soon as it may (as a
+    batched generator runs all of them together). A bare rollout starts at 0. A continuation starts where
+    the step driver placed it (``StepRecord.node_phase``): at its prefix's turn boundary (eager: at time
+    d, the prefix's depth), once its tree's bare rollouts have ended (streamed own pass, the reserve), or
+    once every bare rollout has (the barrier, what trees could not place, top-ups). The result is the
+    latest end; GRPO's is its longest rollout.
+    """
+    record, forest = batch.record, batch.sampled.forest
+    leaves = np.flatnonzero(forest.is_leaf)
+    start = forest.rollout_start[leaves]
+    bare = start < batch.planted
+    planted_end = np.zeros(len(forest.roots), dtype=np.int64)
+    np.maximum.at(planted_end, forest.tree_index[leaves[bare]], forest.depth[leaves[bare]])
+    everyone = int(planted_end.max(initial=0))
+    if bare.all():
+        return everyone
+    anchor = forest.parent[start]
+    length = forest.depth[leaves] - forest.depth[anchor]
+    begin = np.full(leaves.size, everyone, dtype=np.int64)  # barrier, top-ups and pooled leftovers
+    phase = record.node_phase
+    if record is not None and record.expansion != "barrier" and phase is not None and record.node_ids.size:
+        cont = np.flatnonzero(~bare & (forest.origin[start] == Origin.CONTINUATION))
+        order = cont[np.lexsort((start[cont], anchor[cont]))]  # by anchor, then in growth order
+        a = anchor[order]
+        nth = np.arange(order.size) - np.searchsorted(a, a)
+        row = np.full(len(forest), -1, dtype=np.int64)
+        row[record.node_ids] = np.arange(record.node_ids.size)
+        counts = np.cumsum(phase[row[a]], axis=1)
+        eager, at_end = nth < counts[:, 0], (nth >= counts[:, 0]) & (nth < counts[:, 1])
+        own = (nth >= counts[:, 1]) & (nth < counts[:, 2])
+        begin[order[eager]] = forest.depth[a[eager]] + record.eager_lag  # decided as the prefix formed, or a turn on
+        begin[order[at_end]] = forest.depth[a[at_end]] + 1  # the rollout ended one turn below its last prefix
+        begin[order[own]] = planted_end[forest.tree_index[a[own]]]
+        if record.early_top_ups is not None and record.early_top_ups.any():
+            top = np.flatnonzero(~bare & (forest.origin[start] == Origin.BARE))
+            top = top[np.lexsort((start[top], forest.tree_index[leaves[top]]))]
+            tree = forest.tree_index[leaves[top]]
+            nth = np.arange(top.size) - np.searchsorted(tree, tree)
+            begin[top[nth < record.early_top_ups[tree]]] = 1  # a one-turn rollout's budget, at its end
+    end = np.where(bare, forest.depth[leaves], begin + length)
+    return int(end.max(initial=0))
+
+
+def _slice(guess: Prediction | None, ids: np.ndarray) -> Prediction:
+    """The prediction at positions ``ids`` of a batch of predictions."""
+    kappa = None if guess.concentration is None else guess.concentration[ids]
+    cost = None if guess.cost is None else guess.cost[ids]
+    return Prediction(guess.v[ids], kappa, cost)
+
+
+def _rollout_in_tree(forest) -> np.ndarray:
+    """Per node id, the planting number within its tree of the bare rollout it starts (-1 elsewhere)."""
+    first = np.flatnonzero(forest.starts_rollout & (forest.origin == Origin.BARE))
+    tree = forest.tree_index[first]
+    order = np.lexsort((first, tree))
+    out = np.full(len(forest), -1, dtype=np.int64)
+    out[first[order]] = np.arange(first.size) - np.searchsorted(tree[order], tree[order])
+    return out
+
+
+def _event_order(time: np.ndarray, chain: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+    """Positions in the order a world reports them: by ``time``, ties in position order; with ``rng``, a
+    random order that keeps each ``chain``'s events in time order (the only order a world guarantees)."""
+    if rng is None:
+        return np.lexsort((np.arange(time.size), time))
+    order = rng.permutation(time.size)
+    by_chain = np.lexsort((time, chain))  # each chain's events by time
+    chain_sorted = chain[by_chain]
+    nth = np.zeros(time.size, dtype=np.int64)
+    seen: dict = {}
+    for i, c in enumerate(chain[order].tolist()):
+        nth[i] = seen.get(c, 0)
+        seen[c] = nth[i] + 1
+    # the i-th event of a chain in the random order is that chain's i-th event in time
+    return by_chain[np.searchsorted(chain_sorted, chain[order]) + nth]
 
 
 def _bare(world: World, prompts: dict[str, np.ndarray], m: np.ndarray, rng) -> Rollouts:

@@ -35,7 +35,7 @@ THEORY_STOREYS = (
                 "trace_theory._roots_table")),
     ("forest", ("trace_theory._forest_checks", "trace_theory.forest", "trace_theory._forest_builder",
                 "trace_theory.targets", "trace_theory.metrics")),
-    ("decisions", ("trace_theory.allocate", "trace_theory.policies", "trace_theory.advantages",
+    ("decisions", ("trace_theory.allocate", "trace_theory.policies", "trace_theory.advantages", "trace_theory.eager",
                    "trace_theory.benchmark")),
     ("driver", ("trace_theory.step", "trace_theory.selfcheck", "trace_theory")),
 )

@@ -28,6 +28,7 @@ __all__ = [
     "contrast_yield",
     "mixed_anchor_ratio",
     "contrast_pairs",
+    "calibration_by_depth",
     "budget_by_depth",
     "brier_score",
     "expected_calibration_error",
@@ -190,3 +191,63 @@ def expected_calibration_error(pred, outcome, *, n_bins: int = 10) -> float:
     bins = np.minimum((pred * n_bins).astype(np.int64), n_bins - 1)
     gap = np.abs(np.bincount(bins, weights=pred - outcome, minlength=n_bins))
     return float(gap.sum() / pred.size)
+
+
+CALIBRATION_WARNING_ECE = 0.15
+"""Expected calibration error of a depth above which :func:`calibration_by_depth` flags it: eager
+expansion commits continuations on the predictions alone, so it trusts calibration more than the
+outcome-aware rule does."""
+
+
+def calibration_by_depth(forest: RolloutForest, predictions, *, n_bins: int = 10, min_count: int = 20) -> dict:
+    """Brier score and ECE of the allocator's predictions, per turn depth, against what happened.
+
+    A prefix's outcome is its own rollout's reward (the factual leaf: an unbiased draw of R given the
+    prefix, whatever was branched from it); a root's, the mean reward of its bare rollouts' leaves (its
+    group's success rate; Brier then measures against that rate). Nodes without a finite prediction are
+    left out.
+
+    Returns
+    -------
+    dict
+        ``{depth: {"brier", "ece", "n"}}`` for every depth with predictions, and ``"miscalibrated"``: 1.0
+        when a depth with at least ``min_count`` predictions has ECE above :data:`CALIBRATION_WARNING_ECE`.
+
+    A root whose two bare rollouts ended 1 and 0 (one branched once at its first turn):
+
+    >>> f = RolloutForest.from_nested([[[1, 0], 0]])
+    >>> nan = float("nan")
+    >>> out = calibration_by_depth(f, [0.2, 0.3, nan, nan, nan], min_count=1)
+    >>> round(out[0]["brier"], 12), round(out[1]["ece"], 12), out["miscalibrated"]
+    (0.09, 0.7, 1.0)
+    """
+    forest = _check_forest(forest)
+    pred = np.asarray(predictions, dtype=float)
+    if pred.shape != (len(forest),):
+        raise ValueError(f"`predictions` must hold one value per node ({len(forest)}), got shape {pred.shape}")
+    nodes = np.flatnonzero(np.isfinite(pred) & ~forest.is_leaf)
+    outcome = np.full(len(forest), np.nan)
+    prefixes = nodes[forest.parent[nodes] != -1]
+    outcome[prefixes] = forest.reward[forest.factual_leaf[prefixes]]
+    roots = nodes[forest.parent[nodes] == -1]
+    if roots.size:
+        kids = np.flatnonzero(forest.parent >= 0)
+        kids = kids[np.isin(forest.parent[kids], roots)]  # the roots' children: first turns of their bare rollouts
+        leaf = forest.factual_leaf[kids]
+        total = np.bincount(forest.parent[kids], weights=forest.reward[leaf], minlength=len(forest))
+        count = np.bincount(forest.parent[kids], minlength=len(forest))
+        outcome[roots] = total[roots] / np.maximum(count[roots], 1)
+    out: dict = {}
+    warn = 0.0
+    for d in np.unique(forest.depth[nodes]).tolist():
+        at = nodes[forest.depth[nodes] == d]
+        at = at[np.isfinite(outcome[at])]
+        if not at.size:
+            continue
+        brier = brier_score(pred[at], np.clip(outcome[at], 0.0, 1.0))
+        ece = expected_calibration_error(pred[at], np.clip(outcome[at], 0.0, 1.0), n_bins=n_bins)
+        out[int(d)] = {"brier": brier, "ece": ece, "n": int(at.size)}
+        if at.size >= min_count and ece > CALIBRATION_WARNING_ECE:
+            warn = 1.0
+    out["miscalibrated"] = warn
+    return out

@@ -330,15 +330,20 @@ class AllocationPolicy:
         first = self.place_own_budgets(v, r, prompt, budget, rng=rng, cost=cost)
         return self.place_leftover(v, r, first, rng=rng, cost=cost)
 
-    def place_own_budgets(self, v, r, prompt, budget, *, rng=None, cost=None) -> PrefixAllocation:
+    def place_own_budgets(self, v, r, prompt, budget, *, rng=None, cost=None, start=None) -> PrefixAllocation:
         """The first pass of :meth:`allocate_prefixes`: each prompt's ``budget`` on its own anchors.
 
         For a non-randomised rule (:attr:`streams_prefixes`) a prompt's counts depend on its own anchors
         only, so this pass can run prompt by prompt as each tree's bare rollouts end (the step driver's
         streamed expansion, :func:`trace_theory.step.run_step`) and equals the pass over all prompts.
+        ``start``: continuations already committed at each anchor (eager expansion's, at turn
+        boundaries); the pass continues their gains and returns only the counts it adds.
         """
         v, r, prompt, budget, cost, rule = self._prefix_pass_inputs(v, r, prompt, budget, rng, cost)
-        return rule.place(self, v, r, prompt, budget, start=np.zeros(len(v), dtype=np.int64), rng=rng, cost=cost)
+        start = np.zeros(len(v), dtype=np.int64) if start is None else np.asarray(start, dtype=np.int64)
+        if self.max_per_anchor is not None and (start > self.max_per_anchor).any():
+            raise ValueError(f"`start` must not exceed `max_per_anchor` ({self.max_per_anchor})")
+        return rule.place(self, v, r, prompt, budget, start=start, rng=rng, cost=cost)
 
     def place_leftover(self, v, r, first: PrefixAllocation, *, rng=None, cost=None) -> PrefixAllocation:
         """The second pass of :meth:`allocate_prefixes`: ``first.unspent`` pooled on every anchor.

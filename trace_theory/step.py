@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -50,9 +50,11 @@ from . import _checks
 from .dynamic_sampling import DynamicSamplingState, mixed_groups
 from .forest import Origin, RolloutForest
 from .allocate import PrefixAllocation
+from .eager import EagerPlan, offline_level, prior_level, rollout_budgets, threshold_spend
 from .policies import AllocationPolicy, RolloutBudget, RootAllocator, top_up_roots
 
-__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "TreeExpander", "StepRecord",
+__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "EagerWorld", "TreeExpander",
+           "PrefixCommitter", "Branch", "StepRecord",
            "RootAllocator", "run_step",
            "round_shares", "in_rollout_order", "place_continuations"]
 
@@ -144,8 +146,43 @@ class StreamingWorld(World, Protocol):
         """
 
 
+class EagerWorld(StreamingWorld, Protocol):
+    """A world that can start continuations at the turn boundary where their prefix forms."""
+
+    def plant_eager(self, prompts: np.ndarray, counts: np.ndarray, commit: "PrefixCommitter",
+                    expand: "TreeExpander", rest: Callable[[], tuple[np.ndarray, list[np.ndarray]]]) -> RolloutForest:
+        """:meth:`StreamingWorld.plant_streamed`, and more: each time bare rollout j (in planting order
+        within its tree) of tree i reaches a turn boundary that is not its last, call
+        ``k = commit(i, j, depth, predict)`` (``depth`` the prefix's turns, 1, 2, ... for each rollout in
+        turn; ``predict(concentration=...)`` the :class:`Prediction` at that one prefix) and start, for
+        each :class:`Branch` returned, ``count`` continuations from that rollout's prefix at ``depth``
+        (this one, or one turn back) at once. Once every bare rollout of tree i has ended (after its
+        commits), call ``expand`` as the streaming world does; its ``predict`` may serve the predictions
+        the commits were given. Calls for one rollout come in depth order; across rollouts and trees, in
+        any order: the decisions do not depend on it.
+
+        ``commit`` carries ``commit.ended(i, j, length, reward) -> (Branch, ...)``: call it when bare
+        rollout j of tree i ends after ``length`` turns with ``reward`` (after its commits, before its
+        tree's ``expand``) and start the branches at once: continuations from its prefix at depth
+        ``length - 1``, or bare top-ups at the root (depth 0) when ``length`` is 1.
+        """
+
+
 TreeExpander = Callable[..., np.ndarray]
 """``expand(tree, reward, predict) -> k``: the driver's decision for one tree (:class:`StreamingWorld`)."""
+
+class Branch(NamedTuple):
+    """Continuations to start now from one prefix of a running (or just ended) bare rollout."""
+
+    depth: int
+    """The prefix's depth along the rollout (0: its root; then the ``count`` rollouts are bare top-ups)."""
+    count: int
+    """How many rollouts to start there."""
+
+
+PrefixCommitter = Callable[..., tuple]
+"""``commit(tree, rollout, depth, predict) -> (Branch, ...)``, with ``commit.ended(tree, rollout, length,
+reward) -> (Branch, ...)``: the driver's decisions at turn boundaries (:class:`EagerWorld`)."""
 
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 _EMPTY_F = np.zeros(0)
@@ -196,6 +233,26 @@ class StepRecord:
     planned: RolloutBudget | None = None
     streamed: bool = False
     """Whether each tree's expansion started as soon as its own bare rollouts ended (see the module)."""
+    expansion: str = "barrier"
+    """What ran: "barrier", "streamed" or "eager" (continuations committed at turn boundaries)."""
+    node_phase: np.ndarray | None = None
+    """Streamed and eager: continuations per anchor (aligned with ``node_ids``) by when they were placed,
+    shape (n, 4): at the prefix's turn boundary (eager), at its rollout's end (eager: what the rollout left,
+    at its last prefix), once its tree ended (own budget and reserve), once every tree had ended (what
+    some trees could not place)."""
+    early_top_ups: np.ndarray | None = None
+    """Streamed and eager: per tree, top-ups started when a one-turn bare rollout ended (eager: what it
+    left of its eager budget), before the top-ups of the step's end (``counts["top_up"]`` holds both)."""
+    eager_threshold: float | None = None
+    """Eager: the threshold tau the step's turn-boundary decisions used."""
+    eager_level: float | None = None
+    """Eager: the threshold at which the rule, replayed on this step's prefixes, spends the eager budget
+    (:func:`~trace_theory.eager.offline_level`): the next step's tau."""
+    eager_spent: float = 0.0
+    eager_lag: int = 0
+    """Eager: turns between a prefix forming and its decision (``EagerPlan.lag``): column 0 of
+    ``node_phase`` started at the prefix's depth plus this."""
+    """Eager: continuation budget committed at turn boundaries (in rollouts of each prompt)."""
 
     @property
     def rollouts(self) -> int:
@@ -238,6 +295,7 @@ def run_step(
     expansion_rounds: int = 1,
     root_allocator: RootAllocator | None = None,
     streamed: bool = False,
+    eager: EagerPlan | None = None,
 ) -> StepRecord:
     """Run one step of ``policy`` with ``budget`` over ``pool`` candidate prompts (see the module).
 
@@ -266,6 +324,12 @@ def run_step(
         the world can (:class:`StreamingWorld`), the policy's prefix rule is not randomised
         (``policy.streams_prefixes``) and ``expansion_rounds`` is 1; otherwise the step runs with the
         barrier. The decisions are the same either way; the record says which ran.
+    eager : EagerPlan, optional
+        Commit continuations at turn boundaries (:mod:`trace_theory.eager`): 1 - ``eager.reserve`` of each
+        tree's budget by the expected utility as prefixes form, the reserve by the policy's own rule once
+        the tree's bare rollouts have ended, then what is left as streamed expansion spends it. Runs where
+        streamed expansion would and the world is an :class:`EagerWorld`; otherwise as ``streamed``.
+        ``eager.reserve = 1`` is streamed expansion exactly.
 
     Returns
     -------
@@ -298,17 +362,23 @@ def run_step(
     counts["bare"] = int(m.sum())
     by_round: tuple[int, ...] = ()
     expands = policy.branches and per_root > 0 and active.size > 0
-    streams = (streamed and expands and expansion_rounds == 1 and policy.streams_prefixes
-               and hasattr(world, "plant_streamed"))
-    if streams:
+    can_stream = expands and expansion_rounds == 1 and policy.streams_prefixes
+    eagerly = eager is not None and can_stream and hasattr(world, "plant_eager")
+    streams = (streamed or eager is not None) and can_stream and hasattr(world, "plant_streamed")
+    if eagerly:
+        root_v = v[active] if policy.predicts_roots else None
+        forest, m, by_round = _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost,
+                                               eager=eager, root_v=root_v)
+    elif streams:
         forest, m, by_round = _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost)
     else:
         forest = world.plant(active, m[active])
         if expands:
             forest, m, by_round = _expand(world, policy, forest, m, per_root, expansion_rounds, rng, record,
                                           counts, root_cost)
+    expansion = "eager" if eagerly else "streamed" if streams else "barrier"
     return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,
-                      streamed=bool(streams), **record)
+                      streamed=bool(streams or eagerly), expansion=expansion, **record)
 
 
 def _allocate_roots_locally(policy, v, budget, *, rng, concentration, cost=None):
@@ -395,16 +465,27 @@ class _StreamedExpansion:
             raise ValueError(f"the world must expand each of its {len(self.budget)} trees once, got tree {tree}")
         reward = np.asarray(reward, dtype=float).reshape(-1)
         n = reward.size
-        v, kappa, price = np.full(n, 0.5), None, None
+        v, kappa, price = self._predictions(tree, n, predict)
+        start, at_end, budget = self._committed(tree, n)
+        first = policy.place_own_budgets(v, reward, np.zeros(n, dtype=np.int64), np.array([budget]),
+                                         cost=price, start=start)
+        self.decided[tree] = (reward, v, kappa, price, start + first.k, int(first.unspent[0]), start, at_end)
+        return first.k.copy()
+
+    def _predictions(self, tree: int, n: int, predict):
+        """(v, concentration, price) at the tree's ``n`` anchors."""
+        policy, v, kappa, price = self.policy, np.full(n, 0.5), None, None
         if policy.predicts_prefixes and n:
             guess = _checked(predict(concentration=policy.posterior), n, policy)
             v, kappa = guess.v, guess.concentration
             if guess.cost is not None and self.tree_cost is not None:
                 price = guess.cost / self.tree_cost[tree]
-        first = policy.place_own_budgets(v, reward, np.zeros(n, dtype=np.int64), self.budget[tree:tree + 1],
-                                         cost=price)
-        self.decided[tree] = (reward, v, kappa, price, first.k, int(first.unspent[0]))
-        return first.k.copy()
+        return v, kappa, price
+
+    def _committed(self, tree: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Continuations already committed at the tree's anchors (all; those at their rollout's end), and the
+        budget left for its own pass."""
+        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), int(self.budget[tree])
 
     def rest(self) -> tuple[np.ndarray, list[np.ndarray]]:
         """What some trees could not place, pooled over every anchor, and the top-ups: (top-ups per tree,
@@ -426,6 +507,9 @@ class _StreamedExpansion:
         top_ups = np.zeros(n_trees, dtype=np.int64)
         if alloc.unspent.sum():
             top_ups = top_up_roots(self.m_tree, int(alloc.unspent.sum())) - self.m_tree
+        early = np.concatenate([p[6] for p in parts]).astype(np.int64)
+        at_end = np.concatenate([p[7] for p in parts]).astype(np.int64)
+        self.phase = np.stack([early - at_end, at_end, first.k - early, alloc.k - first.k], axis=1)
         self.result = (v, kappa, first, alloc, top_ups)
         bounds = np.cumsum([0] + [p[0].size for p in parts])
         more = alloc.k - first.k
@@ -442,25 +526,196 @@ class _StreamedExpansion:
             raise ValueError("the world's anchors per tree (rollout order, factual rewards) differ from its forest's")
 
 
-def _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost=None):
+class _EagerExpansion(_StreamedExpansion):
+    """Eager expansion's decisions (:class:`EagerWorld`, :mod:`trace_theory.eager`): at each turn boundary of
+    a bare rollout (:meth:`commit`), the units of expected gain per price above the plan's threshold that
+    the rollout's eager budget pays for; once the tree has ended (:meth:`expand`), the tree's reserve and
+    whatever its rollouts left by the policy's outcome-aware rule, from the counts committed; then
+    :meth:`rest` as streamed."""
+
+    def __init__(self, policy, m_tree, per_root, tree_cost, plan: EagerPlan, root_v=None):
+        super().__init__(policy, m_tree, per_root, tree_cost)
+        self.plan = plan
+        self.eager_budget = plan.eager_budget(self.budget)
+        self.left = [b.astype(float) for b in rollout_budgets(self.eager_budget, m_tree)]
+        self.asks = bool(self.eager_budget.sum())  # reserve 1: no decision at a boundary, streamed exactly
+        threshold = plan.threshold
+        if threshold is None and self.asks:
+            v0 = np.full(len(m_tree), 0.5) if root_v is None else np.asarray(root_v, dtype=float)
+            threshold = prior_level(v0, m_tree, [b.copy() for b in self.left])
+        self.threshold = threshold
+        self.commits: dict[int, dict[tuple[int, int], tuple]] = {}
+        """tree -> {(rollout, depth): (v, concentration, price, k)}."""
+        self.stay: dict[tuple[int, int], tuple[float, float]] = {}
+        self.finished: set[tuple[int, int]] = set()
+        self.rewards: dict[tuple[int, int], float] = {}
+        self.early_top_ups = np.zeros(len(m_tree), dtype=np.int64)
+
+    def commit(self, tree: int, rollout: int, depth: int, predict: Callable[..., Prediction]) -> tuple[Branch, ...]:
+        """Bare rollout ``rollout`` of ``tree`` reached a turn boundary at ``depth``, not its last: the
+        continuations to start now (at this prefix, or with ``lag`` 1 at the one before, now that the
+        factual branch's next prediction is known)."""
+        tree, rollout, depth = int(tree), int(rollout), int(depth)
+        if not 0 <= tree < len(self.budget) or not 0 <= rollout < int(self.m_tree[tree]) or tree in self.decided:
+            raise ValueError(f"the world committed at tree {tree}, rollout {rollout}: not a running bare rollout")
+        seen = self.commits.setdefault(tree, {})
+        if depth != 1 + sum(1 for (j, _) in seen if j == rollout) or (tree, rollout) in self.finished:
+            raise ValueError(f"the world must commit at each rollout's prefixes in depth order; tree {tree}, "
+                             f"rollout {rollout} reported depth {depth}")
+        if not self.asks:
+            seen[rollout, depth] = None
+            return ()
+        v, kappa, price = _StreamedExpansion._predictions(self, tree, 1, predict)
+        seen[rollout, depth] = [float(v[0]), None if kappa is None else float(kappa[0]),
+                                None if price is None else float(price[0]), 0, 0]
+        if self.plan.lag == 0:
+            return self._decide(tree, rollout, depth, float(v[0]))
+        return self._decide(tree, rollout, depth - 1, float(v[0])) if depth > 1 else ()
+
+    def _decide(self, tree: int, rollout: int, depth: int, later: float) -> tuple[Branch, ...]:
+        """The threshold rule at the rollout's prefix at ``depth``, the factual branch now at ``later``."""
+        row = self.commits[tree][rollout, depth]
+        unit = 1.0 if row[2] is None else row[2]
+        s1, s0 = self.stay.get((tree, rollout), (1.0, 1.0))
+        k, spent = threshold_spend(row[0], unit, self.left[tree][rollout], self.threshold, v_later=later,
+                                   max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective,
+                                   stay=(s1, s0))
+        self.left[tree][rollout] -= spent
+        self.stay[tree, rollout] = (s1 * row[0] ** k, s0 * (1.0 - row[0]) ** k)
+        row[3] += int(k)
+        return (Branch(depth, int(k)),) if k else ()
+
+    def ended(self, tree: int, rollout: int, length: int, reward: float) -> tuple[Branch, ...]:
+        """Bare rollout ``rollout`` of ``tree`` ended after ``length`` turns with ``reward``: with ``lag`` 1 the
+        rule at its last prefix (r known: the paper's flip), then what it left of its eager budget, all as
+        continuations from that last prefix (depth length - 1; at the root when length = 1: top-ups),
+        started at once. From there a continuation ends at most one turn after the longest bare rollout
+        could, so the step stays one episode deep."""
+        tree, rollout, length = int(tree), int(rollout), int(length)
+        seen = self.commits.get(tree, {})
+        if tree in self.decided or length != 1 + sum(1 for (j, _) in seen if j == rollout) or (
+                (tree, rollout) in self.finished):
+            raise ValueError(f"the world must report each bare rollout's end once, after its {length - 1} "
+                             f"prefixes; tree {tree}, rollout {rollout}")
+        self.finished.add((tree, rollout))
+        self.rewards[tree, rollout] = float(reward)
+        if not self.asks:
+            return ()
+        out = []
+        if self.plan.lag == 1 and length > 1:
+            out += self._decide(tree, rollout, length - 1, float(reward))
+        left = self.left[tree][rollout]
+        if length == 1:
+            k = int(np.floor(left + 1e-9))  # a top-up is one rollout of the prompt
+            self.early_top_ups[tree] += k
+            self.left[tree][rollout] -= k
+            return (Branch(0, k),) if k else ()
+        row = seen[rollout, length - 1]
+        unit = 1.0 if row[2] is None else row[2]
+        k = int(np.floor(left / unit * (1.0 + 1e-9) + 1e-9))
+        if self.policy.max_per_anchor is not None:
+            k = min(k, self.policy.max_per_anchor - row[3])
+        row[4] += k
+        self.left[tree][rollout] -= k * unit
+        return tuple(out) + ((Branch(length - 1, k),) if k else ())
+
+    def _ordered(self, tree: int, n: int) -> list:
+        seen = self.commits.get(tree, {})
+        if len(seen) != n:
+            raise ValueError(f"the world committed at {len(seen)} prefixes of tree {tree} but expands {n} anchors")
+        return [seen[key] for key in sorted(seen)]
+
+    def _predictions(self, tree, n, predict):
+        """At the tree's end: the predictions its commits were given, in anchor order (asked once per prefix)."""
+        if not (self.asks and self.policy.predicts_prefixes and n):
+            return super()._predictions(tree, n, predict)
+        rows = self._ordered(tree, n)
+        v = np.array([r[0] for r in rows])
+        kappa = np.array([r[1] for r in rows]) if self.policy.posterior else None
+        price = np.array([r[2] for r in rows]) if rows[0][2] is not None else None
+        return v, kappa, price
+
+    def _committed(self, tree, n):
+        if not self.asks:
+            return super()._committed(tree, n)
+        rows = self._ordered(tree, n)
+        at_end = np.array([r[4] for r in rows], dtype=np.int64)
+        k = np.array([r[3] for r in rows], dtype=np.int64) + at_end
+        price = np.array([1.0 if r[2] is None else r[2] for r in rows])
+        spent = float(np.dot(k, price)) + float(self.early_top_ups[tree])
+        if self.plan.reserve == 0:  # never wait: what buys no whole continuation at a rollout's end is not spent
+            return k, at_end, 0
+        return k, at_end, int(np.floor(self.budget[tree] - spent + 1e-9))
+
+    def level(self) -> tuple[float, float]:
+        """(offline level of this step's prefixes at the eager budget, budget committed by the rule)."""
+        v, later, price, rollout, budgets, spent = [], [], [], [], [], 0.0
+        n_rollouts = 0
+        for tree in range(len(self.budget)):
+            b = rollout_budgets(self.eager_budget[tree:tree + 1], self.m_tree[tree:tree + 1])[0]
+            rows = sorted((key, row) for key, row in self.commits.get(tree, {}).items() if row is not None)
+            for i, ((j, d), row) in enumerate(rows):
+                v.append(row[0]), price.append(1.0 if row[2] is None else row[2]), rollout.append(n_rollouts + j)
+                nxt = rows[i + 1] if i + 1 < len(rows) else None
+                if self.plan.lag == 0:
+                    later.append(row[0])
+                elif nxt is not None and nxt[0][0] == j:
+                    later.append(nxt[1][0])
+                else:
+                    later.append(self.rewards.get((tree, j), row[0]))
+                spent += row[3] * price[-1]  # what the rule committed (not what rollouts left at their end)
+            budgets.append(b)
+            n_rollouts += b.size
+        if not v:
+            return (self.threshold if self.threshold is not None else 0.0), spent
+        flat = np.concatenate(budgets).astype(float)
+        level = offline_level(np.array(v), np.array(price), np.array(rollout), flat, float(self.eager_budget.sum()),
+                              max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective,
+                              v_later=np.array(later))
+        return level, spent
+
+
+class _Committer:
+    """``commit(tree, rollout, depth, predict)`` with ``.ended(tree, rollout, length, reward)``: what an
+    :class:`EagerWorld` calls (:data:`PrefixCommitter`)."""
+
+    def __init__(self, decide: _EagerExpansion):
+        self.ended = decide.ended
+        self._commit = decide.commit
+
+    def __call__(self, tree, rollout, depth, predict) -> tuple[Branch, ...]:
+        return self._commit(tree, rollout, depth, predict)
+
+
+def _expand_streamed(world, policy, active, m, per_root, record, counts, root_cost=None, eager=None, root_v=None):
     """Stage 2 with one round, streamed: each tree's own budget is placed (and grown) as soon as its bare
     rollouts end; once every tree has, what some trees could not place goes to every anchor and tops up
-    the roots, as in :func:`_expand` (the same allocation: ``allocate_prefixes`` = own pass + leftover)."""
+    the roots, as in :func:`_expand` (the same allocation: ``allocate_prefixes`` = own pass + leftover).
+    With an :class:`EagerPlan`, continuations are first committed at turn boundaries (:class:`_EagerExpansion`)."""
     m_tree = m[active]  # trees are planted in prompt order
     tree_cost = None if root_cost is None else root_cost[active]
-    decide = _StreamedExpansion(policy, m_tree, per_root, tree_cost)
-    forest = world.plant_streamed(active, m_tree, decide.expand, decide.rest)
+    if eager is None:
+        decide = _StreamedExpansion(policy, m_tree, per_root, tree_cost)
+        forest = world.plant_streamed(active, m_tree, decide.expand, decide.rest)
+    else:
+        decide = _EagerExpansion(policy, m_tree, per_root, tree_cost, eager, root_v)
+        forest = world.plant_eager(active, m_tree, _Committer(decide), decide.expand, decide.rest)
+        level, spent = decide.level()
+        record.update(eager_threshold=decide.threshold, eager_level=level, eager_spent=spent, eager_lag=eager.lag)
     anchors = in_rollout_order(forest, _planted_anchors(forest, m_tree))
     decide.check(forest, anchors)
     v, kappa, first, alloc, top_ups = decide.result
+    record["node_phase"] = decide.phase
     if policy.predicts_prefixes and anchors.size:
         record.update(node_ids=anchors, node_v=v, node_round=np.ones(anchors.size, dtype=np.int64))
         if policy.posterior:
             record["node_concentration"] = kappa
     counts["continuation"] += int(alloc.k.sum())
-    counts["top_up"] += int(top_ups.sum())
+    early = getattr(decide, "early_top_ups", np.zeros_like(top_ups))
+    record["early_top_ups"] = early.copy()
+    counts["top_up"] += int(top_ups.sum() + early.sum())
     groups = np.zeros_like(m)
-    groups[forest.prompt[forest.roots]] = m_tree + top_ups
+    groups[forest.prompt[forest.roots]] = m_tree + top_ups + early
     return forest, groups, (int(alloc.k.sum()),)
 
 

@@ -79,7 +79,7 @@ class ScheduleConfig:
                              f"got {self.env_timeout_s!r}")
 
 
-EXPANSIONS = ("streamed", "barrier")
+EXPANSIONS = ("streamed", "barrier", "eager")
 """When continuations start (:attr:`RolloutConfig.expansion`)."""
 
 
@@ -110,7 +110,14 @@ class RolloutConfig:
     """When a tree's continuations start: "streamed" (as soon as its own bare rollouts have ended, while
     other trees' still generate) or "barrier" (after every bare rollout of the step). Both place the same
     continuations (``trace_theory.step.run_step``); streamed applies to one round and a non-randomised
-    prefix rule, and other steps run with the barrier."""
+    prefix rule, and other steps run with the barrier. "eager": continuations committed at the turn
+    boundaries of the bare rollouts by the expected utility before the outcome is known
+    (``trace_theory.eager``), the reserve ``eager_reserve`` placed as streamed places it: the step is
+    one episode deep at reserve 0; where streamed cannot run, neither does eager."""
+    eager_reserve: float = 0.0
+    """``expansion="eager"``: share of each tree's continuation budget kept for the outcome-aware rule
+    once the tree has ended (``trace_theory.EagerPlan.reserve``; 1 places what streamed places). Default
+    0, the simulator's choice for a step as deep as GRPO's (``trace-sim run eager_expansion``)."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     top_p: float = 1.0
@@ -151,6 +158,9 @@ class RolloutConfig:
             raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
         if self.expansion not in EXPANSIONS:
             raise ValueError(f"`expansion` must be one of {EXPANSIONS}, got {self.expansion!r}")
+        if isinstance(self.eager_reserve, bool) or not isinstance(self.eager_reserve, (int, float)) \
+                or not 0.0 <= self.eager_reserve <= 1.0:
+            raise ValueError(f"`eager_reserve` must be a share in [0, 1], got {self.eager_reserve!r}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")

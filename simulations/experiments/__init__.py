@@ -14,4 +14,5 @@ from . import target_bias  # noqa: F401  (7)
 from . import expansion_rounds  # noqa: F401  (8, issue 15)
 from . import sensitivity  # noqa: F401  (9)
 from . import regime_map  # noqa: F401  (10)
+from . import eager_expansion  # noqa: F401  (11, issue 35)
 from .base import EXPERIMENTS, Experiment, get_experiment  # noqa: F401

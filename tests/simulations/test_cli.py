@@ -46,6 +46,7 @@ def test_list_names_every_experiment_with_its_claim(capsys):
         "expansion_rounds",
         "sensitivity",
         "regime_map",
+        "eager_expansion",
     ]
 
 

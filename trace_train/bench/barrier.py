@@ -16,10 +16,12 @@ its M derived from the arm's running token estimates after one untimed warm-up c
 * ``grpo``: flat groups of G;
 * ``trace_streamed``: TRACE, each tree's continuations started as soon as its own bare rollouts end
   (``rollout.expansion=streamed``, the default);
-* ``trace_barrier``: TRACE, continuations started after every bare rollout has ended.
+* ``trace_barrier``: TRACE, continuations started after every bare rollout has ended;
+* ``trace_eager``: TRACE, continuations committed at the bare rollouts' turn boundaries
+  (``rollout.expansion=eager``, reserve 0: the step is one episode deep).
 
-Both TRACE arms use one fixed predictor (0.5 everywhere): this measures scheduling, not allocation;
-with equal predictions both place the same continuations (``tests/rollout/test_engine.py``). The arms run
+The TRACE arms use one fixed predictor (0.5 everywhere): this measures scheduling, not allocation;
+with equal predictions streamed and barrier place the same continuations (``tests/rollout/test_engine.py``). The arms run
 interleaved (repeat r of every arm, then r + 1), torch and OpenMP on one thread each. Per call:
 wall seconds, generated tokens, seconds per 1,000 generated tokens, generation steps (batches on
 transformers, engine steps on vLLM), samples in flight (the generator's occupancy, averaged over its
@@ -43,7 +45,8 @@ from . import BACKEND_NAMES, backend_choices, check_fields, chosen_backends, wri
 
 __all__ = ["BenchConfig", "main"]
 
-ARMS = {"grpo": ("grpo", "barrier"), "trace_streamed": ("trace", "streamed"), "trace_barrier": ("trace", "barrier")}
+ARMS = {"grpo": ("grpo", "barrier"), "trace_streamed": ("trace", "streamed"), "trace_barrier": ("trace", "barrier"),
+        "trace_eager": ("trace", "eager")}
 
 
 @dataclass(frozen=True)

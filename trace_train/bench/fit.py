@@ -40,13 +40,14 @@ PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "e
           "prepare_seconds", "update_seconds", "sync_seconds", "fit_wait_seconds", "predictor_fit_seconds",
           "predictor_fit_cpu_seconds")
 ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
+        "trace_eager": ["rollout.policy=trace", "rollout.expansion=eager"],
         "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
         "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"],
         # diagnostics: TRACE with per-leaf rows (what tree packing costs or saves the update), and GRPO
         # fitting the predictor it never reads (what the fit's thread costs a step beside the update)
         "trace_leaf": ["rollout.policy=trace", "algorithm.packing=leaf"],
         "grpo_fit": ["rollout.policy=grpo", "log_predictor=true"]}
-DEFAULT_ARMS = ("trace", "trace_barrier", "grpo")
+DEFAULT_ARMS = ("trace", "trace_barrier", "trace_eager", "grpo")
 
 
 def measure(policy: str, steps: int, fit: bool, root: Path) -> dict:

@@ -155,6 +155,8 @@ class RolloutReport:
     streamed: bool = False
     """Whether each tree's continuations started as soon as its own bare rollouts ended
     (``rollout.expansion``; ``trace_theory.step.StepRecord.streamed``)."""
+    expansion: str = "barrier"
+    """What ran: "barrier", "streamed" or "eager" (``trace_theory.step.StepRecord.expansion``)."""
     samples_in_flight: float = 0.0
     """Samples the generator held, averaged over the time it generated (its occupancy)."""
     generation_polls: int = 0

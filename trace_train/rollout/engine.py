@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_theory import (
+    EagerPlan,
     Origin,
     Prediction,
     RolloutBudget,
@@ -49,7 +50,7 @@ from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from ..chat import ChatFormat
 from ..envs.base import Environment, Message
-from .scheduler import EnvFailure, GrowReport, OpeningFailed, Scheduler
+from .scheduler import EnvFailure, Extra, GrowReport, OpeningFailed, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
@@ -101,6 +102,9 @@ class RolloutEngine:
         """Tokens of a continuation relative to a bare rollout, averaged the same way from a prior of 0.5."""
         self.turns_per_rollout: float | None = None
         """Turns per bare rollout, averaged the same way: what a token-priced policy's costs are read from."""
+        self.eager_threshold: float | None = None
+        """``rollout.expansion=eager``: the threshold the next call's turn-boundary decisions use, the level
+        of the previous call (``StepRecord.eager_level``); None before the first (a prior from the roots)."""
 
     # -----------------------------------------------------------------------------------------------
 
@@ -167,6 +171,13 @@ class RolloutEngine:
         if branch and mean > 0:
             ratio = float(np.mean(branch)) / mean
             self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
+
+
+def _extras(top_ups, more) -> list[Extra]:
+    """The driver's ``rest()`` (top-ups per tree, more continuations per anchor of each tree) as the
+    scheduler's records."""
+    return [Extra(s, None, int(k)) for s, k in enumerate(top_ups) if k] + \
+        [Extra(s, a, int(k)) for s, ks in enumerate(more) for a, k in enumerate(ks) if k]
 
 
 def _rollout_tokens(forest: RolloutForest, start: int, *, per_turn: bool = False) -> float:
@@ -273,13 +284,47 @@ class _Run:
             return expand(s, reward, lambda concentration: self._predict(histories, concentration))
 
         def more():
-            top_ups, extra = rest()
-            return [(s, -1, int(k)) for s, k in enumerate(top_ups) if k] + \
-                [(s, a, int(k)) for s, ks in enumerate(extra) for a, k in enumerate(ks) if k]
+            return _extras(*rest())
 
         t0 = time.perf_counter()
         if roots:
             self._grow([(root, "bare", int(k)) for root, k in zip(roots, counts)], branch=branch, rest=more)
+        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
+        return self.builder.build()
+
+    def plant_eager(self, prompts: np.ndarray, counts: np.ndarray, commit, expand, rest) -> RolloutForest:
+        """:meth:`plant_streamed`, and continuations committed at turn boundaries
+        (``trace_theory.step.EagerWorld``): the scheduler reports each bare rollout's boundaries and its
+        end as they happen, the driver's ``commit`` (and ``commit.ended``) returns the branches to start,
+        and they join the generation stream at once."""
+        prompts = prompts.tolist()
+        roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
+
+        def history(s: int, p) -> History:
+            return History(prompts[s], self.pool[prompts[s]], p.depth, p.messages, p.token_ids)
+
+        def branch(s: int, prefixes):
+            reward = np.array([p.reward for p in prefixes], dtype=float)
+            histories = [history(s, p) for p in prefixes]
+            return expand(s, reward, lambda concentration: self._predict(histories, concentration))
+
+        def boundary(s: int, j: int, depth: int, prefix):
+            one = [history(s, prefix)]
+            return commit(s, j, depth, lambda concentration: self._predict(one, concentration))
+
+        def finished(s: int, j: int, length: int, reward: float):
+            return commit.ended(s, j, length, reward)
+
+        def more():
+            return _extras(*rest())
+
+        t0 = time.perf_counter()
+        if roots:
+            report = self.engine.scheduler.grow(
+                self.builder, [(root, "bare", int(k)) for root, k in zip(roots, counts)], seed=self.next_seed,
+                branch=branch, rest=more, boundary=boundary, finished=finished)
+            self.next_seed += report.seeds
+            self.grown = self.grown + report
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
@@ -299,9 +344,15 @@ class _Run:
     # ---- the call and its result ------------------------------------------------------------------
 
     def execute(self, budget: RolloutBudget) -> RolloutBatch:
+        eager = None
+        if self.cfg.expansion == "eager":
+            eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold)
         record = run_step(self, self.engine.policy, budget, pool=len(self.pool), rng=self.rng,
                           expansion_rounds=self.cfg.expansion_rounds,
-                          root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed")
+                          root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed",
+                          eager=eager)
+        if record.eager_level is not None:  # the next step's threshold (trace_theory.eager.offline_level)
+            self.engine.eager_threshold = record.eager_level
         return self._finish(record)
 
     def _finish(self, record: StepRecord) -> RolloutBatch:
@@ -320,7 +371,7 @@ class _Run:
             seconds=seconds, **grown.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
             env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
-            streamed=record.streamed,
+            streamed=record.streamed, expansion=record.expansion,
             occupancy=tuple((round(a - self.start, 4), n) for (a, _), n in zip(grown.timeline.generation,
                                                                               grown.timeline.in_flight)),
         )

@@ -69,9 +69,11 @@ import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
+
+from trace_theory.step import Branch
 
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
@@ -373,10 +375,28 @@ Branch = Callable[[int, list[Prefix]], Sequence[int]]
 """``branch(s, prefixes) -> k``: called once the walkers of start ``s`` have all ended, with their
 prefixes (walker by walker, by depth); ``k[a]`` continuations start from ``prefixes[a]`` at once."""
 
-Rest = Callable[[], Sequence[tuple[int, int, int]]]
-"""``rest() -> [(s, a, k), ...]``: called once ``branch`` has been called for every start: ``k`` more
-continuations from prefix ``a`` of start ``s``, or with ``a = -1`` ``k`` more rollouts from start ``s``'s
-node (top-ups)."""
+class Extra(NamedTuple):
+    """Rollouts ``rest`` adds after the last start ended: ``count`` from prefix ``prefix`` of start ``start``
+    (the index in what ``branch`` saw), or with ``prefix`` None from the start's own node (top-ups)."""
+
+    start: int
+    prefix: int | None
+    count: int
+
+
+Boundary = Callable[..., Sequence[Branch]]
+"""``boundary(s, j, depth, prefix) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
+``s`` went on past a turn boundary at ``depth`` (``prefix``: that :class:`Prefix`, its reward unknown,
+NaN); ``count`` rollouts start at once from that walker's prefix at each ``depth`` returned (0: at the
+start's node, top-ups). ``Branch`` is ``trace_theory.step.Branch``."""
+
+Finished = Callable[..., Sequence[Branch]]
+"""``finished(s, j, length, reward) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
+``s`` ended after ``length`` turns; the rollouts to start at once, as for :data:`Boundary`."""
+
+Rest = Callable[[], Sequence[Extra]]
+"""``rest() -> [Extra(start, prefix, count), ...]``: called once ``branch`` has been called for every start:
+more continuations from a prefix of a start, or top-ups at its node (:class:`Extra`)."""
 
 
 class Scheduler:
@@ -403,7 +423,8 @@ class Scheduler:
             backend, make_env, chat, sampling, config
 
     def grow(self, builder: BatchBuilder, starts: Sequence[tuple[int, str, int]], *, seed: int,
-             branch: Branch | None = None, rest: Rest | None = None) -> GrowReport:
+             branch: Branch | None = None, rest: Rest | None = None, boundary: Boundary | None = None,
+             finished: Finished | None = None) -> GrowReport:
         """Generate ``k`` rollouts of kind ``kind`` from each ``(node, kind, k)`` of ``builder``, add their
         turns and rewards to it, and report the rest; walker ``i``'s ``t``-th turn samples with seed
         ``seed + t W + i`` (``W`` walkers).
@@ -414,15 +435,20 @@ class Scheduler:
         The j-th such rollout of start ``s`` samples its t-th turn with a seed drawn from (seed, s, j, t,
         pass), whatever order the starts end in; they are committed after every walker of ``starts``,
         pass by pass and start by start, so node ids do not depend on timing either.
+
+        ``boundary`` and ``finished`` (eager expansion) are told each walker's turn boundaries and its end
+        as they happen, before ``branch`` hears of its start, and the rollouts they return start at once;
+        their seeds come from (seed, start, walker, depth, count so far), whatever the timing.
         """
-        return _Grower(self, builder, list(starts), seed, branch, rest).run()
+        return _Grower(self, builder, list(starts), seed, branch, rest, boundary, finished).run()
 
 
 class _Grower:
     """One :meth:`Scheduler.grow` call: its walkers, their environment calls, and its report."""
 
     def __init__(self, scheduler: Scheduler, builder: BatchBuilder, starts: list[tuple[int, str, int]],
-                 seed: int, branch: Branch | None = None, rest: Rest | None = None):
+                 seed: int, branch: Branch | None = None, rest: Rest | None = None,
+                 boundary: Boundary | None = None, finished: Finished | None = None):
         self.scheduler, self.builder, self.starts, self.seed = scheduler, builder, starts, seed
         self.cfg, self.chat = scheduler.config, scheduler.chat
         self.lockstep = self.cfg.schedule == "lockstep"
@@ -437,6 +463,13 @@ class _Grower:
         self.planted, self.planted_starts = len(self.walkers), len(starts)
         """Walkers and starts of ``starts``; streamed ones come after them."""
         self.branch, self.rest = branch, rest
+        self.boundary, self.finished = boundary, finished
+        self.place = {w.index: (s, j) for s, group in self.first.items() for j, w in enumerate(group)}
+        """Planted walker -> (start, its number there), for the eager hooks."""
+        self.told: dict[int, int] = {}
+        """Planted walker -> turn boundaries reported to ``boundary`` (and -1 once its end was)."""
+        self.eager_started: dict[tuple[int, int, int], int] = {}
+        """(start, walker number, depth) -> rollouts started there by the eager hooks (their seeds)."""
         self.waiting = set(self.first) if branch is not None else set()
         """Starts whose walkers have not all ended yet (streamed expansion)."""
         self.prefixes: dict[int, list[Prefix]] = {}
@@ -486,6 +519,8 @@ class _Grower:
                 for w in sorted(ready, key=lambda w: w.index):
                     stream.submit(w.index, self._request(w), sampling)
                     self.in_flight += 1
+                if self.boundary is not None:
+                    self._tell_eager(stream, sampling)
                 if self.waiting:
                     self._branch_ended(stream, sampling)
                     if not self.waiting and self.rest is not None:
@@ -507,12 +542,66 @@ class _Grower:
             self.prefixes[s] = prefixes
             self._start_branches(stream, sampling, s, [(a, c) for a, c in enumerate(k) if c], pass_=0)
 
+    def _tell_eager(self, stream, sampling) -> None:
+        """Eager expansion: report every planted walker's new turn boundaries, then its end, and start what
+        the hooks return (walker order; each walker's own events in order, which is all that decides)."""
+        for w in self.walkers[:self.planted]:
+            told = self.told.get(w.index, 0)
+            if told < 0:
+                continue
+            s, j = self.place[w.index]
+            for t in range(told, len(w.boundaries)):
+                depth = w.start_depth + t + 1
+                self.told[w.index] = t + 1
+                self._start_eager(stream, sampling, s, j, w, self.boundary(s, j, depth, self._prefix(w, t, math.nan)))
+            if w.ended and len(w.boundaries) == len(w.turns) - 1:
+                self.told[w.index] = -1
+                self._start_eager(stream, sampling, s, j, w,
+                                  self.finished(s, j, w.start_depth + len(w.turns), float(w.turns[-1].reward)))
+
+    def _prefix(self, w: _Walker, t: int, reward: float) -> Prefix:
+        """Walker ``w``'s turn boundary after its turn ``t`` as a :class:`Prefix`."""
+        messages = tuple(self.builder.messages(w.start))
+        for turn in w.turns[:t + 1]:
+            messages = messages + turn.messages
+        return Prefix(w.index, t, w.start_depth + t + 1, reward, messages, tuple(w.context[:w.boundaries[t]]))
+
+    def _start_eager(self, stream, sampling, s: int, j: int, w: _Walker, branches) -> None:
+        """Start ``k`` rollouts from walker ``w``'s prefix at each ``(depth, k)`` (depth 0: its start node)."""
+        for branch in branches:
+            depth, count = int(branch.depth), int(branch.count)
+            t = depth - w.start_depth - 1
+            if count < 0 or not (depth == 0 or 0 <= t < len(w.boundaries)):
+                raise ValueError(f"the eager hooks returned ({depth}, {count}) for walker {j} of start {s}: "
+                                 "no such prefix or count")
+            if not count:
+                continue
+            if depth == 0:
+                node = self.starts[s][0]
+                context = self.builder.context_ids(node)
+                snapshot, anchor, kind, depth = self.builder.nodes[node].snapshot, None, "top_up", w.start_depth
+            else:
+                node, context = -1, w.context[:w.boundaries[t]]
+                snapshot, anchor, kind = w.turns[t].snapshot, (w.index, t), "continuation"
+            done = self.eager_started.get((s, j, depth), 0)
+            self.eager_started[s, j, depth] = done + count
+            group = [_Walker(len(self.walkers) + i, node, depth, list(context), snapshot=snapshot,
+                             seeds=_seeds(self.seed, s, (j * 4096 + depth) * 65536 + done + i, 3), anchor=anchor)
+                     for i in range(count)]
+            self.walkers += group
+            key = len(self.starts)
+            self.starts.append((node, kind, count))
+            self.first[key] = group
+            stream.submit(("start", key), self._request(group[0], count), sampling)
+            self.in_flight += count
+
     def _add_rest(self, stream, sampling) -> None:
         """Streamed expansion, after the last start ended: the rollouts ``rest`` adds (top-ups, a = -1)."""
         by_start: dict[int, list[tuple[int, int]]] = {}
-        for s, a, k in self.rest():
+        for extra in self.rest():
+            s, a, k = extra.start, -1 if extra.prefix is None else extra.prefix, extra.count
             if not 0 <= s < self.planted_starts or not -1 <= a < len(self.prefixes[s]) or k < 0:
-                raise ValueError(f"`rest` returned ({s}, {a}, {k}): no such start, prefix or count")
+                raise ValueError(f"`rest` returned {extra}: no such start, prefix or count")
             if k:
                 by_start.setdefault(s, []).append((a, k))
         for s, starts in sorted(by_start.items()):

@@ -20,6 +20,6 @@ NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorbo
 REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 """Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume."""
 
-ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"}}
+ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0}}
 """Fields added after checkpoints existed: left out of the hash while they hold the default every older run
 had, so older runs still resume (a run that sets another value is another trajectory, and hashes it)."""

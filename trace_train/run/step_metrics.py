@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from trace_theory import contrast_yield
+from trace_theory.metrics import calibration_by_depth
 
 from ..rollout.batch import RolloutBatch
 from .distributed import DistInfo, merge_metrics
@@ -42,12 +45,28 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
     }
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
+    scalars.update(_calibration_metrics(batch))
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens",
               "train_forward_tokens", "train_unique_tokens", "env_failures",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     merged = merge_metrics(scalars, report.rollouts, info, sums=counts)
     # one predictor for the job, fitted on every rank's targets: its metrics are already global
     return {**merged, **{k: float(v) for k, v in predictor_metrics.items()}}
+
+
+def _calibration_metrics(batch: RolloutBatch) -> dict:
+    """The allocator's predictions against what happened, per turn depth (``trace_theory``'s
+    ``calibration_by_depth``): ``predictor_brier_depth_D``, ``predictor_ece_depth_D`` and
+    ``predictor_miscalibrated`` (1 when a depth with 20 or more predictions has ECE above 0.15)."""
+    predictions = np.asarray(batch.predictions, dtype=float)
+    if predictions.shape != (len(batch.forest),) or not np.isfinite(predictions).any():
+        return {}
+    out = calibration_by_depth(batch.forest, predictions)
+    metrics = {"predictor_miscalibrated": float(out.pop("miscalibrated"))}
+    for d, cell in out.items():
+        metrics[f"predictor_brier_depth_{d}"] = float(cell["brier"])
+        metrics[f"predictor_ece_depth_{d}"] = float(cell["ece"])
+    return metrics
 
 
 def metrics_line(step: int, steps: int, m: dict) -> str:

@@ -1,0 +1,87 @@
+"""``rollout.expansion=eager`` in the engine: the step driver's turn-boundary decisions on real rollouts."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from trace_theory import Origin
+from trace_train.envs import GuessNumberEnv
+from trace_train.rollout.engine import RolloutConfig, RolloutEngine
+
+from .test_engine import LIMITS, UNEVEN, TurnPredictor, _bare_and_branches, branch_starts, make_engine
+
+
+def _same(a, b):
+    for name in ("parent", "prompt", "reward", "origin", "cost"):
+        np.testing.assert_array_equal(getattr(a.forest, name), getattr(b.forest, name), err_msg=name)
+    assert [n.action_ids for n in a.nodes] == [n.action_ids for n in b.nodes]
+
+
+@pytest.mark.parametrize("name", ["trace", "trace_tokens"])
+def test_reserve_one_is_streamed_node_for_node(backend, name):
+    kw = dict(policy=name, roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
+    streamed = make_engine(backend, expansion="streamed", **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    eager = make_engine(backend, expansion="eager", eager_reserve=1.0, **kw).rollout(
+        UNEVEN, predictor=TurnPredictor(), seed=4)
+    assert streamed.report.continuations > 0
+    _same(streamed, eager)
+    assert np.array_equal(streamed.predictions, eager.predictions, equal_nan=True)
+
+
+@pytest.mark.parametrize("reserve", [0.0, 0.5])
+def test_eager_commits_at_turn_boundaries_and_extends_exact_tokens(backend, reserve):
+    kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
+    engine = make_engine(backend, expansion="eager", eager_reserve=reserve, **kw)
+    eager = engine.rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    barrier = make_engine(backend, expansion="barrier", **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    f = eager.forest.validate()
+    assert f.n_leaves == barrier.forest.n_leaves == 8 * 3  # rollout-priced: exactly M (1 + N)
+    assert eager.report.continuations + eager.report.top_up_rollouts == 16
+    assert engine.eager_threshold is not None  # carried to the next call
+    # the same bare rollouts as the barrier (top-ups aside: one-turn rollouts' budgets top up at once)
+    mine = {key: [t[0] for t in turns] for key, turns in _bare_and_branches(eager).items()}
+    theirs = {key: [t[0] for t in turns] for key, turns in _bare_and_branches(barrier).items()}
+    common = set(mine) & set(theirs)
+    assert len(common) >= 8 and all(mine[k] == theirs[k] for k in common)
+    for b in branch_starts(f):
+        anchor = int(f.parent[b])
+        assert eager.trajectory(int(f.factual_leaf[b])).token_ids[: len(eager.context_ids(anchor))].tolist() \
+            == eager.context_ids(anchor)
+        assert f.origin[anchor] == Origin.BARE
+
+
+def test_eager_decisions_do_not_depend_on_environment_timing(hf_backend):
+    """Environments that answer in a shuffled order (random sleeps): the same batch, node for node, as
+    the lockstep schedule's."""
+
+    class Slow(GuessNumberEnv):
+        concurrency_safe = True
+
+        def step(self, action):
+            time.sleep(random.random() * 0.02)
+            return super().step(action)
+
+    def run(env, **changes):
+        config = RolloutConfig(policy="trace", roots=8, continuations_per_root=2, group_size=4, limits=LIMITS,
+                               env_workers=8, expansion="eager", eager_reserve=0.25, **changes)
+        return RolloutEngine(hf_backend, env, config).rollout(UNEVEN, predictor=TurnPredictor(), seed=9)
+
+    a, b = run(Slow), run(Slow)
+    _same(a, b)
+    assert a.report.continuations > 0
+    _same(a, run(GuessNumberEnv, schedule="lockstep"))
+
+
+def test_calibration_by_depth_reaches_the_step_metrics(hf_backend):
+    from trace_train.run.step_metrics import _calibration_metrics
+
+    batch = make_engine(hf_backend, expansion="eager", roots=8, continuations_per_root=2, pool_size=len(UNEVEN),
+                        env_workers=4).rollout(UNEVEN, predictor=TurnPredictor(), seed=1)
+    metrics = _calibration_metrics(batch)
+    assert {"predictor_brier_depth_0", "predictor_ece_depth_0", "predictor_brier_depth_1",
+            "predictor_miscalibrated"} <= set(metrics)
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
