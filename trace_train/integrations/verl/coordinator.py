@@ -78,7 +78,8 @@ class StepCoordinator:
         self._expand = self._rest = None
         self._expanded: set[int] = set()
         self._rested: tuple | None = None
-        self._trees: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._trees: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._histories: dict[int, list] = {}
         self._record: StepRecord | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -105,6 +106,16 @@ class StepCoordinator:
         """The driver's record, once every tree has finished (blocks)."""
         self._wait(lambda: self._record is not None, "every tree to finish")
         return self._record
+
+    def record_with_histories(self) -> tuple[StepRecord, list]:
+        """:meth:`record` and the history of every node of its forest (the roots': their openings)."""
+        record = self.record()
+        histories = []
+        for t, prompt in enumerate(self._active.tolist()):
+            node_histories = list(self._histories[t])
+            node_histories[0] = self.openings[prompt]
+            histories.extend(node_histories)
+        return record, histories
 
     # ---- the sessions' side ----------------------------------------------------------------------
 
@@ -136,15 +147,20 @@ class StepCoordinator:
             top_ups, more = self._rested
             return int(top_ups[int(tree)]), np.asarray(more[int(tree)], dtype=np.int64)
 
-    def finish(self, tree: int, parent, reward, origin, cost=None) -> None:
+    def finish(self, tree: int, parent, reward, origin, cost=None, histories=None) -> None:
         """The final shape of ``tree`` in tree-local ids (0 the root, parents first): links, leaf rewards,
-        origins (``trace_theory.Origin``) and, optionally, tokens per turn."""
+        origins (``trace_theory.Origin``), optionally tokens per turn and each node's history (None where
+        there is none: the root, leaves), what the predictor is fitted on."""
         parent = np.asarray(parent, dtype=np.int64)
         cost = np.ones(parent.size) if cost is None else np.asarray(cost, dtype=float)
+        histories = [None] * parent.size if histories is None else list(histories)
+        if len(histories) != parent.size:
+            raise ValueError(f"tree {tree}: {parent.size} nodes but {len(histories)} histories")
         with self._lock:
             if int(tree) in self._trees:
                 raise ValueError(f"tree {tree} finished twice")
             self._trees[int(tree)] = (parent, np.asarray(reward, dtype=float), np.asarray(origin, dtype=np.int8), cost)
+            self._histories[int(tree)] = histories
             self._lock.notify_all()
 
     # ---- the driver's world (trace_theory.step.StreamingWorld) ------------------------------------

@@ -3,9 +3,9 @@
 ``algorithm.adv_estimator=trace`` (or ``trace_grpo``, ``trace_local``, ``trace_treerl``, ``trace_treepo``:
 any estimator of ``trace_theory.ADVANTAGES`` under ``trace_<name>``, ``trace`` itself being ``trace``).
 verl calls an estimator with ``token_level_rewards`` (B, T), ``response_mask`` (B, T), ``index`` (the uid of
-each trajectory's prompt) and ``config``; the ``trace`` trainer (:mod:`.trainer`) adds ``trace_fields``,
-each trajectory's extra fields, from which :func:`~.trees.forest_from_trajectories` rebuilds the step's
-trees. Node advantages are ``trace_theory.compute_advantages(forest, name)``, spread over each turn's
+each trajectory's prompt) and ``config``; the ``trace`` trainer (:mod:`.trainer`) adds each trajectory's
+extra fields (``trace_fields``, through :data:`CURRENT_TRACE_FIELDS`), from which
+:func:`~.trees.forest_from_trajectories` rebuilds the step's trees. Node advantages are ``trace_theory.compute_advantages(forest, name)``, spread over each turn's
 tokens (:func:`~.trees.token_advantages`); returns = advantages, as for verl's GRPO.
 
 Without ``trace_fields`` (verl's stock trainers) every trajectory is one bare rollout of its ``index``
@@ -15,6 +15,8 @@ spread) advantage 0 where verl's GRPO passes the raw reward through.
 
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 import torch
 
@@ -22,7 +24,11 @@ from trace_theory import ADVANTAGES, compute_advantages
 
 from .trees import forest_from_trajectories, token_advantages
 
-__all__ = ["ESTIMATORS", "trace_token_advantages", "register_estimators"]
+__all__ = ["ESTIMATORS", "CURRENT_TRACE_FIELDS", "trace_token_advantages", "register_estimators"]
+
+CURRENT_TRACE_FIELDS: contextvars.ContextVar = contextvars.ContextVar("trace_fields", default=None)
+"""The trajectories' extra fields while verl computes advantages: set by the ``trace`` trainer around verl's
+own advantage step (whose call of an estimator passes only rewards, mask, uids and config)."""
 
 ESTIMATORS = {("trace" if name == "trace" else f"trace_{name}"): name for name in ADVANTAGES.names()}
 """verl estimator name -> ``trace_theory.ADVANTAGES`` name."""
@@ -57,6 +63,10 @@ def trace_token_advantages(token_level_rewards, response_mask, *, estimator: str
 def _estimator(name: str):
     def estimate(token_level_rewards, response_mask, index=None, config=None, trace_fields=None, epsilon=1e-6,
                  **_):
+        if trace_fields is None:
+            trace_fields = CURRENT_TRACE_FIELDS.get()
+        if trace_fields is not None and len(trace_fields) != len(token_level_rewards):
+            raise ValueError(f"{len(trace_fields)} trajectories' tree fields for {len(token_level_rewards)} rows")
         adv = trace_token_advantages(token_level_rewards, response_mask, estimator=name, index=index,
                                      trace_fields=trace_fields, epsilon=epsilon)
         return adv, adv

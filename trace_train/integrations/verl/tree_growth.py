@@ -77,7 +77,7 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
     if bare < 1:
         raise ValueError(f"tree {tree} needs at least one bare session, got {bare}")
     tree_id = tree if tree_id is None else tree_id
-    parent, reward, origin, cost = [-1], [np.nan], [Origin.ROOT], [0.0]
+    parent, reward, origin, cost, histories = [-1], [np.nan], [Origin.ROOT], [0.0], [None]
     placed: list[tuple[int, int, list[int], Session]] = []  # (session id, start node, node ids, session)
 
     def number(start: int, start_depth: int, session: Session, kind: Origin) -> list[int]:
@@ -90,6 +90,7 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
             origin.append(kind)
             tokens = session.turn_tokens[j] if j < len(session.turn_tokens) else 1
             cost.append(float(tokens))
+            histories.append(None if last else session.prefixes[j].history)
         return ids
 
     sessions = await asyncio.gather(*(run_session(None, i) for i in range(bare)))
@@ -129,7 +130,7 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
         s = await task
         ids = number(start, depth_of[start], s, Origin.BARE if start == 0 else Origin.CONTINUATION)
         placed.append((session_id, start, ids, s))
-    await asyncio.to_thread(coordinator.finish, tree, parent, reward, origin, cost)
+    await asyncio.to_thread(coordinator.finish, tree, parent, reward, origin, cost, histories)
     leaves = []
     for session_id, start, ids, s in placed:
         fields = {"trace_tree": tree_id, "trace_parent": int(start), "trace_depth": depth_of[start] + s.turns,
