@@ -98,16 +98,18 @@ def token_advantages(node_advantage, turns: Sequence[np.ndarray], turn_starts: S
     return out * mask
 
 
-def trajectories_from_forest(forest: RolloutForest, turn_tokens=None) -> tuple[list[dict], np.ndarray, list[int]]:
-    """Each rollout of ``forest`` as one trajectory's extra fields (tree-local ids in forest order), its reward
-    and its response length (``turn_tokens[n]`` tokens per turn, 1 each by default). Leaves in forest order."""
+def trajectories_from_forest(forest: RolloutForest, turn_tokens=None) -> tuple[list[dict], np.ndarray, list[int],
+                                                                             list[np.ndarray]]:
+    """Each rollout of ``forest`` as one trajectory: its extra fields (tree-local ids in forest order), its
+    reward, its response length (``turn_tokens[n]`` tokens per turn, 1 each by default) and the ``forest`` ids
+    of the turns it generated. Leaves in forest order."""
     tokens = np.ones(len(forest), dtype=np.int64) if turn_tokens is None else np.asarray(turn_tokens, dtype=np.int64)
     root = forest.root_of
     local = np.empty(len(forest), dtype=np.int64)
     for r in forest.roots:
         ids = np.flatnonzero(root == r)
         local[ids] = np.arange(ids.size)
-    fields, rewards, lengths = [], [], []
+    fields, rewards, lengths, own_ids = [], [], [], []
     for leaf in forest.leaves.tolist():
         path = forest.path_to_root(leaf)[::-1][1:]  # root excluded, root-side first
         first = int(forest.rollout_start[leaf])
@@ -119,4 +121,5 @@ def trajectories_from_forest(forest: RolloutForest, turn_tokens=None) -> tuple[l
                        "trace_turn_starts": starts})
         rewards.append(float(forest.reward[leaf]))
         lengths.append(prefix_tokens + int(tokens[own].sum()))
-    return fields, np.asarray(rewards), lengths
+        own_ids.append(np.asarray(own, dtype=np.int64))
+    return fields, np.asarray(rewards), lengths, own_ids
