@@ -147,11 +147,12 @@ def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
                                                 tree_id=int(p)) for p in np.flatnonzero(m)))
 
     leaves = [leaf for tree in asyncio.run(every_tree()) for leaf in tree]
-    return coordinator.record(), leaves, starts, m
+    record, histories = coordinator.record_with_histories()
+    return record, leaves, starts, m, histories
 
 
 def test_sessions_grow_trees_from_exact_prefix_states(stack):
-    record, leaves, starts, m = run_step(stack)
+    record, leaves, starts, m, _ = run_step(stack)
     assert m.sum() == record.planned.roots and record.counts["continuation"] > 0
     # One verl trajectory per session; together they spend the step's budget, M (1 + N) rollouts.
     assert len(leaves) == record.rollouts == record.planned.roots * (1 + record.planned.continuations_per_root)
@@ -181,3 +182,24 @@ def test_sessions_grow_trees_from_exact_prefix_states(stack):
 def _offset(forest, leaf):
     """The forest id of tree ``trace_tree``'s root (trees are laid out in planting order)."""
     return int(forest.roots[list(forest.prompt[forest.roots]).index(leaf.fields["trace_tree"])])
+
+
+def test_the_predictor_is_fitted_on_the_steps_trees_and_saved_with_verls_checkpoint(stack, tmp_path):
+    from trace_train.integrations.verl.coordinator import fit_predictor_on_step
+    from trace_train.integrations.verl.trainer import load_predictor, save_predictor
+
+    record, leaves, _, _, histories = run_step(stack)
+    assert load_predictor(str(tmp_path)) is None  # no checkpoint yet
+    predictor = build_predictor(PredictorConfig(kind="running_mean"))
+    assert len(histories) == len(record.forest) and all(histories[r] is not None for r in record.forest.roots)
+    before = predictor.state_dict()
+    metrics = fit_predictor_on_step(predictor, record, histories)
+    f = record.forest
+    assert metrics["predictor_examples"] == int((~f.is_leaf & (f.parent != -1)).sum()) > 0
+    assert predictor.state_dict()["means"].shape != before["means"].shape  # it learnt something
+    save_predictor(predictor, str(tmp_path), 3)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")  # verl's tracker, as its save writes it
+    loaded = load_predictor(str(tmp_path))
+    probe = [h for h in histories if h is not None][:4]
+    np.testing.assert_array_equal(loaded(probe), predictor(probe))
+

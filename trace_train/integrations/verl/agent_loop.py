@@ -3,9 +3,9 @@
 A *turn* is one assistant generation and the tool responses merged after it; the state after a turn whose
 session goes on (the tool responses tokenised into the context, ready for the next generation) is a
 prefix. At each one the loop keeps a snapshot of verl's own token-level state -- ``prompt_ids`` (the whole
-context), ``response_mask``, ``response_logprobs``, the messages and the turn counters -- so a continuation
-session started with ``__trace_start__=<snapshot>`` resumes at that state exactly: the same token ids, never
-re-rendered from text (verl's Continuous-Token path produced them; this loop only copies them). After
+context), ``response_mask``, ``response_logprobs``, the messages, the turn counters and ``extra_fields``
+(where a tool keeps its session, e.g. :mod:`.python_tool`) -- so a continuation session started with
+``__trace_start__=<snapshot>`` resumes at that state exactly: the same token ids, never re-rendered from text (verl's Continuous-Token path produced them; this loop only copies them). After
 :meth:`run`, ``loop.trace_prefixes`` holds the session's snapshots, ``loop.trace_turn_starts`` the
 response-token offset where each turn it generated begins and ``loop.trace_turn_tokens`` the tokens each
 generated; ``loop.trace_start_depth`` is the depth it started from. Multimodal prompts are not supported.
@@ -25,7 +25,9 @@ AGENT_LOOP = "trace_tool_agent"
 """The name this loop is registered under (``actor_rollout_ref.rollout.agent.default_agent_loop``)."""
 
 _STATE = ("prompt_ids", "response_mask", "response_logprobs", "assistant_turns", "user_turns", "turn_scores",
-          "tool_rewards")
+          "tool_rewards", "extra_fields")
+"""``AgentData`` fields a snapshot copies (with the messages); ``extra_fields`` carries tool state that lives in
+the trajectory, e.g. the Python tool's cells (:mod:`.python_tool`)."""
 
 
 @register(AGENT_LOOP)

@@ -32,11 +32,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from trace_theory import Prediction, RolloutBudget, RolloutForest, run_step
+from trace_theory import Prediction, RolloutBudget, RolloutForest, node_targets, root_outcomes, run_step
 from trace_theory.policies import AllocationPolicy
 from trace_theory.step import StepRecord
 
-__all__ = ["StepCoordinator"]
+__all__ = ["StepCoordinator", "fit_predictor_on_step"]
 
 Predict = Callable[[Sequence, bool], Prediction]
 """``predict(histories, concentration) -> Prediction`` at prompts' openings (depth 0) or at prefixes."""
@@ -233,3 +233,17 @@ class StepCoordinator:
             if self._error is not None and not driver and not ready():
                 raise RuntimeError(f"the TRACE step driver failed: {type(self._error).__name__}: "
                                    f"{self._error}") from self._error
+
+
+def fit_predictor_on_step(predictor, record: StepRecord, histories: Sequence, *, value_target: str = "leaf_weighted"
+                          ) -> dict:
+    """Our trainer's predictor fit on one step's forest (``trace_train.train._fit_inputs``): the model on
+    ``node_targets`` of every non-terminal non-root node, the roots' outcomes into the prompts' posteriors.
+    ``histories`` are :meth:`StepCoordinator.record_with_histories`'. Returns the fit's metrics."""
+    f = record.forest
+    nodes = np.flatnonzero(~f.is_leaf & (f.parent != -1))
+    values, weights = node_targets(f, value_target)
+    roots, m, s = root_outcomes(f)
+    metrics = predictor.update([histories[n] for n in nodes], values[nodes], weights[nodes])
+    predictor.observe([histories[r] for r in roots], s, m - s)
+    return metrics

@@ -36,13 +36,13 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from trace_theory import Prediction, RolloutBudget, node_targets, root_outcomes
+from trace_theory import Prediction, RolloutBudget
 
-from .coordinator import StepCoordinator
+from .coordinator import StepCoordinator, fit_predictor_on_step
 from .estimator import CURRENT_TRACE_FIELDS
 from .worker import PROMPT_KEY, STEP_KEY
 
-__all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE"]
+__all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE", "save_predictor", "load_predictor"]
 
 PREDICTOR_FILE = "trace_predictor.pkl"
 
@@ -161,15 +161,10 @@ class TracePPOTrainer(PPOTrainerSync):
     # ---- the predictor: fit and checkpoint ----------------------------------------------------------
 
     def _fit_predictor(self, metrics: dict) -> None:
-        """Our trainer's fit (``trace_train.train._fit_inputs``) on each of the step's forests."""
-        for coordinator, openings in self._coordinators:
+        """Our trainer's fit (:func:`~.coordinator.fit_predictor_on_step`) on each of the step's forests."""
+        for coordinator, _ in self._coordinators:
             record, histories = ray.get(coordinator.record_with_histories.remote())
-            f = record.forest
-            nodes = np.flatnonzero(~f.is_leaf & (f.parent != -1))
-            values, weights = node_targets(f, self.trace.value_target)
-            roots, m, s = root_outcomes(f)
-            fit = self.predictor.update([histories[n] for n in nodes], values[nodes], weights[nodes])
-            self.predictor.observe([openings[int(f.prompt[r])] for r in roots], s, m - s)
+            fit = fit_predictor_on_step(self.predictor, record, histories, value_target=self.trace.value_target)
             metrics.update({f"trace/{k}": v for k, v in fit.items()})
             metrics.update({f"trace/rollouts_{k}": float(v) for k, v in record.counts.items()})
             ray.kill(coordinator)
@@ -177,20 +172,34 @@ class TracePPOTrainer(PPOTrainerSync):
 
     def _save_checkpoint(self):
         super()._save_checkpoint()
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, PREDICTOR_FILE), "wb") as fh:
-            pickle.dump(self.predictor.state_dict(), fh)
+        save_predictor(self.predictor, self.config.trainer.default_local_dir, self.global_steps)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        folder = self.config.trainer.default_local_dir
-        if not os.path.isabs(folder):
-            folder = os.path.join(os.getcwd(), folder)
-        latest = find_latest_ckpt_path(folder)
-        path = latest and os.path.join(latest, PREDICTOR_FILE)
-        if path and os.path.exists(path):
-            from trace_train.predictors import predictor_from_state_dict
+        predictor = load_predictor(self.config.trainer.default_local_dir)
+        if predictor is not None:
+            self.predictor = predictor
 
-            with open(path, "rb") as fh:
-                self.predictor = predictor_from_state_dict(pickle.load(fh))
+
+def save_predictor(predictor, checkpoint_dir: str, step: int) -> str:
+    """Write ``predictor.state_dict()`` into verl's ``global_step_<step>`` folder; returns the file."""
+    folder = os.path.join(checkpoint_dir, f"global_step_{step}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, PREDICTOR_FILE)
+    with open(path + ".tmp", "wb") as fh:
+        pickle.dump(predictor.state_dict(), fh)
+    os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous file
+    return path
+
+
+def load_predictor(checkpoint_dir: str):
+    """The predictor of verl's latest checkpoint under ``checkpoint_dir`` (None: none saved one)."""
+    from trace_train.predictors import predictor_from_state_dict
+
+    folder = checkpoint_dir if os.path.isabs(checkpoint_dir) else os.path.join(os.getcwd(), checkpoint_dir)
+    latest = find_latest_ckpt_path(folder)
+    path = latest and os.path.join(latest, PREDICTOR_FILE)
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, "rb") as fh:
+        return predictor_from_state_dict(pickle.load(fh))
