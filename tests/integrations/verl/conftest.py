@@ -39,3 +39,9 @@ def hf_backend(tiny_dir):
     from trace_train.backends.hf_backend import HFBackend
 
     return HFBackend.from_pretrained(tiny_dir)
+
+
+def pytest_configure(config):
+    # verl announces each training engine it lacks (megatron, mindspeed, ...) at import: not ours to fix.
+    config.addinivalue_line("filterwarnings", "ignore:.*engine is not available:UserWarning")
+    config.addinivalue_line("filterwarnings", "ignore:Ray state API is no longer experimental:DeprecationWarning")

@@ -19,17 +19,18 @@ def python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_import_verl_registers_the_estimators_the_agent_loop_and_the_trainer(verl):
-    run = python("import verl, trace_train.integrations.verl.plugin as p; print(p.summary())")
+    # verl's own registries, read right after `import verl` (its entry-point loader ran the plugin), then
+    # the plugin's summary line, the one the README prints.
+    run = python("import verl; from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as R; "
+                 "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L; "
+                 "print('trace' in R, 'trace_tool_agent' in L); "
+                 "import trace_train.integrations.verl.plugin as p; print(p.summary())")
     assert run.returncode == 0, run.stderr
-    line = run.stdout.strip().splitlines()[-1]
+    registries, line = run.stdout.strip().splitlines()[-2:]
+    assert registries.split() == ["True", "True"], run.stderr
     assert line.startswith(f"TRACE in verl {VERL_VERSION}: estimators ['trace', 'trace_grpo'"), line
     assert "agent loops ['trace_tool_agent']" in line and "trainers ['trace']" in line
     assert "problem" not in line and PLUGIN_LINE not in run.stderr
-    # Registered by verl's own loader, at `import verl`, before anything of ours is imported by hand.
-    run = python("import verl; from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as R; "
-                 "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L; "
-                 "print('trace' in R, 'trace_tool_agent' in L)")
-    assert run.stdout.split() == ["True", "True"], run.stderr
 
 
 def test_a_plugin_that_cannot_register_says_so_in_one_line(verl):
