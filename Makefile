@@ -18,7 +18,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: run test setup bench selfcheck clean
+.PHONY: run test setup bench selfcheck clean verl-venv test-verl
 
 $(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
+	$(MAKE) test-verl
 
 bench: $(STAMP)
 	$(BIN)/python -m trace_theory.benchmark --json results/benchmarks/allocation.json
@@ -51,3 +52,22 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis
+
+# TRACE as a plugin of verl 0.9.1 (trace_train/integrations/verl) gets its own venv: verl pins
+# transformers<5.11, the main venv runs 5.16+. CPU torch first (as above), then verl and its V1 stack
+# without its GPU extras; `make test-verl` runs the plugin's tests (tests/integrations/verl) there.
+VERL_VENV  := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+$(VERL_STAMP):
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install --quiet torch==$(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VERL_VENV)/bin/python -m pip install --quiet -e ".[verl-test]"
+	rm -f $(VERL_VENV)/.installed-*
+	touch $@
+
+verl-venv: $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	HYPOTHESIS_PROFILE=ci $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl

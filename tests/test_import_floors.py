@@ -24,6 +24,7 @@ TRAIN_STOREYS = (
     ("parts", ("trace_train.predictors.*", "trace_train.rollout.*", "trace_train.update.*", "trace_train.run.*",
                "trace_train.tiny")),
     ("commands", ("trace_train.train", "trace_train.evaluate")),
+    ("integrations", ("trace_train.integrations", "trace_train.integrations.*")),
     ("benchmarks", ("trace_train.bench.*", "trace_train.gpu_check")),
 )
 

@@ -1,0 +1,205 @@
+"""Real sessions on CPU: verl's tool agent loop (``trace_tool_agent``) generating with a tiny model, grown
+into TRACE trees by the plugin's tree growth and step coordinator, as the ``_run_prompt`` override does.
+
+What runs is verl's own code from the prompt to the trajectory: ``ToolAgentLoop``'s state machine, its
+Continuous-Token builder (prompt rendering, assistant-token and tool-response merges) and tool dispatch,
+with our snapshot/resume added. What stands in for a GPU deployment: the LLM server (a tiny Qwen3 generating
+with transformers in this process, behind verl's ``generate(request_id, prompt_ids, sampling_params)``
+call) and the reward (the game's verdict, computed here instead of by verl's reward-loop actor). The tool
+is a guess-the-number judge; a tool parser reads each assistant message as one guess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from trace_theory import Prediction, RolloutBudget, compute_advantages, get_policy
+from trace_train.envs import GuessNumberEnv, make_rows
+from trace_train.integrations.verl.coordinator import StepCoordinator
+from trace_train.integrations.verl.tree_growth import grow_tree
+from trace_train.integrations.verl.trees import forest_from_trajectories
+from trace_train.predictors import PredictorConfig, build_predictor
+from trace_train.rollout.batch import History
+
+ROWS = make_rows(3, high=4, max_guesses=3, seed=5)
+MAX_TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def stack(verl, tiny_dir):
+    """verl's pieces for CPU sessions: config, tokenizer, the tiny model's server, the guess parser and tool."""
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+    from verl.workers.rollout.replica import TokenOutput
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    class TinyServer:
+        """verl's LLM client call, answered by the tiny model (sampling, seeded per call)."""
+
+        calls = 0
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
+            TinyServer.calls += 1
+            torch.manual_seed(TinyServer.calls)
+            ids = torch.tensor([prompt_ids])
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                     top_k=0, max_new_tokens=6, eos_token_id=end, pad_token_id=end)
+            new = out[0, ids.shape[1]:].tolist()
+            await asyncio.sleep(0)
+            return TokenOutput(token_ids=new, log_probs=[0.0] * len(new))
+
+    @ToolParser.register("trace_guess_cpu")
+    class GuessParser(ToolParser):
+        """Every assistant message is one call of ``guess`` with its text."""
+
+        async def extract_tool_calls(self, responses_ids, tools=None):
+            text = self.tokenizer.decode(responses_ids, skip_special_tokens=True).strip()
+            return text, [FunctionCall(name="guess", arguments=json.dumps({"text": text}))]
+
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {
+            "prompt_length": 512, "response_length": 256, "full_determinism": False,
+            "multi_turn": {"max_user_turns": MAX_TURNS, "max_assistant_turns": MAX_TURNS, "max_parallel_calls": 1,
+                           "max_tool_response_length": 200, "tool_response_truncate_side": "right",
+                           "format": "trace_guess_cpu"}}},
+        "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
+    })
+    return config, tokenizer, TinyServer()
+
+
+def guess_tool(target: int):
+    """The judge of one game, as a verl function tool."""
+    from verl.tools.function_tool import FunctionTool
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    def guess(text: str) -> str:
+        digits = "".join(ch for ch in text if ch.isdigit())
+        if not digits:
+            return "That is not a number."
+        n = int(digits)
+        return "Correct!" if n == target else ("Higher." if n < target else "Lower.")
+
+    schema = OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
+        "name": "guess", "description": "Judge a guess.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}})
+    return FunctionTool(name="guess", fn=guess, tool_schema=schema)
+
+
+def won(messages) -> float:
+    return 1.0 if any(m.get("role") == "tool" and m.get("content") == "Correct!" for m in messages) else 0.0
+
+
+def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+
+    from trace_train.integrations.verl.agent_loop import TraceToolAgentLoop, run_trace_session
+
+    config, tokenizer, server = stack
+    predictor = build_predictor(PredictorConfig(kind="running_mean"))
+    openings = [History(i, row, 0, tuple(GuessNumberEnv().reset(row)), ()) for i, row in enumerate(ROWS)]
+
+    def predict(histories, concentration):
+        return Prediction(predictor(histories), predictor.concentration(histories) if concentration else None)
+
+    coordinator = StepCoordinator(get_policy(policy_name), budget, len(ROWS), predict, openings, seed=0, timeout=600)
+    m = coordinator.start()
+    starts = {}
+
+    def runner(prompt: int):
+        row = ROWS[prompt]
+        messages = list(openings[prompt].messages)
+
+        async def run_session(start, session_id):
+            loop = TraceToolAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
+                                      processor=None, dataset_cls=None, data_config=DictConfigWrap(config.data),
+                                      tools=ToolListWrap([guess_tool(int(row["target"]))]))
+
+            async def score(output):  # the game's verdict, from the session's final messages
+                return won(loop_messages[0])
+
+            loop_messages = []
+            original = loop._handle_pending_state
+
+            async def pending(agent_data, sampling_params):  # keep a handle on the session's messages
+                loop_messages.append(agent_data.messages)
+                return await original(agent_data, sampling_params)
+
+            loop._handle_pending_state = pending
+            session = await run_trace_session(loop, {"temperature": 1.0, "top_p": 1.0, "logprobs": True},
+                                              {"raw_prompt": messages}, start, prompt=prompt, row=row, score=score)
+            starts[(prompt, session_id)] = (start, session.output)
+            return session
+
+        return run_session
+
+    async def every_tree():
+        return await asyncio.gather(*(grow_tree(runner(int(p)), coordinator, coordinator.tree_of(int(p)), int(m[p]),
+                                                tree_id=int(p)) for p in np.flatnonzero(m)))
+
+    leaves = [leaf for tree in asyncio.run(every_tree()) for leaf in tree]
+    record, histories = coordinator.record_with_histories()
+    return record, leaves, starts, m, histories
+
+
+def test_sessions_grow_trees_from_exact_prefix_states(stack):
+    record, leaves, starts, m, _ = run_step(stack)
+    assert m.sum() == record.planned.roots and record.counts["continuation"] > 0
+    # One verl trajectory per session; together they spend the step's budget, M (1 + N) rollouts.
+    assert len(leaves) == record.rollouts == record.planned.roots * (1 + record.planned.continuations_per_root)
+    for (prompt, session_id), (start, output) in starts.items():
+        full = list(output.prompt_ids) + list(output.response_ids)
+        if start is None:
+            continue
+        state = start.state
+        # A continuation starts from its prefix's exact token state: the same ids, not re-rendered text...
+        assert full[:len(state["prompt_ids"])] == list(state["prompt_ids"])
+        # ...and trains only what it generated: the prefix's response tokens are masked out.
+        prefix_response = len(state["response_mask"])
+        assert set(output.response_mask[:prefix_response]) <= {0}
+        assert sum(output.response_mask[prefix_response:]) > 0
+    # The trajectories' extra fields rebuild the coordinator's forest, node for node.
+    rewards = [leaf.output.reward_score for leaf in leaves]
+    rebuilt, _ = forest_from_trajectories([leaf.fields for leaf in leaves], rewards)
+    f = record.forest
+    assert np.array_equal(rebuilt.parent, f.parent) and np.allclose(np.nan_to_num(rebuilt.reward, nan=-1),
+                                                                   np.nan_to_num(f.reward, nan=-1))
+    assert np.array_equal(rebuilt.depth, f.depth) and np.array_equal(rebuilt.origin, f.origin)
+    assert np.isfinite(compute_advantages(rebuilt, "trace")).all()
+    for leaf in leaves:
+        assert leaf.fields["trace_depth"] == int(f.depth[leaf.fields["trace_nodes"][-1] + _offset(f, leaf)])
+
+
+def _offset(forest, leaf):
+    """The forest id of tree ``trace_tree``'s root (trees are laid out in planting order)."""
+    return int(forest.roots[list(forest.prompt[forest.roots]).index(leaf.fields["trace_tree"])])
+
+
+def test_the_predictor_is_fitted_on_the_steps_trees_and_saved_with_verls_checkpoint(stack, tmp_path):
+    from trace_train.integrations.verl.coordinator import fit_predictor_on_step
+    from trace_train.integrations.verl.trainer import load_predictor, save_predictor
+
+    record, leaves, _, _, histories = run_step(stack)
+    assert load_predictor(str(tmp_path)) is None  # no checkpoint yet
+    predictor = build_predictor(PredictorConfig(kind="running_mean"))
+    assert len(histories) == len(record.forest) and all(histories[r] is not None for r in record.forest.roots)
+    before = predictor.state_dict()
+    metrics = fit_predictor_on_step(predictor, record, histories)
+    f = record.forest
+    assert metrics["predictor_examples"] == int((~f.is_leaf & (f.parent != -1)).sum()) > 0
+    assert predictor.state_dict()["means"].shape != before["means"].shape  # it learnt something
+    save_predictor(predictor, str(tmp_path), 3)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")  # verl's tracker, as its save writes it
+    loaded = load_predictor(str(tmp_path))
+    probe = [h for h in histories if h is not None][:4]
+    np.testing.assert_array_equal(loaded(probe), predictor(probe))
+

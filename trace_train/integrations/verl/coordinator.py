@@ -1,0 +1,249 @@
+"""One TRACE step's decisions for trees that verl grows elsewhere: ``trace_theory.step.run_step``, streamed.
+
+The coordinator is the step driver's world (:class:`~trace_theory.step.StreamingWorld`), the same driver
+our engine (``trace_train.rollout.engine``) and the simulator call, so the decisions are one algorithm:
+
+1. :meth:`StepCoordinator.start` runs ``run_step(..., streamed=True)`` on a thread. The driver predicts the
+   pool's openings and allocates the roots; :meth:`start` returns the group sizes m, which the trainer's
+   batch hook hands verl as each prompt's ``__rollout_n__`` (prompts with m = 0 are not submitted).
+2. Each prompt's ``_run_prompt`` (:mod:`.tree_growth`) runs its m bare sessions and reports the tree's
+   prefixes (rollout by rollout, by depth; each with its rollout's reward and its history) to
+   :meth:`expand`, which returns the continuations per prefix of the driver's first pass (the tree's own
+   budget m N) at once: trees expand as soon as their own bare sessions end, whatever the others do.
+3. :meth:`rest` blocks until every tree has expanded, then returns this tree's share of the pooled pass
+   (budget some trees could not place) and its root top-ups.
+4. :meth:`finish` takes each tree's final shape; once every tree has reported, the driver completes and
+   :meth:`record` returns its :class:`~trace_theory.step.StepRecord` (the step's forest, predictions and
+   counts: what the predictor is fitted on).
+
+Tree j is the j-th prompt with m > 0, in pool order. Methods are thread-safe and block only where stated,
+so one coordinator serves the sessions of every agent-loop worker: in verl it is a threaded Ray actor
+(``ray.remote(max_concurrency=...)``, :mod:`.trainer`); tests call it in-process.
+
+Policies: any registered one whose prefix rule streams (``policy.streams_prefixes``; the branching rules
+``trace``, ``uniform``, ...) or that does not branch (``grpo``); one expansion round. A randomised prefix
+rule or R > 1 needs the barrier, which verl's per-prompt sessions cannot give: refused in one line.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from trace_theory import Prediction, RolloutBudget, RolloutForest, node_targets, root_outcomes, run_step
+from trace_theory.policies import AllocationPolicy
+from trace_theory.step import StepRecord
+
+__all__ = ["StepCoordinator", "fit_predictor_on_step"]
+
+Predict = Callable[[Sequence, bool], Prediction]
+"""``predict(histories, concentration) -> Prediction`` at prompts' openings (depth 0) or at prefixes."""
+
+
+class StepCoordinator:
+    """The decisions of one step over a pool of ``pool`` prompts (module docstring).
+
+    Parameters
+    ----------
+    policy : AllocationPolicy
+    budget : RolloutBudget
+        M roots and N continuations per root, unsplit (``run_step`` splits).
+    pool : int
+    predict : callable
+        ``predict(histories, concentration)`` (see :data:`Predict`).
+    openings : sequence
+        The history of each pool prompt's opening (what ``predict`` reads at the roots).
+    seed : int
+        Seeds the driver's generator (as the engine's ``rollout(seed=...)``).
+    timeout : float
+        Seconds any blocking call waits before it fails, naming what it waited for.
+    """
+
+    def __init__(self, policy: AllocationPolicy, budget: RolloutBudget, pool: int, predict: Predict,
+                 openings: Sequence, *, seed: int, root_allocator=None, timeout: float = 3600.0):
+        if policy.dynamic_sampling:
+            raise ValueError(f"policy {policy.name!r} samples dynamically; in verl use its DAPO filter instead")
+        if policy.branches and not policy.streams_prefixes:
+            raise ValueError(f"policy {policy.name!r} has a randomised prefix rule, which needs the barrier; "
+                             "verl's per-prompt sessions run the streamed expansion only")
+        if len(openings) != pool:
+            raise ValueError(f"{pool} prompts but {len(openings)} openings")
+        self.policy, self.budget, self.pool, self.predict_fn = policy, budget, int(pool), predict
+        self.openings, self.seed, self.root_allocator, self.timeout = list(openings), int(seed), root_allocator, timeout
+        self._lock = threading.Condition()
+        self._m: np.ndarray | None = None
+        self._active: np.ndarray | None = None
+        self._expand = self._rest = None
+        self._expanded: set[int] = set()
+        self._rested: tuple | None = None
+        self._trees: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._histories: dict[int, list] = {}
+        self._record: StepRecord | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- the trainer's side ----------------------------------------------------------------------
+
+    def start(self) -> np.ndarray:
+        """Start the driver; returns m per pool prompt (blocks until the roots are allocated)."""
+        if self._thread is not None:
+            raise ValueError("a step coordinator runs one step: start() was called twice")
+        self._thread = threading.Thread(target=self._drive, name="trace-step", daemon=True)
+        self._thread.start()
+        self._wait(lambda: self._m is not None, "the root allocation")
+        return self._m.copy()
+
+    def tree_of(self, prompt: int) -> int:
+        """The tree index of pool prompt ``prompt`` (its rank among the prompts with m > 0)."""
+        hit = np.flatnonzero(self._active == int(prompt))
+        if hit.size != 1:
+            raise ValueError(f"pool prompt {prompt} got no rollouts this step (m = 0): it has no tree")
+        return int(hit[0])
+
+    def record(self) -> StepRecord:
+        """The driver's record, once every tree has finished (blocks)."""
+        self._wait(lambda: self._record is not None, "every tree to finish")
+        return self._record
+
+    def record_with_histories(self) -> tuple[StepRecord, list]:
+        """:meth:`record` and the history of every node of its forest (the roots': their openings)."""
+        record = self.record()
+        histories = []
+        for t, prompt in enumerate(self._active.tolist()):
+            node_histories = list(self._histories[t])
+            node_histories[0] = self.openings[prompt]
+            histories.extend(node_histories)
+        return record, histories
+
+    # ---- the sessions' side ----------------------------------------------------------------------
+
+    def expand(self, tree: int, reward, histories: Sequence) -> np.ndarray:
+        """Continuations per prefix of ``tree`` from the tree's own budget (rollout order, see the module)."""
+        self._wait(lambda: self._m is not None, "the roots to be planted")  # plant_streamed sets _expand first
+        reward = np.asarray(reward, dtype=float).reshape(-1)
+        if len(histories) != reward.size:
+            raise ValueError(f"tree {tree}: {reward.size} prefix rewards but {len(histories)} histories")
+        with self._lock:
+            if self._expand is None:  # a policy that does not branch: nothing to place
+                self._expanded.add(int(tree))
+                self._lock.notify_all()
+                return np.zeros(reward.size, dtype=np.int64)
+            k = self._expand(int(tree), reward, lambda concentration: self._predict(histories, concentration))
+            self._expanded.add(int(tree))
+            self._lock.notify_all()
+            return np.asarray(k, dtype=np.int64)
+
+    def rest(self, tree: int) -> tuple[int, np.ndarray]:
+        """(top-ups at the root, more continuations per prefix) of ``tree``, once every tree has expanded."""
+        n = len(self._active)
+        self._wait(lambda: len(self._expanded) == n, "every tree's expansion")
+        with self._lock:
+            if self._rest is None:
+                return 0, np.zeros(0, dtype=np.int64)
+            if self._rested is None:
+                self._rested = self._rest()
+            top_ups, more = self._rested
+            return int(top_ups[int(tree)]), np.asarray(more[int(tree)], dtype=np.int64)
+
+    def finish(self, tree: int, parent, reward, origin, cost=None, histories=None) -> None:
+        """The final shape of ``tree`` in tree-local ids (0 the root, parents first): links, leaf rewards,
+        origins (``trace_theory.Origin``), optionally tokens per turn and each node's history (None where
+        there is none: the root, leaves), what the predictor is fitted on."""
+        parent = np.asarray(parent, dtype=np.int64)
+        cost = np.ones(parent.size) if cost is None else np.asarray(cost, dtype=float)
+        histories = [None] * parent.size if histories is None else list(histories)
+        if len(histories) != parent.size:
+            raise ValueError(f"tree {tree}: {parent.size} nodes but {len(histories)} histories")
+        with self._lock:
+            if int(tree) in self._trees:
+                raise ValueError(f"tree {tree} finished twice")
+            self._trees[int(tree)] = (parent, np.asarray(reward, dtype=float), np.asarray(origin, dtype=np.int8), cost)
+            self._histories[int(tree)] = histories
+            self._lock.notify_all()
+
+    # ---- the driver's world (trace_theory.step.StreamingWorld) ------------------------------------
+
+    def predict_prompts(self, prompts: np.ndarray, *, concentration: bool) -> Prediction:
+        return self._predict([self.openings[int(i)] for i in prompts], concentration)
+
+    def predict_nodes(self, nodes: np.ndarray, *, concentration: bool) -> Prediction:
+        raise ValueError("the verl plugin expands each tree once, streamed; the barrier's predict_nodes is not used")
+
+    def plant(self, prompts: np.ndarray, counts: np.ndarray) -> RolloutForest:
+        self._planted(prompts, counts)
+        return self._forest()
+
+    def plant_streamed(self, prompts, counts, expand, rest) -> RolloutForest:
+        with self._lock:
+            self._expand, self._rest = expand, rest
+        self._planted(prompts, counts)
+        return self._forest()
+
+    def grow(self, starts) -> RolloutForest:
+        raise ValueError("the verl plugin grows continuations streamed only (one round, a streaming policy)")
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _predict(self, histories, concentration: bool) -> Prediction:
+        if not len(histories):
+            return Prediction(np.zeros(0), np.zeros(0) if concentration else None)
+        return self.predict_fn(list(histories), concentration)
+
+    def _planted(self, prompts, counts) -> None:
+        m = np.zeros(self.pool, dtype=np.int64)
+        m[np.asarray(prompts, dtype=np.int64)] = counts
+        with self._lock:
+            self._m, self._active = m, np.asarray(prompts, dtype=np.int64)
+            self._lock.notify_all()
+
+    def _forest(self) -> RolloutForest:
+        n = len(self._active)
+        self._wait(lambda: len(self._trees) == n, "every tree to finish", driver=True)
+        parent, reward, origin, cost, base = [], [], [], [], 0
+        for t in range(n):
+            p, r, o, c = self._trees[t]
+            parent.append(np.where(p >= 0, p + base, -1)), reward.append(r), origin.append(o), cost.append(c)
+            base += p.size
+        if not n:
+            return RolloutForest.from_parents(np.zeros(0, dtype=np.int64), np.zeros(0))
+        forest = RolloutForest.from_parents(np.concatenate(parent), np.concatenate(reward),
+                                            prompt=self._active, origin=np.concatenate(origin),
+                                            cost=np.concatenate(cost), binary_rewards=False)
+        return forest
+
+    def _drive(self) -> None:
+        try:
+            record = run_step(self, self.policy, self.budget, pool=self.pool, rng=np.random.default_rng(self.seed),
+                              root_allocator=self.root_allocator, streamed=True)
+        except BaseException as error:  # noqa: BLE001 - re-raised in every waiting caller
+            with self._lock:
+                self._error = error
+                self._lock.notify_all()
+            return
+        with self._lock:
+            self._record = record
+            self._lock.notify_all()
+
+    def _wait(self, ready: Callable[[], bool], what: str, *, driver: bool = False) -> None:
+        with self._lock:
+            if not self._lock.wait_for(lambda: ready() or (self._error is not None and not driver), self.timeout):
+                raise TimeoutError(f"the TRACE step waited {self.timeout:.0f} s for {what}")
+            if self._error is not None and not driver and not ready():
+                raise RuntimeError(f"the TRACE step driver failed: {type(self._error).__name__}: "
+                                   f"{self._error}") from self._error
+
+
+def fit_predictor_on_step(predictor, record: StepRecord, histories: Sequence, *, value_target: str = "leaf_weighted"
+                          ) -> dict:
+    """Our trainer's predictor fit on one step's forest (``trace_train.train._fit_inputs``): the model on
+    ``node_targets`` of every non-terminal non-root node, the roots' outcomes into the prompts' posteriors.
+    ``histories`` are :meth:`StepCoordinator.record_with_histories`'. Returns the fit's metrics."""
+    f = record.forest
+    nodes = np.flatnonzero(~f.is_leaf & (f.parent != -1))
+    values, weights = node_targets(f, value_target)
+    roots, m, s = root_outcomes(f)
+    metrics = predictor.update([histories[n] for n in nodes], values[nodes], weights[nodes])
+    predictor.observe([histories[r] for r in roots], s, m - s)
+    return metrics
