@@ -50,8 +50,8 @@ from trace_theory import compute_advantages, contrast_yield, node_targets, root_
 from .backends import build_backend
 from .backends.base import generator_asleep, pad_token_id
 from .rollout.batch import History, RolloutBatch
-from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
-                         save_checkpoint)
+from .run.checkpoint import (Checkpoint, capture_rng, check_world_size, clean_partial_checkpoints,
+                             load_latest_checkpoint, restore_rng, save_checkpoint)
 from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
 from .configs import RolloutConfig, TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
@@ -398,6 +398,7 @@ class Run:
                                keep=self.cfg.keep_checkpoints)
 
     def resume(self, ckpt: Checkpoint) -> None:
+        check_world_size(ckpt, self.info.world_size)
         if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
                              "(only steps, checkpointing and logging may change)")
