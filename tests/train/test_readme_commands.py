@@ -58,7 +58,7 @@ def _argv(line: str, bin_dir: Path) -> list[str]:
 def test_the_readme_parser_finds_blocks_markers_and_continuations():
     text = ("intro\n\n```bash\n.venv/bin/a x \\\n    y   # note\n# only a comment\n```\n\n"
             "<!-- readme-test: skip (needs a GPU) -->\n  ```bash\n  .venv/bin/b\n  ```\n")
-    assert readme_blocks(text) == [(3, [".venv/bin/a x y   # note"], None), (11, [".venv/bin/b"], "needs a GPU")]
+    assert readme_blocks(text) == [(3, [".venv/bin/a x y   # note"], None), (10, [".venv/bin/b"], "needs a GPU")]
 
 
 def test_every_readme_block_is_run_or_skipped_by_a_marker_with_a_reason():
