@@ -37,7 +37,7 @@ def readme_blocks(text: str) -> list[tuple[int, list[str], str | None]]:
     for match in FENCE.finditer(text):
         before = [ln for ln in text[:match.start()].splitlines() if ln.strip()]
         marker = SKIP.search(before[-1]) if before else None
-        body = re.sub(r"\\\n\s*", " ", match.group("body"))
+        body = re.sub(r"\s*\\\n\s*", " ", match.group("body"))
         lines = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         blocks.append((text[:match.start()].count("\n") + 1, lines, marker.group(1) if marker else None))
     return blocks
