@@ -62,7 +62,9 @@ from .rollout.engine import RolloutEngine
 from .run.threads import set_compute_threads
 from .envs.tooling import chat_format
 from .update.loss import policy_loss
-from .run.metrics_log import MetricsLogger
+from .run.metrics_log import MetricsLogger, read_metrics
+from .run.collapse import CollapseWatch
+from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
 from .update.packing import training_batch_for
 from .tasks import Task, build_task
@@ -380,6 +382,8 @@ class Run:
     saved_step: int | None = None
     """The step of the newest checkpoint on disk (None: none yet)."""
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
+    collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
+    """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
 
     def checkpoint(self, step: int) -> Path | None:
         extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
@@ -531,6 +535,9 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                    config=config_to_dict(cfg))
+        run.collapse = CollapseWatch(eval_rollouts=min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples)
+        if ckpt is not None:
+            run.collapse.replay(read_metrics(run.logger.path))
     return run
 
 
@@ -546,7 +553,9 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     stop = _StopOnSignal(run)
     try:
         if run.start_step == 0:
-            run.log(0, run.evaluate(0))
+            run.log(0, first := run.evaluate(0))
+            if run.info.is_main and not cfg.quiet and eval_line(0, cfg.steps, first):
+                say(eval_line(0, cfg.steps, first), file=sys.stdout)
         for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
@@ -591,9 +600,9 @@ def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "
     """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
-        from tqdm.auto import tqdm
-
-        tqdm.write(_metrics_line(step, cfg.steps, metrics), file=sys.stdout)
+        say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"]), file=sys.stdout)
+    for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
+        say(f"trace-train: warning: {warning}")
     failed = _check_env_failures(run, step, batch, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
     if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -602,20 +611,6 @@ def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "
         raise EnvFailureError(failed + f"; stopped with a checkpoint of step {step}")
     if stopping:
         raise RunInterrupted(stop.signum, f"saved a checkpoint of step {step}")
-
-
-def _metrics_line(step: int, steps: int, m: dict) -> str:
-    """``step 3/20  reward 0.41  eval 0.52  eff 0.63  yield/1k 12.5  tokens 1234  4.1 s``."""
-    parts = [f"step {step}/{steps}", f"reward {m.get('reward_mean', float('nan')):.3f}"]
-    if "eval_success" in m:
-        parts.append(f"eval {m['eval_success']:.3f}")
-    parts += [f"eff {m.get('effective_ratio', float('nan')):.2f}",
-              f"mixed/1k {m.get('mixed_prompts_per_1k_rollouts', float('nan')):.1f}",
-              f"tokens {int(m.get('generated_tokens', 0))}",
-              f"{m.get('rollout_seconds', 0.0) + m.get('train_seconds', 0.0):.1f} s"]
-    if m.get("env_failures"):
-        parts.append(f"env failures {int(m['env_failures'])}")
-    return "  ".join(parts)
 
 
 def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict) -> str | None:
@@ -639,9 +634,7 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
             f"in an environment failure: {first}; {where}")
     if share > cfg.max_env_failure_share:
         return text + f" (more than max_env_failure_share={cfg.max_env_failure_share})"
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"trace-train: warning: {text}", file=sys.stderr)
+    say(f"trace-train: warning: {text}")
     return None
 
 
@@ -662,7 +655,7 @@ class _StopOnSignal:
                                  f"nothing saved since step {saved} (its checkpoint is kept)")
         self.requested, self.signum = True, signum
         if self.run.info.is_main:
-            print("trace-train: stopping after this step (signal again to stop at once)", file=sys.stderr)
+            say("trace-train: stopping after this step (signal again to stop at once)")
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -836,11 +829,7 @@ def _step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, ro
 
 
 def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):
-    if not info.is_main or quiet:
-        return steps
-    from tqdm.auto import tqdm
-
-    return tqdm(steps, initial=start, total=total, desc="train", unit="step")
+    return progress(steps, start=start, total=total, show=info.is_main and not quiet)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -857,8 +846,11 @@ def cli(argv=None) -> int:
     parser.add_argument("--config", help=f"a preset ({', '.join(available_presets())}) or a YAML file")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no per-step metrics lines")
+    parser.add_argument("--verbose", action="store_true", help="transformers' and vLLM's INFO log lines too "
+                        "(default: their warnings only)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     try:
         cfg = load_config(TrainConfig, args.config, [*args.overrides, *(["quiet=true"] if args.quiet else [])])
     except ValueError as err:
@@ -873,7 +865,8 @@ def cli(argv=None) -> int:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as stop:
-        resume = shlex.join(["trace-train", *(sys.argv[1:] if argv is None else argv)])
+        resume = shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
+                             *(sys.argv[1:] if argv is None else argv)])
         name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
         print(f"trace-train: stopped by {name}; {stop}; to resume: {resume}", file=sys.stderr)
         return 128 + stop.signum
@@ -881,6 +874,15 @@ def cli(argv=None) -> int:
         print("trace-train: stopped by Ctrl-C before the first step; nothing saved", file=sys.stderr)
         return 130
     return 0
+
+
+def _invoked_as() -> list[str]:
+    """The command as typed: ``sys.argv[0]`` (``.venv/bin/trace-train``, a path to the script), or
+    ``python -m trace_train.train`` when run as a module, so that the printed resume command runs when pasted."""
+    first = sys.argv[0] if sys.argv and sys.argv[0] else "trace-train"
+    if Path(first).name in ("train.py", "__main__.py") or first == "-m":
+        return [sys.executable, "-m", "trace_train.train"]
+    return [first]
 
 
 if __name__ == "__main__":
