@@ -65,6 +65,7 @@ from .update.loss import policy_loss
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.collapse import CollapseWatch
 from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
+from .run.preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
 from .update.packing import training_batch_for
 from .tasks import Task, build_task
@@ -451,6 +452,7 @@ def _check_one_predictor(ranks: list[dict]) -> None:
 
 def build_run(cfg: TrainConfig) -> Run:
     """Set up (or resume) a run: task, policy, generation back end, rollout engines, predictor, sampler."""
+    check_device(cfg.device), check_model(cfg.model.name_or_path)  # one line each, before anything loads
     info = init_distributed(cfg.device)
     set_compute_threads(cfg.backend.threads)
     torch.manual_seed(cfg.seed + info.rank)
