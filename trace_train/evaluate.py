@@ -415,6 +415,8 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     traceback of the first environment failure, if any."""
     from tqdm.auto import tqdm
 
+    check_device(config.device, "--device")  # one line each, before the model loads
+    check_model(config.model, "--model")
     tokenizer = _load_tokenizer(config.model)
     role = config.observation_role
     factory = _env_factory(config, observation_role_for(tokenizer) if role == "auto" else role)
@@ -450,8 +452,6 @@ def main(config: EvalConfig) -> dict:
         raise ValueError(f"`config` must be an EvalConfig, got {type(config).__name__}")
     out = Path(config.output_dir)
     _check_output(out, config)
-    check_device(config.device, "--device")
-    check_model(config.model, "--model")
     rows = load_tasks(config)
     writable_dir(out, "`output_dir`")
     (out / CONFIG).write_text(json.dumps(config_to_dict(config), indent=2) + "\n")

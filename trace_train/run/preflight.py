@@ -55,10 +55,7 @@ def check_model(name: str, what: str = "model.name_or_path") -> None:
     if name == "tiny":
         return
     path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{what}={name}: {path} has no config.json, so it is not a Hugging Face model "
-                             "directory (trace-train writes one to runs/<run>/hf/)")
+    if path.is_dir():  # what it holds is for the loaders to say
         return
     if path.exists():
         raise ValueError(f"{what}={name} is a file; a local model is a directory (with config.json)")
