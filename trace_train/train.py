@@ -558,6 +558,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             run.log(0, first := run.evaluate(0))
             if run.info.is_main and not cfg.quiet and eval_line(0, cfg.steps, first):
                 say(eval_line(0, cfg.steps, first), file=sys.stdout)
+            run.collapse.check(0, first)  # the start that held-out success is compared with
         for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
