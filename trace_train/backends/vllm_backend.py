@@ -142,6 +142,9 @@ class VLLMBackend:
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         shield_from_kernel_scan()
+        import warnings  # vLLM's kernel scan touches torch.distributed.reduce_op, deprecated: not ours to act on
+
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning)
         from vllm import LLM
         from vllm.platforms import current_platform
 
