@@ -499,6 +499,9 @@ def cli(argv: Sequence[str] | None = None) -> int:
                             help=docs[f.name] + default)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     args = vars(parser.parse_args(argv))
+    from .run.console import quiet_libraries
+
+    quiet_libraries()  # transformers' and vLLM's logging at warnings (TRANSFORMERS_VERBOSITY etc. override)
     print_config = args.pop("print_config")
     try:
         config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v, k.replace("_", "-"))

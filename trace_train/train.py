@@ -871,7 +871,7 @@ def cli(argv=None) -> int:
         resume = shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
                              *(sys.argv[1:] if argv is None else argv)])
         name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
-        print(f"trace-train: stopped by {name}; {stop}; to resume: {resume}", file=sys.stderr)
+        say(f"trace-train: stopped by {name}; {stop}; to resume: {resume}")
         return 128 + stop.signum
     except KeyboardInterrupt:  # before the run started (loading, building)
         print("trace-train: stopped by Ctrl-C before the first step; nothing saved", file=sys.stderr)
