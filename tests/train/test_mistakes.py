@@ -133,3 +133,14 @@ def test_a_few_environment_failures_only_warn(capsys):
                                               "failure (env_timeout 2): TimeoutError")
     assert evaluate._report_env_failures({"samples": 20, "end_reasons": {"done": 20}}, "out") == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_hub_id_passes_when_the_hub_answers(tmp_path, monkeypatch, no_network):
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        preflight.check_model("Qwen/Qwen3-0.6B")  # not cached, but reachable: the loaders fetch it
+    assert "HF_HUB_OFFLINE" not in preflight.os.environ

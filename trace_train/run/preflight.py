@@ -25,7 +25,7 @@ __all__ = ["check_device", "check_model", "require_hub", "looks_like_path", "hub
 
 HUB_TIMEOUT_S = 3.0
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-_reachable: dict[str, bool] = {}
+_reachable: dict[tuple[str, int], bool] = {}
 
 
 def check_device(device: str, what: str = "device") -> None:
@@ -74,8 +74,9 @@ def require_hub(repo_id: str, repo_type: str, what: str) -> None:
             return
         raise ValueError(f"{what}={repo_id} is a Hub id that is not in the local Hugging Face cache, and "
                          "HF_HUB_OFFLINE is set: download it first (or pass a local path)")
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    if hub_reachable(host):
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host = endpoint.hostname or "huggingface.co"
+    if hub_reachable(host, endpoint.port or (80 if endpoint.scheme == "http" else 443)):
         return
     if cached:
         _go_offline()
@@ -89,8 +90,8 @@ def require_hub(repo_id: str, repo_type: str, what: str) -> None:
 
 def hub_reachable(host: str, port: int = 443, timeout: float = HUB_TIMEOUT_S) -> bool:
     """One TCP connection to ``host`` within ``timeout`` seconds (name lookup included); remembered."""
-    if host in _reachable:
-        return _reachable[host]
+    if (host, port) in _reachable:
+        return _reachable[host, port]
     result = [False]
 
     def attempt():
@@ -103,7 +104,7 @@ def hub_reachable(host: str, port: int = 443, timeout: float = HUB_TIMEOUT_S) ->
     worker = threading.Thread(target=attempt, daemon=True)
     worker.start()
     worker.join(timeout + 0.5)  # a name lookup has no timeout of its own
-    _reachable[host] = result[0]
+    _reachable[host, port] = result[0]
     return result[0]
 
 
