@@ -22,8 +22,10 @@ def no_network(tmp_path, monkeypatch):
     """An unreachable Hub (a closed local port) and an empty cache."""
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                 "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "unset")  # recorded, so that what a test sets is undone afterwards
+        monkeypatch.delenv(name)
     monkeypatch.setattr(preflight, "_reachable", {})
 
 
@@ -67,7 +69,8 @@ def test_a_hub_model_id_without_network_is_one_line(tmp_path, capsys, monkeypatc
 
 def test_a_cached_hub_id_without_network_goes_offline_instead_of_retrying(tmp_path, monkeypatch, no_network):
     (tmp_path / "hf_home" / "hub" / "models--Qwen--Qwen3-0.6B").mkdir(parents=True)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    constants = __import__("huggingface_hub.constants", fromlist=["x"])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)  # undone afterwards
     preflight.check_model("Qwen/Qwen3-0.6B")
     assert preflight.os.environ["HF_HUB_OFFLINE"] == "1"
 
