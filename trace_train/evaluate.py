@@ -427,8 +427,10 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     _check_prompts(pending, factory, chat, config.limits)
     backend = _load_backend(config)  # the first expensive step: everything above has been checked
     position = {row["id"]: i for i, row in enumerate(rows)}
+    from .run.console import is_terminal
+
     bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="task",
-               desc=f"{config.benchmark} k={config.k}")
+               desc=f"{config.benchmark} k={config.k}", disable=not is_terminal())  # plain output in a log file
     first_error = None
     with open(path, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
