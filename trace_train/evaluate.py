@@ -61,6 +61,7 @@ from .envs.registry import EnvFactory
 from .envs.spec import EnvironmentSource, build_factory, find_environment
 from .envs.tooling import chat_format, observation_role_for
 from .run.files import writable_dir
+from .preflight import check_device, check_model
 
 __all__ = ["EvalConfig", "main", "load_tasks", "summarize", "cli"]
 
@@ -409,10 +410,13 @@ def _read_results(path: Path) -> dict[str, dict]:
 
 
 def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: Path,
-              done: dict[str, dict]) -> None:
-    """Play the pending tasks in batches, appending their records to ``path`` (and ``done``)."""
+              done: dict[str, dict]) -> str | None:
+    """Play the pending tasks in batches, appending their records to ``path`` (and ``done``); returns the
+    traceback of the first environment failure, if any."""
     from tqdm.auto import tqdm
 
+    check_device(config.device, "--device")  # one line each, before the model loads
+    check_model(config.model, "--model")
     tokenizer = _load_tokenizer(config.model)
     role = config.observation_role
     factory = _env_factory(config, observation_role_for(tokenizer) if role == "auto" else role)
@@ -423,8 +427,11 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     _check_prompts(pending, factory, chat, config.limits)
     backend = _load_backend(config)  # the first expensive step: everything above has been checked
     position = {row["id"]: i for i, row in enumerate(rows)}
+    from .run.console import is_terminal
+
     bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="task",
-               desc=f"{config.benchmark} k={config.k}")
+               desc=f"{config.benchmark} k={config.k}", disable=not is_terminal())  # plain output in a log file
+    first_error = None
     with open(path, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
@@ -436,6 +443,8 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
                 done[record["id"]] = record
             results.flush()
             bar.update(len(chunk))
+            first_error = first_error or batch.report.env_error_sample
+    return first_error
 
 
 def main(config: EvalConfig) -> dict:
@@ -450,10 +459,12 @@ def main(config: EvalConfig) -> dict:
     (out / CONFIG).write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
     done = _read_results(out / RESULTS)
     pending = [row for row in rows if row["id"] not in done]
-    if pending:
-        _generate(config, rows, pending, out / RESULTS, done)
+    error = _generate(config, rows, pending, out / RESULTS, done) if pending else None
     summary = summarize(config.benchmark, [done[row["id"]] for row in rows], k=config.k)
     summary.update(model=config.model, evaluated_now=len(pending), runtime_s=time.perf_counter() - start)
+    if error:
+        lines = [ln.strip() for ln in error.strip().splitlines() if ln.strip()]
+        summary["env_error_sample"] = lines[-1] if lines else error
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -477,7 +488,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     """``trace-eval``: parse the flags into an :class:`EvalConfig` and run :func:`main`."""
     import typing
 
-    parser = argparse.ArgumentParser(prog="trace-eval", description=__doc__.split("\n")[0].strip("`: "))
+    parser = argparse.ArgumentParser(prog="trace-eval", description=__doc__.split("\n")[0].replace("``", ""))
     hints = typing.get_type_hints(EvalConfig)
     docs = field_docs(EvalConfig)
     for f in dataclasses.fields(EvalConfig):
@@ -490,6 +501,9 @@ def cli(argv: Sequence[str] | None = None) -> int:
                             help=docs[f.name] + default)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     args = vars(parser.parse_args(argv))
+    from .run.console import quiet_libraries
+
+    quiet_libraries()  # transformers' and vLLM's logging at warnings (TRANSFORMERS_VERBOSITY etc. override)
     print_config = args.pop("print_config")
     try:
         config = config_from_dict(EvalConfig, {k: _parse_flag(hints[k], v, k.replace("_", "-"))
@@ -503,6 +517,28 @@ def cli(argv: Sequence[str] | None = None) -> int:
         return 2
     print(json.dumps(summary["metrics"], indent=2))
     print(f"results in {config.output_dir}")
+    return _report_env_failures(summary, config.output_dir)
+
+
+def _report_env_failures(summary: dict, output_dir: str) -> int:
+    """Warn above the trainer's ``env_failure_warn_share``; above its ``max_env_failure_share`` (the share at
+    which trace-train stops a run) exit 1: the score then says more about the environment than the model."""
+    from .configs import TrainConfig
+
+    reasons = summary.get("end_reasons", {})
+    failed = reasons.get("env_error", 0) + reasons.get("env_timeout", 0)
+    share = failed / max(summary.get("samples", 0), 1)
+    limits = TrainConfig()
+    if share <= limits.env_failure_warn_share:
+        return 0
+    text = (f"{failed} of {summary['samples']} rollouts ({share:.0%}) ended in an environment failure "
+            f"({', '.join(f'{k} {v}' for k, v in reasons.items() if k in ('env_error', 'env_timeout') and v)}): "
+            f"{summary.get('env_error_sample', 'see results.jsonl')}; end reasons in {output_dir}/{SUMMARY}")
+    if share > limits.max_env_failure_share:
+        print(f"trace-eval: error: {text} (more than trace-train's max_env_failure_share="
+              f"{limits.max_env_failure_share}: the score is not the model's)", file=sys.stderr)
+        return 1
+    print(f"trace-eval: warning: {text}", file=sys.stderr)
     return 0
 
 

@@ -52,20 +52,23 @@ from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
 from .envs.tooling import chat_format
+from .run.collapse import CollapseWatch
+from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
+from .preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
 from .predictors.fitting import PredictorFit, attach_policy_states, check_one_predictor
 from .rollout.batch import RolloutBatch
 from .rollout.engine import RolloutEngine
-from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
-                             save_checkpoint)
+from .run.checkpoint import (Checkpoint, capture_rng, check_world_size, clean_partial_checkpoints,
+                             load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                               full_state_dict, gather_objects, global_normaliser, init_distributed,
                               load_full_optimizer_state_dict, max_over_ranks)
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
-from .run.metrics_log import MetricsLogger
+from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import export, load_policy, load_policy_weights, model_path
 from .run.resume import check_or_write_config, resume_fingerprint
-from .run.step_metrics import metrics_line, step_metrics
+from .run.step_metrics import step_metrics
 from .run.threads import set_compute_threads
 from .tasks import Task, build_task
 from .update.loss import LOSS_METRICS
@@ -198,6 +201,8 @@ class Run:
     saved_step: int | None = None
     """The step of the newest checkpoint on disk (None: none yet)."""
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
+    collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
+    """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
 
     def checkpoint(self, step: int) -> Path | None:
         extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
@@ -216,6 +221,7 @@ class Run:
                                keep=self.cfg.keep_checkpoints)
 
     def resume(self, ckpt: Checkpoint) -> None:
+        check_world_size(ckpt, self.info.world_size)
         if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
                              "(only steps, checkpointing and logging may change)")
@@ -245,6 +251,7 @@ class Run:
 
 def build_run(cfg: TrainConfig) -> Run:
     """Set up (or resume) a run: task, policy, generation back end, rollout engines, predictor, sampler."""
+    check_device(cfg.device), check_model(cfg.model.name_or_path)  # one line each, before anything loads
     info = init_distributed(cfg.device)
     set_compute_threads(cfg.backend.threads)
     torch.manual_seed(cfg.seed + info.rank)
@@ -312,6 +319,9 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                    config=config_to_dict(cfg))
+        run.collapse = CollapseWatch(eval_rollouts=min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples)
+        if ckpt is not None:
+            run.collapse.replay(read_metrics(run.logger.path))
     return run
 
 
@@ -327,7 +337,10 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     stop = _StopOnSignal(run)
     try:
         if run.start_step == 0:
-            run.log(0, run.evaluate(0))
+            run.log(0, first := run.evaluate(0))
+            if run.info.is_main and not cfg.quiet and eval_line(0, cfg.steps, first):
+                say(eval_line(0, cfg.steps, first), file=sys.stdout)
+            run.collapse.check(0, first)  # the start that held-out success is compared with
         for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
@@ -372,9 +385,9 @@ def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "
     """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
-        from tqdm.auto import tqdm
-
-        tqdm.write(metrics_line(step, cfg.steps, metrics), file=sys.stdout)
+        say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"]), file=sys.stdout)
+    for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
+        say(f"trace-train: warning: {warning}")
     failed = _check_env_failures(run, step, batch, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
     if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -406,9 +419,7 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
             f"in an environment failure: {first}; {where}")
     if share > cfg.max_env_failure_share:
         return text + f" (more than max_env_failure_share={cfg.max_env_failure_share})"
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"trace-train: warning: {text}", file=sys.stderr)
+    say(f"trace-train: warning: {text}")
     return None
 
 
@@ -429,7 +440,7 @@ class _StopOnSignal:
                                  f"nothing saved since step {saved} (its checkpoint is kept)")
         self.requested, self.signum = True, signum
         if self.run.info.is_main:
-            print("trace-train: stopping after this step (signal again to stop at once)", file=sys.stderr)
+            say("trace-train: stopping after this step (signal again to stop at once)")
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -477,11 +488,7 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):
-    if not info.is_main or quiet:
-        return steps
-    from tqdm.auto import tqdm
-
-    return tqdm(steps, initial=start, total=total, desc="train", unit="step")
+    return progress(steps, start=start, total=total, show=info.is_main and not quiet)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -498,8 +505,11 @@ def cli(argv=None) -> int:
     parser.add_argument("--config", help=f"a preset ({', '.join(available_presets())}) or a YAML file")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no per-step metrics lines")
+    parser.add_argument("--verbose", action="store_true", help="transformers' and vLLM's INFO log lines too "
+                        "(default: their warnings only)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     try:
         cfg = load_config(TrainConfig, args.config, [*args.overrides, *(["quiet=true"] if args.quiet else [])])
     except ValueError as err:
@@ -514,14 +524,24 @@ def cli(argv=None) -> int:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as stop:
-        resume = shlex.join(["trace-train", *(sys.argv[1:] if argv is None else argv)])
+        resume = shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
+                             *(sys.argv[1:] if argv is None else argv)])
         name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
-        print(f"trace-train: stopped by {name}; {stop}; to resume: {resume}", file=sys.stderr)
+        say(f"trace-train: stopped by {name}; {stop}; to resume: {resume}")
         return 128 + stop.signum
     except KeyboardInterrupt:  # before the run started (loading, building)
         print("trace-train: stopped by Ctrl-C before the first step; nothing saved", file=sys.stderr)
         return 130
     return 0
+
+
+def _invoked_as() -> list[str]:
+    """The command as typed: ``sys.argv[0]`` (``.venv/bin/trace-train``, a path to the script), or
+    ``python -m trace_train.train`` when run as a module, so that the printed resume command runs when pasted."""
+    first = sys.argv[0] if sys.argv and sys.argv[0] else "trace-train"
+    if Path(first).name in ("train.py", "__main__.py") or first == "-m":
+        return [sys.executable, "-m", "trace_train.train"]
+    return [first]
 
 
 if __name__ == "__main__":

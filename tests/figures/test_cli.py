@@ -1,6 +1,7 @@
 """trace-figures end to end: every figure and the report from quick results; one-line errors on bad files."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from figures import FIGURES
 from figures.claims import SECTIONS
 from figures.cli import main, report_or_errors
+from figures.report import heading_anchor
 from figures.data import Results
 
 PAPER_NUMBERS = ("26.8%", "60.6%", "42.8%", "52.3%", "42.4%", "47.8%")
@@ -31,6 +33,19 @@ def test_renders_every_figure_and_writes_a_report_with_every_section(results_cop
     for number in PAPER_NUMBERS:
         assert number in report
     assert report.count("**Held: ") == len(SECTIONS)
+    headings = {heading_anchor(ln.lstrip("#").strip()) for ln in report.splitlines() if ln.startswith("## ")}
+    links = re.findall(r"\]\(#([^)]+)\)", report)
+    assert len(links) == len(SECTIONS) and set(links) <= headings, sorted(set(links) - headings)
+
+
+@pytest.mark.parametrize("heading, anchor", [
+    ("8. Repeated expansion (beyond the paper)", "8-repeated-expansion-beyond-the-paper"),  # GitHub's slug
+    ("10. Sensitivity to predictor noise, pool and informativeness",
+     "10-sensitivity-to-predictor-noise-pool-and-informativeness"),
+    ("3. TRACE vs GRPO: equal turns", "3-trace-vs-grpo-equal-turns"),
+])
+def test_report_links_are_githubs_heading_anchors(heading, anchor):
+    assert heading_anchor(heading) == anchor
 
 
 def test_every_figure_belongs_to_exactly_one_section():

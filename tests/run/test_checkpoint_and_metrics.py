@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trace_train.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trace_train.run.checkpoint import (CheckpointError, check_world_size, latest_checkpoint, load_checkpoint,
+                                        save_checkpoint, written_by_processes)
 from trace_train.run.metrics_log import MetricsLogger, read_metrics
 
 
@@ -87,6 +88,22 @@ def test_checkpoint_errors(tmp_path):
     (tmp_path / "checkpoints" / "latest").write_text("step_00000009\n")
     with pytest.raises(ValueError, match=r"is incomplete or missing"):
         latest_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("written, running, advice", [(1, 2, "resume it without torchrun"),
+                                                       (2, 1, "resume it with torchrun --nproc_per_node 2"),
+                                                       (2, 4, "resume it with torchrun --nproc_per_node 2")])
+def test_a_resume_on_another_number_of_processes_is_one_line_saying_what_to_do(tmp_path, written, running, advice):
+    ranks = {"ranks": [{"rng": None}] * written} if written > 1 else {}
+    save_checkpoint(tmp_path, 3, policy={"w": torch.zeros(2)}, extra={"sampler": {}, **ranks})
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path), restore_random_state=False)
+    assert written_by_processes(ckpt) == written
+    check_world_size(ckpt, written)  # the same number resumes
+    with pytest.raises(CheckpointError) as err:
+        check_world_size(ckpt, running)
+    message = str(err.value)
+    assert "\n" not in message and f"written by {written} process" in message and f"this run has {running}" in message
+    assert advice in message and "another run_dir" in message
 
 
 def test_metrics_log_resume_and_torn_lines(tmp_path):

@@ -30,7 +30,8 @@ def readme_own_task_command() -> list[str]:
     assert MARKER in text, f"README.md lost its {MARKER!r} marker"
     block = re.search(r"```(?:bash)?\n(.*?)```", text[text.index(MARKER):], re.S)
     assert block, "no fenced block after the quickstart marker"
-    line = next(ln for ln in block.group(1).splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+    body = re.sub(r"\s*\\\n\s*", " ", block.group(1))  # continuation lines joined
+    line = next(ln for ln in body.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
     return shlex.split(line, comments=True)
 
 

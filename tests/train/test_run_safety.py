@@ -1,6 +1,7 @@
 """A run directory holds one run, and a run tells its user what happened (issues 24 and 28)."""
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -125,9 +126,19 @@ def test_a_signal_ends_the_run_in_one_line_with_a_checkpoint_and_the_resume_comm
     assert "Traceback" not in err
     step = read_metrics(metrics)[-1]["step"]
     assert lines[-1].startswith("trace-train: stopped by ") and f"saved a checkpoint of step {step}" in lines[-1]
-    assert lines[-1].endswith("to resume: trace-train " + " ".join(args))
+    assert lines[-1].endswith("to resume: " + shlex.join([sys.executable, "-m", "trace_train.train", *args]))
     assert (run_dir / "checkpoints" / f"step_{step:08d}").is_dir()
     assert not (run_dir / "checkpoints" / ".step_").exists()
+
+
+@pytest.mark.parametrize("typed, printed", [(".venv/bin/trace-train", [".venv/bin/trace-train"]),
+                                            ("/opt/env/bin/trace-train", ["/opt/env/bin/trace-train"]),
+                                            ("/x/trace_train/train.py", [sys.executable, "-m", "trace_train.train"])])
+def test_the_resume_command_is_printed_the_way_it_was_invoked(monkeypatch, typed, printed):
+    from trace_train.train import _invoked_as
+
+    monkeypatch.setattr(sys, "argv", [typed, "--config", "cpu_demo"])
+    assert _invoked_as() == printed
 
 
 def test_a_full_disk_while_writing_the_config_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):

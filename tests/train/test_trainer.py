@@ -156,6 +156,25 @@ def test_two_processes_with_gloo_and_fsdp(tmp_path):
     assert ckpt.step == 2 and all(torch.isfinite(t).all() for t in ckpt.policy.values())
 
 
+@pytest.mark.slow
+def test_a_torchrun_resume_of_a_single_process_run_is_refused_in_one_line(tmp_path):
+    """The README's order: ``trace-train --config cpu_demo``, then torchrun into the same run_dir. It used
+    to die in FSDP's optimizer loading (``KeyError: 'state.0.step'``, a traceback per rank)."""
+    single = subprocess.run([sys.executable, "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={tmp_path}",
+                             *SMALL, "steps=1", "checkpoint_every=1", "--quiet"], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert single.returncode == 0, single.stderr[-2000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",
+           "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={tmp_path}", *SMALL, "steps=2", "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode != 0
+    ours = [ln for ln in out.stderr.splitlines() if ln.startswith("trace-train: ")]
+    assert ours and all("was written by 1 process and this run has 2: resume it without torchrun" in ln
+                        for ln in ours), out.stderr[-3000:]
+    assert "KeyError" not in out.stderr
+
+
 def _torchrun(run_dir, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_free_port()}",

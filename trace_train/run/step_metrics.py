@@ -1,4 +1,5 @@
-"""One training step's metrics: the logged scalars (the names of ``metrics.jsonl``) and the printed line."""
+"""One training step's metrics: the logged scalars (the names of ``metrics.jsonl``); the printed line is
+``run.console.metrics_line``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from trace_theory.metrics import calibration_by_depth
 from ..rollout.batch import RolloutBatch
 from .distributed import DistInfo, merge_metrics
 
-__all__ = ["step_metrics", "metrics_line"]
+__all__ = ["step_metrics"]
 
 
 def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rollout_s: float, train_s: float,
@@ -67,17 +68,3 @@ def _calibration_metrics(batch: RolloutBatch) -> dict:
         metrics[f"predictor_brier_depth_{d}"] = float(cell["brier"])
         metrics[f"predictor_ece_depth_{d}"] = float(cell["ece"])
     return metrics
-
-
-def metrics_line(step: int, steps: int, m: dict) -> str:
-    """``step 3/20  reward 0.41  eval 0.52  eff 0.63  yield/1k 12.5  tokens 1234  4.1 s``."""
-    parts = [f"step {step}/{steps}", f"reward {m.get('reward_mean', float('nan')):.3f}"]
-    if "eval_success" in m:
-        parts.append(f"eval {m['eval_success']:.3f}")
-    parts += [f"eff {m.get('effective_ratio', float('nan')):.2f}",
-              f"mixed/1k {m.get('mixed_prompts_per_1k_rollouts', float('nan')):.1f}",
-              f"tokens {int(m.get('generated_tokens', 0))}",
-              f"{m.get('rollout_seconds', 0.0) + m.get('train_seconds', 0.0):.1f} s"]
-    if m.get("env_failures"):
-        parts.append(f"env failures {int(m['env_failures'])}")
-    return "  ".join(parts)
