@@ -29,3 +29,19 @@ def test_configs_and_tasks_import_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_loop_file_holds_the_loop():
+    """``train.py`` stays a training script: under 600 lines, no knowledge of the predictor base's private
+    state or of the forest's private index, no duck-typed capabilities (they are declared on the bases)."""
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "trace_train"
+    train = (package / "train.py").read_text()
+    assert len(train.splitlines()) < 600
+    assert "offset_keys" not in train and "_offsets" not in train
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"getattr\([^)]*needs_states", text), path
+        assert "._child_index" not in text or path.name == "forest.py", path
