@@ -249,8 +249,10 @@ class StepRecord:
     """Whether each tree's expansion started as soon as its own bare rollouts ended (see the module)."""
     expansion: str = "barrier"
     """What ran: "barrier", "streamed" or "eager" (continuations committed at turn boundaries)."""
+    phase_ids: np.ndarray | None = None
+    """Streamed and eager: the anchors of ``node_phase`` (``node_ids`` too where the prefix rule predicts)."""
     node_phase: np.ndarray | None = None
-    """Streamed and eager: continuations per anchor (aligned with ``node_ids``) by when they were placed,
+    """Streamed and eager: continuations per anchor (aligned with ``phase_ids``) by when they were placed,
     shape (n, 4): at the prefix's turn boundary (eager), at its rollout's end (eager: what the rollout left,
     at its last prefix), once its tree ended (own budget and reserve), once every tree had ended (what
     some trees could not place)."""
@@ -719,7 +721,7 @@ def _expand_streamed(world, policy, active, m, per_root, record, counts, root_co
     anchors = in_rollout_order(forest, _planted_anchors(forest, m_tree))
     decide.check(forest, anchors)
     v, kappa, first, alloc, top_ups = decide.result
-    record["node_phase"] = decide.phase
+    record.update(node_phase=decide.phase, phase_ids=anchors)
     if policy.predicts_prefixes and anchors.size:
         record.update(node_ids=anchors, node_v=v, node_round=np.ones(anchors.size, dtype=np.int64))
         if policy.posterior:
