@@ -376,13 +376,13 @@ def critical_path(batch: Batch) -> int:
     length = forest.depth[leaves] - forest.depth[anchor]
     begin = np.full(leaves.size, everyone, dtype=np.int64)  # barrier, top-ups and pooled leftovers
     phase = record.node_phase
-    if record is not None and record.expansion != "barrier" and phase is not None and record.node_ids.size:
+    if record is not None and record.expansion != "barrier" and phase is not None and record.phase_ids.size:
         cont = np.flatnonzero(~bare & (forest.origin[start] == Origin.CONTINUATION))
         order = cont[np.lexsort((start[cont], anchor[cont]))]  # by anchor, then in growth order
         a = anchor[order]
         nth = np.arange(order.size) - np.searchsorted(a, a)
         row = np.full(len(forest), -1, dtype=np.int64)
-        row[record.node_ids] = np.arange(record.node_ids.size)
+        row[record.phase_ids] = np.arange(record.phase_ids.size)
         counts = np.cumsum(phase[row[a]], axis=1)
         eager, at_end = nth < counts[:, 0], (nth >= counts[:, 0]) & (nth < counts[:, 1])
         own = (nth >= counts[:, 1]) & (nth < counts[:, 2])

@@ -24,6 +24,16 @@ round, budget that a prompt cannot place (no anchors, all capped) goes to the ot
 is left after the last round (or once a round has no anchors at all) tops up the roots. Every policy
 therefore spends exactly M (1 + N) rollouts for every R; R = 1 is the paper's algorithm.
 
+**Streamed and eager expansion** (one round, a non-randomised prefix rule). Streamed
+(:class:`StreamingWorld`): each tree's own pass runs as soon as its bare rollouts have ended, the pooled
+pass and the top-ups once every tree has; the decisions are the barrier's. Eager (:class:`EagerWorld`,
+``run_step(eager=EagerPlan(...))``, :mod:`trace_theory.eager`): continuations are committed at the bare
+rollouts' turn boundaries by the expected utility before the outcome is known, each rollout spending its
+own even share of its tree's budget (so the decisions do not depend on the order rollouts report in),
+what a rollout leaves goes to its last prefix when it ends, and the plan's reserve is placed by the
+policy's own pass once the tree has ended, from the committed counts; then as streamed. A reserve of 1
+is streamed expansion exactly; a reserve of 0 never waits for a tree.
+
 What happened is recorded once, in a :class:`StepRecord`: every prediction (candidate prompts, then
 anchors with their round), the rollouts grown by kind, the rounds, and DAPO's kept groups.
 
@@ -235,8 +245,10 @@ class StepRecord:
     """Whether each tree's expansion started as soon as its own bare rollouts ended (see the module)."""
     expansion: str = "barrier"
     """What ran: "barrier", "streamed" or "eager" (continuations committed at turn boundaries)."""
+    phase_ids: np.ndarray | None = None
+    """Streamed and eager: the anchors of ``node_phase`` (``node_ids`` too where the prefix rule predicts)."""
     node_phase: np.ndarray | None = None
-    """Streamed and eager: continuations per anchor (aligned with ``node_ids``) by when they were placed,
+    """Streamed and eager: continuations per anchor (aligned with ``phase_ids``) by when they were placed,
     shape (n, 4): at the prefix's turn boundary (eager), at its rollout's end (eager: what the rollout left,
     at its last prefix), once its tree ended (own budget and reserve), once every tree had ended (what
     some trees could not place)."""
@@ -705,7 +717,7 @@ def _expand_streamed(world, policy, active, m, per_root, record, counts, root_co
     anchors = in_rollout_order(forest, _planted_anchors(forest, m_tree))
     decide.check(forest, anchors)
     v, kappa, first, alloc, top_ups = decide.result
-    record["node_phase"] = decide.phase
+    record.update(node_phase=decide.phase, phase_ids=anchors)
     if policy.predicts_prefixes and anchors.size:
         record.update(node_ids=anchors, node_v=v, node_round=np.ones(anchors.size, dtype=np.int64))
         if policy.posterior:

@@ -206,11 +206,13 @@ class Run:
 
     def checkpoint(self, step: int) -> Path | None:
         extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
-                 "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio)}
+                 "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio),
+                 "eager_threshold": self.engine.eager_threshold}
         weights = checkpoint_state_dict(self.policy, self.info)
         optimizer = full_optimizer_state_dict(self.policy, self.optimizer, self.info)
         if self.info.enabled:  # what differs between ranks: each rank's random states and cost estimates
             extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"],
+                                             "eager_threshold": extra["eager_threshold"],
                                              "predictor_digest": self.predictor.digest()}, self.info)
             check_one_predictor([r["predictor_digest"] for r in extra["ranks"]])
         if not self.info.is_main:
@@ -234,6 +236,7 @@ class Run:
             own = ckpt.extra["ranks"][self.info.rank]
             restore_rng(own["rng"])
         self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = own["engine_costs"]
+        self.engine.eager_threshold = own.get("eager_threshold")  # eager expansion's carried level (absent: older)
         self.start_step = self.saved_step = ckpt.step
         _sync_weights(self)
 

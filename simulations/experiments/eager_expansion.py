@@ -13,7 +13,8 @@ the reserve by the outcome-aware rule once the tree has ended.
 mixed prompts per 1,000 turns (the simulator's token), the critical path (turns on the longest chain of
 the step, :func:`simulations.runner.critical_path`), the share of the continuation budget committed at
 boundaries, and the regret: on the batch's own rollouts and predictions, the prefix utility sum
-flip(V, r, k) (true V) of the barrier's allocation minus the arm's, per 1,000 turns. The value of waiting,
+flip(V, r, k) (true V) of the barrier's allocation minus the arm's, per 1,000 turns and as a share of the
+barrier's (``regret_share``). The value of waiting,
 per predictor, is lazy TRACE's contrast pairs per 1,000 turns minus eager TRACE's at reserve 0, relative.
 ``eager_joint_*`` arms use the rollout-joint gain (prefixes of one rollout share its outcome); the gap to
 ``eager_*`` is what ignoring that correlation costs.
@@ -48,7 +49,7 @@ CLAIM = (
     "with a critical path within one turn of GRPO's."
 )
 METRICS = ("contrast_pairs_per_1k_turns", "mixed_prompts_per_1k_turns", "critical_path", "eager_share",
-           "regret_per_1k_turns", "turns", "rollouts")
+           "regret_per_1k_turns", "regret_share", "turns", "rollouts")
 SPREADS = {"fixed": 0.0, "mid": 0.2, "wide": 0.4}
 """Episode-length spread: the model's ``stop_prob`` (0: every episode runs ``max_turns``)."""
 PREDICTOR_OPTIONS = {"noisy": {"noise": 1.0}}
@@ -136,11 +137,12 @@ class Config(BatchShape):
 # ---------------------------------------------------------------------------------------------------
 
 
-def regret(batch, policy_name: str, world) -> float:
-    """sum flip(V, r, k) of the barrier's allocation on this batch's anchors minus the batch's own (true V)."""
+def regret(batch, policy_name: str, world) -> tuple[float, float]:
+    """(sum flip(V, r, k) of the barrier's allocation on this batch's anchors minus the batch's own, the
+    barrier's), true V: the regret against the hindsight optimum and what that optimum is worth."""
     record, forest = batch.record, batch.sampled.forest
     if record is None or record.node_ids.size == 0:
-        return 0.0
+        return 0.0, 0.0
     anchors = record.node_ids
     r = forest.reward[forest.factual_leaf[anchors]]
     v_true = np.clip(batch.sampled.nodes["v"][anchors], 0.0, 1.0)
@@ -157,7 +159,8 @@ def regret(batch, policy_name: str, world) -> float:
         price = world.expected_turns(forest.depth[anchors]) / world.expected_turns(0)
     tree = forest.tree_index[anchors]
     best = policy.allocate_prefixes(record.node_v, r, tree, per_root * m_tree, cost=price).k
-    return float(flip_probability(v_true, r, best).sum() - flip_probability(v_true, r, k_arm).sum())
+    optimum = float(flip_probability(v_true, r, best).sum())
+    return optimum - float(flip_probability(v_true, r, k_arm).sum()), optimum
 
 
 def batch_row(batch, policy_name: str, world, budget: RolloutBudget) -> dict:
@@ -166,7 +169,9 @@ def batch_row(batch, policy_name: str, world, budget: RolloutBudget) -> dict:
            "critical_path": float(critical_path(batch)), "turns": batch.turns, "rollouts": batch.rollouts}
     out["eager_share"] = float(record.eager_spent / max(budget.roots * budget.continuations_per_root, 1))
     branches = get_policy(policy_name).branches and record.node_ids.size
-    out["regret_per_1k_turns"] = 1000.0 * regret(batch, policy_name, world) / batch.turns if branches else 0.0
+    lost, optimum = regret(batch, policy_name, world) if branches else (0.0, 0.0)
+    out["regret_per_1k_turns"] = 1000.0 * lost / batch.turns
+    out["regret_share"] = lost / optimum if optimum > 0 else 0.0
     return out
 
 

@@ -85,3 +85,17 @@ def test_calibration_by_depth_reaches_the_step_metrics(hf_backend):
     assert {"predictor_brier_depth_0", "predictor_ece_depth_0", "predictor_brier_depth_1",
             "predictor_miscalibrated"} <= set(metrics)
     assert all(0.0 <= v <= 1.0 for v in metrics.values())
+
+
+def test_eager_expansion_resumes_exactly(tmp_path):
+    """The threshold carried from step to step is part of the checkpoint: a resumed run is the same run."""
+    from trace_train.train import main
+
+    from .test_trainer import _same_run, small_config
+
+    eager = ("rollout.expansion=eager",)
+    main(small_config(tmp_path / "straight", *eager))
+    main(small_config(tmp_path / "resumed", "steps=2", *eager))
+    main(small_config(tmp_path / "resumed", *eager))
+    a = _same_run(tmp_path / "straight", tmp_path / "resumed")
+    assert a.extra["eager_threshold"] is not None

@@ -68,7 +68,7 @@ def test_rollout_priced_eager_spends_the_budget_exactly(reserve, threshold):
     assert phase.sum() + b.record.counts["top_up"] == BUDGET.roots * BUDGET.continuations_per_root
 
 
-@pytest.mark.parametrize("policy", ["trace", "trace_tokens"])
+@pytest.mark.parametrize("policy", ["trace", "trace_tokens", "uniform_tree", "trace_beta"])
 @pytest.mark.parametrize("seed", [0, 5])
 @pytest.mark.parametrize("lag", [0, 1])
 def test_no_reserve_keeps_the_step_one_episode_deep(policy, seed, lag):
