@@ -91,7 +91,7 @@ def test_eager_expansion_resumes_exactly(tmp_path):
     """The threshold carried from step to step is part of the checkpoint: a resumed run is the same run."""
     from trace_train.train import main
 
-    from .test_trainer import _same_run, small_config
+    from tests.train.test_trainer import _same_run, small_config
 
     eager = ("rollout.expansion=eager",)
     main(small_config(tmp_path / "straight", *eager))
