@@ -4,8 +4,11 @@ The layout, following verl and TRL's multi-process GRPO:
 
 * **Data.** Each rank draws its own slice of the candidate pool (``PromptSampler`` shards by rank).
 * **Allocation over the global pool.** :class:`GlobalRootAllocator` gathers every rank's predictions,
-  runs the policy's root allocation once over the concatenated pool (every rank computes the same answer
-  from the same data; allocation is deterministic) and keeps its own slice. Prefix allocation stays on
+  runs the policy's root allocation once over the pools joined in interleaved order (every rank's first
+  prompt, then every rank's second, ...: a rule that takes the first prompts, or breaks ties by pool
+  order, then spreads them over the ranks) and keeps its own slice; every rank computes the same answer
+  from the same data (allocation is deterministic). DAPO's rounds run on each rank within its share of
+  the one budget (:meth:`GlobalRootAllocator.dynamic_share`). Prefix allocation stays on
   the rank that owns the prompt: its budget is m_i N, local by construction.
 * **Policy.** The model is sharded with PyTorch FSDP (``fully_shard`` on every decoder layer, then the
   whole model); gradients are averaged across ranks by FSDP, and :func:`global_normaliser` makes the
@@ -25,7 +28,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "shard_policy", "full_state_dict",
+__all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "allocate_interleaved", "interleaved_order",
+           "rank_share", "shard_policy", "full_state_dict",
            "checkpoint_state_dict",
            "full_optimizer_state_dict", "load_full_optimizer_state_dict", "gather_objects",
            "global_normaliser", "max_over_ranks", "merge_metrics"]
@@ -73,26 +77,82 @@ def _scalar(value, dtype: torch.dtype, info: DistInfo) -> torch.Tensor:
     return torch.tensor([value], dtype=dtype, device=info.device)
 
 
+def interleaved_order(sizes: list[int]) -> np.ndarray:
+    """Positions in the rank-order concatenation of pools of ``sizes``, taken in interleaved order: every
+    rank's first prompt, then every rank's second, and so on (``[0, 3, 1, 4, 2, 5]`` for sizes 3 and 3).
+
+    An allocation rule that takes the first prompts of its pool (uniform groups, ties of the water-filling)
+    then takes them from every rank in turn, not all from rank 0."""
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    pairs = [(i, r) for r, n in enumerate(sizes) for i in range(n)]
+    pairs.sort()
+    return np.asarray([starts[r] + i for i, r in pairs], dtype=np.int64)
+
+
+def allocate_interleaved(policy, parts: list[tuple], budget: int, *, rng, rank: int) -> np.ndarray:
+    """Rank ``rank``'s root counts of one allocation of ``budget`` over every rank's pool.
+
+    ``parts[r]`` is rank r's ``(v, concentration or None, cost or None)``. The pools are joined in the
+    :func:`interleaved_order` (so that ties and uniform rules spread the prompts over the ranks), the
+    policy allocates once over the joined pool, and the counts are mapped back to each rank's own
+    prompts. Every rank computes the same answer from the same data."""
+    sizes = [len(p[0]) for p in parts]
+    order = interleaved_order(sizes)
+
+    def joined(k):
+        if any(p[k] is None for p in parts):
+            return None
+        return np.concatenate([np.asarray(p[k], dtype=float) for p in parts])[order]
+
+    v_all, kappa_all, cost_all = joined(0), joined(1), joined(2)
+    priced = {} if cost_all is None else {"cost": cost_all}
+    m_interleaved = np.asarray(policy.allocate_roots(v_all, budget, rng=rng, concentration=kappa_all, **priced))
+    m_all = np.empty_like(m_interleaved)
+    m_all[order] = m_interleaved
+    start = sum(sizes[:rank])
+    return m_all[start:start + sizes[rank]]
+
+
+def rank_share(total: int, world_size: int, rank: int, unit: int = 1) -> int:
+    """Rank ``rank``'s part of ``total`` dealt out in whole ``unit`` s (a group), the remainder's units
+    to the lowest ranks and what is left below one unit to rank 0: the parts add up to ``total``."""
+    units, rest = divmod(int(total), int(unit))
+    mine = (units // world_size + (rank < units % world_size)) * unit
+    return mine + (rest if rank == 0 else 0)
+
+
 class GlobalRootAllocator:
     """A root allocator for the step driver (``trace_theory.step.run_step``'s ``root_allocator`` hook,
-    passed through ``RolloutEngine``) that allocates the budget over every rank's pool together."""
+    passed through ``RolloutEngine``) that allocates the budget over every rank's pool together
+    (:func:`allocate_interleaved`), and splits a dynamic-sampling (DAPO) budget over the ranks
+    (:meth:`dynamic_share`), so that the job spends one budget whatever the number of processes."""
 
     def __init__(self, info: DistInfo):
         self.info = info
 
-    def __call__(self, policy, v, budget, *, rng, concentration):
+    def __call__(self, policy, v, budget, *, rng, concentration, cost=None):
+        mine = (np.asarray(v), None if concentration is None else np.asarray(concentration),
+                None if cost is None else np.asarray(cost), int(budget))
         parts = [None] * self.info.world_size
-        dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration),
-                                       int(budget)))
-        sizes = [len(p[0]) for p in parts]
-        v_all = np.concatenate([p[0] for p in parts])
-        kappa_all = None if concentration is None else np.concatenate([p[1] for p in parts])
+        dist.all_gather_object(parts, mine)
         # One budget for the job: with ``rollout.token_budget`` each rank sizes M from its own running
         # tokens-per-rollout estimate, so the ranks' budgets may differ; every rank allocates their mean.
-        agreed = sum(p[2] for p in parts) // len(parts)
-        m_all = policy.allocate_roots(v_all, agreed, rng=rng, concentration=kappa_all)
-        start = sum(sizes[: self.info.rank])
-        return m_all[start:start + sizes[self.info.rank]]
+        agreed = sum(p[3] for p in parts) // len(parts)
+        return allocate_interleaved(policy, [p[:3] for p in parts], agreed, rng=rng, rank=self.info.rank)
+
+    def dynamic_share(self, policy, budget):
+        """(policy, budget) for this rank's DAPO rounds: the job's budget (``budget``'s total, the ranks'
+        mean under ``rollout.token_budget``) and its target of mixed groups, dealt out over the ranks in
+        whole groups (:func:`rank_share`). DAPO never calls the root allocator, so without this every
+        rank would spend the whole budget."""
+        from trace_theory import RolloutBudget
+
+        totals = [None] * self.info.world_size
+        dist.all_gather_object(totals, int(policy.split(budget)[0]))
+        total = sum(totals) // len(totals)
+        world, rank, g = self.info.world_size, self.info.rank, policy.group_size
+        target = rank_share(policy.dynamic_target(total), world, rank)
+        return policy.replace(dapo_target=max(target, 1)), RolloutBudget(rank_share(total, world, rank, g), 0)
 
 
 def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
