@@ -401,8 +401,10 @@ class AlgorithmConfig:
     rows x width x vocab x (s + 8); 0 computes the full log-softmax (the reference)."""
     train_env_failures: bool = False
     """Train the turns of rollouts that ended by an environment error or time-out (end reasons env_error,
-    env_timeout) as failures. Default: left out of the loss (an infrastructure fault says nothing about the
-    model), still counted in ``env_failures`` and still in their group's advantage baseline."""
+    env_timeout) as failures. Default: such a rollout counts as not sampled (an infrastructure fault says
+    nothing about the model): out of the advantages, predictor targets, ``mixed``, DAPO's filter and the
+    contrast metrics, its chain pruned below its last ancestor shared with a healthy rollout
+    (``RolloutBatch.without_env_failures``); still counted in the budget spent and in ``env_failures``."""
 
     def __post_init__(self):
         ADVANTAGES.check(self.advantage)

@@ -552,6 +552,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
                                        seed=_step_seed(cfg.seed, step, run.info.rank))  # prefixes, generate
             t1 = time.perf_counter()
+            if not cfg.algorithm.train_env_failures:                             # a faulted rollout counts as
+                batch = batch.without_env_failures()                             # not sampled (budget aside)
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             fit = _PredictorFit(run.workers, run, batch)   # predictor update (background), started after the
