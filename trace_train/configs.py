@@ -341,10 +341,18 @@ class ModelConfig:
     several); the trained policy's master weights, AdamW's state and checkpoints are always float32."""
     tiny_warm_steps: int = 40
     """Supervised warm-start steps for the tiny model (so it plays well-formed games from step 0)."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input during the update's forward and recompute the rest in the
+    backward (transformers' gradient checkpointing, non-reentrant): the activations of a micro-batch shrink
+    from layers x (a layer's activations) to layers x hidden x dtype bytes plus one layer's, per token, for
+    about a third more compute (``trace_train.bench.memory_plan``). On in the GPU presets."""
 
     def __post_init__(self):
         if self.tiny_warm_steps < 0:
             raise ValueError(f"`tiny_warm_steps` must be >= 0, got {self.tiny_warm_steps}")
+        if self.dtype == "float16":
+            raise ValueError("`model.dtype` float16 needs loss scaling, which the trainer does not do (small "
+                             "gradients underflow to 0); use bfloat16 (same memory, float32's range) or float32")
 
 
 @dataclass(frozen=True)
@@ -370,10 +378,17 @@ class BackendConfig:
     threads: int | None = None
     """Compute threads of torch and vLLM-CPU (``trace_train.run.threads``); None: ``OMP_NUM_THREADS`` if set,
     else the CPUs the process may use."""
-    sleep_during_update: bool = False
+    sleep_during_update: bool | None = None
     """vLLM: free its KV cache and offload its weights while the policy updates (vLLM's sleep mode, level 1;
     ``trace_train.backends.vllm_backend``), for a generator that shares the GPU with training. CUDA only:
-    on other platforms (vllm-cpu) it does nothing. Off by default until a GPU run confirms it."""
+    on other platforms (vllm-cpu) it does nothing. None (the default): on where the run's device is CUDA
+    (the update of an 8B policy needs the memory vLLM holds; ``trace_train.bench.memory_plan``)."""
+
+    def sleeps_on(self, device: str) -> bool:
+        """Whether vLLM is asked to sleep during the update on ``device`` (None: on CUDA)."""
+        if self.sleep_during_update is None:
+            return str(device).startswith("cuda")
+        return bool(self.sleep_during_update)
 
 
 @dataclass(frozen=True)

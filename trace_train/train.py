@@ -56,7 +56,7 @@ from .config_loader import config_to_dict, describe, drop_removed, fingerprint, 
 from .configs import RolloutConfig, TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
-                          full_state_dict, gather_objects, global_normaliser, init_distributed,
+                          full_state_dict, gather_objects, global_normaliser, init_distributed, iter_full_tensors,
                           load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
 from .rollout.engine import RolloutEngine
 from .run.threads import set_compute_threads
@@ -161,6 +161,13 @@ def _load_policy(path: str, cfg: TrainConfig, device: str, dtype: torch.dtype | 
     return model, tokenizer
 
 
+def _checkpoint_activations(model) -> None:
+    """``model.activation_checkpointing``: transformers' gradient checkpointing of every decoder layer,
+    non-reentrant (works under FSDP2 and with inputs that need no gradient); no KV cache in training."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
 def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInfo):
     """The generation engine (``trace_train.backends.BACKENDS``). A single-process transformers back end
     shares the policy's weights."""
@@ -172,7 +179,7 @@ def _build_backend(cfg: TrainConfig, path: str, policy, tokenizer, info: DistInf
         if info.device == "cpu" and cfg.backend.kv_cache_memory_bytes is None:
             extra = {**_cpu_kv_cache(cfg, path), **extra}
         return build_backend("vllm", path, dtype=cfg.model.dtype, seed=cfg.seed, device=info.device,
-                             enforce_eager=cfg.backend.enforce_eager, sleep_mode=cfg.backend.sleep_during_update,
+                             enforce_eager=cfg.backend.enforce_eager, sleep_mode=cfg.backend.sleeps_on(info.device),
                              **extra)
     generator = policy
     if info.enabled or cfg.model.dtype != "float32":
@@ -306,6 +313,9 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
             ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
             with _compute_precision(cfg, info, device):
                 zero = model(input_ids=ids).logits.sum() * 0.0
+                if ref is not None and info.enabled:  # the sharded reference's forward is a collective too
+                    with torch.no_grad():
+                        ref(input_ids=ids)
             zero.backward()
             continue
         part = parts[i]
@@ -496,16 +506,25 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         paths = [path]
         torch.distributed.broadcast_object_list(paths, src=0)
         path = paths[0]
-    policy, tokenizer = _load_policy(path, cfg, info.device, dtype=torch.float32)  # fp32 master weights
-    backend = _build_backend(cfg, path, policy, tokenizer, info)
+    # fp32 master weights; under FSDP loaded on the CPU and sharded there, so that each GPU only ever holds
+    # its shard (a whole fp32 8B policy is 32 GB) and vLLM, built next, sizes its cache on a GPU without it
+    policy, tokenizer = _load_policy(path, cfg, "cpu" if info.enabled else info.device, dtype=torch.float32)
+    if cfg.model.activation_checkpointing:
+        _checkpoint_activations(policy)
+    compute = getattr(torch, cfg.model.dtype)
     if info.enabled:
         from .run.distributed import shard_policy
 
-        shard_policy(policy, compute_dtype=getattr(torch, cfg.model.dtype))
+        shard_policy(policy, compute_dtype=compute).to(info.device)
+    backend = _build_backend(cfg, path, policy, tokenizer, info)
     ref = None
-    if cfg.algorithm.loss.kl_coef > 0:
-        ref, _ = _load_policy(path, cfg, info.device)
+    if cfg.algorithm.loss.kl_coef > 0:  # frozen, in model.dtype; under FSDP sharded like the policy
+        ref, _ = _load_policy(path, cfg, "cpu" if info.enabled else info.device)
         ref.requires_grad_(False).eval()
+        if info.enabled:
+            from .run.distributed import shard_policy
+
+            shard_policy(ref, compute_dtype=compute).to(info.device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
@@ -684,11 +703,17 @@ def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -
 
 
 def _sync_weights(run: Run) -> None:
-    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP)."""
+    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP).
+
+    vLLM takes them as a stream (``backends.vllm_backend.VLLMBackend.update_weights``): each parameter is
+    gathered (under FSDP, its shards cast to ``model.dtype`` first), loaded, and freed before the next, so
+    the sync's peak is one parameter, not a second full copy of the model."""
     if not _shares_weights(run.backend, run.policy):
         dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
-        weights = full_state_dict(run.policy, run.info, dtype)
-        run.backend.update_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
+        weights = iter_full_tensors(run.policy, run.info, dtype)
+        if not getattr(run.backend, "streams_weights", False):
+            weights = dict(weights)
+        run.backend.update_weights(weights)
 
 
 def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
@@ -709,7 +734,11 @@ _NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorb
 _REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 # Fields added after checkpoints existed: left out of the hash while they hold the default every older run
 # had, so older runs still resume (a run that sets another value is another trajectory, and hashes it).
-_ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"}}
+_ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"},
+                         "model": {"activation_checkpointing": False}}
+# Fields whose default changed after checkpoints existed, and that do not change the trajectory: the new
+# default is hashed as the old one, so older runs still resume.
+_DEFAULT_CHANGED_IN_FINGERPRINT = {"backend": {"sleep_during_update": (None, False)}}
 
 
 def resume_fingerprint(cfg: TrainConfig) -> str:
@@ -723,6 +752,8 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
         data[section] = {**data[section], **fields}
     for section, fields in _ADDED_IN_FINGERPRINT.items():
         data[section] = {k: v for k, v in data[section].items() if not (k in fields and v == fields[k])}
+    for section, fields in _DEFAULT_CHANGED_IN_FINGERPRINT.items():
+        data[section] = {k: fields[k][1] if k in fields and v == fields[k][0] else v for k, v in data[section].items()}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

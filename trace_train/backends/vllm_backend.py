@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
@@ -212,9 +212,18 @@ class VLLMBackend:
         self.stats.add(request.prompt_ids, completion)
         return completion
 
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Reload ``state_dict`` in place, then reset the prefix cache (see the module docstring)."""
-        weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
+    streams_weights = True
+    """:meth:`update_weights` takes an iterator of ``(name, tensor)`` and loads each as it comes."""
+
+    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Reload the weights in place, then reset the prefix cache (see the module docstring).
+
+        ``state_dict`` is a mapping or a stream of ``(name, tensor)`` pairs. The engine runs in this process,
+        so the stream reaches vLLM's ``load_weights`` as it is: each tensor is loaded (vLLM materialises a
+        layer once all its weights have arrived) before the next is asked for, and a trainer that gathers
+        each parameter on demand (``run.distributed.iter_full_tensors``) peaks at one parameter."""
+        pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
+        weights = ((name, tensor.detach()) for name, tensor in pairs)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.reset_prefix_cache()
 

@@ -222,11 +222,11 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
             found = "missing" if actual is None else f"{actual} bytes"
             raise CheckpointError(f"{file}: {found}, but {size} bytes were written (truncated or damaged)")
     rng = _load(path / "rng.pt")
-    optimizer = _load(path / "optimizer.pt") if (path / "optimizer.pt").exists() else None
+    optimizer = _load(path / "optimizer.pt", mmap=True) if (path / "optimizer.pt").exists() else None
     checkpoint = Checkpoint(
         step=step,
         path=path,
-        policy=_load(path / "policy.pt"),
+        policy=_load(path / "policy.pt", mmap=True),
         optimizer=optimizer,
         extra=_load(path / "extra.pt"),
         rng=rng,
@@ -237,13 +237,19 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
     return checkpoint
 
 
-def _load(file: Path):
-    """``torch.load(weights_only=True)`` (plus ``_safe_globals``) with errors that name the file."""
+def _load(file: Path, *, mmap: bool = False):
+    """``torch.load(weights_only=True)`` (plus ``_safe_globals``) with errors that name the file.
+
+    ``mmap``: the tensors stay in the file, mapped, and are read when touched. The policy and the optimizer
+    state are loaded so: under FSDP every rank copies only its own shard out of the full tensors
+    (``set_optimizer_state_dict`` slices them), and the ranks of a node share the file's pages instead of
+    each holding a private copy (about 65 GB of AdamW state for an 8B policy). A truncated file is refused
+    before this, by its recorded size (:func:`load_checkpoint`)."""
     if not file.exists():
         raise CheckpointError(f"{file}: missing")
     try:
         with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(file, weights_only=True, map_location="cpu")
+            return torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))
         if found:

@@ -13,8 +13,8 @@ The layout, following verl and TRL's multi-process GRPO:
 * **Policy.** The model is sharded with PyTorch FSDP (``fully_shard`` on every decoder layer, then the
   whole model); gradients are averaged across ranks by FSDP, and :func:`global_normaliser` makes the
   token-mean loss a mean over the *global* batch.
-* **Weight sync.** After each update every rank gathers the full weights (:func:`full_state_dict`) and
-  loads them into its own generation engine.
+* **Weight sync.** After each update every rank streams the full weights into its own generation engine,
+  one parameter gathered at a time (:func:`iter_full_tensors`), so no rank holds a second full copy.
 
 The same code runs on CPUs with the gloo back end, which is how it is tested (2 processes).
 """
@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 __all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "allocate_interleaved", "interleaved_order",
            "rank_share", "shard_policy", "full_state_dict",
-           "checkpoint_state_dict",
+           "checkpoint_state_dict", "iter_full_tensors",
            "full_optimizer_state_dict", "load_full_optimizer_state_dict", "gather_objects",
            "global_normaliser", "max_over_ranks", "merge_metrics"]
 
@@ -172,26 +172,46 @@ def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.f
     return model
 
 
+def iter_full_tensors(model: torch.nn.Module, info: DistInfo, dtype: torch.dtype | None = None):
+    """``(name, unsharded tensor)`` of every entry of the model's state dict, one at a time, Hugging Face names.
+
+    Under FSDP each parameter's shards are cast to ``dtype`` (the generator's) on their rank and then
+    gathered (a collective: every rank must consume the stream in the same order, to the end); a tied
+    parameter is gathered once. The caller's peak is one full parameter in ``dtype``: a generation engine
+    that loads the stream as it comes (vLLM) never holds a second copy of the model. One process: the
+    model's own tensors, cast."""
+    from torch.distributed.tensor import DTensor
+
+    done: dict[int, torch.Tensor] = {}  # tied parameters: gathered once, while both names are pending
+    entries = list(model.state_dict(keep_vars=True).items())
+    uses: dict[int, int] = {}
+    for _, t in entries:
+        uses[id(t)] = uses.get(id(t), 0) + 1
+    with torch.no_grad():
+        for name, t in entries:
+            key = id(t)
+            if key not in done:
+                part = t.detach()
+                if dtype is not None and part.is_floating_point():
+                    part = part.to(dtype)
+                done[key] = part.full_tensor() if isinstance(part, DTensor) else part
+            full = done[key]
+            uses[key] -= 1
+            if not uses[key]:
+                del done[key]
+            yield name, full
+
+
 def full_state_dict(model: torch.nn.Module, info: DistInfo,
                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Unsharded weights on every rank (what a generation engine loads), with Hugging Face names.
 
-    Under FSDP each parameter is gathered on its own and cast to ``dtype`` (the generator's) as it
-    arrives, so the peak is one full copy in ``dtype`` plus one tensor in the master dtype, not a full
-    fp32 copy on every GPU. One process: the model's own tensors (the generator casts them as it loads)."""
+    Under FSDP each parameter is cast to ``dtype`` (the generator's) on its shards and then gathered
+    (:func:`iter_full_tensors`), so the result is one full copy in ``dtype``, never a full fp32 copy.
+    One process: the model's own tensors (the generator casts them as it loads)."""
     if not info.enabled:
         return model.state_dict()
-    from torch.distributed.tensor import DTensor
-
-    out: dict[str, torch.Tensor] = {}
-    done: dict[int, torch.Tensor] = {}  # tied parameters are gathered once
-    with torch.no_grad():
-        for name, t in model.state_dict(keep_vars=True).items():
-            if id(t) not in done:
-                full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
-                done[id(t)] = full.to(dtype) if dtype is not None and full.is_floating_point() else full
-            out[name] = done[id(t)]
-    return out
+    return dict(iter_full_tensors(model, info, dtype))
 
 
 def checkpoint_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:
