@@ -578,6 +578,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             fit = _PredictorFit(run.workers, run, batch)   # predictor update (background), started after the
             t2 = time.perf_counter()                       # Python-heavy packing so as not to contend with it
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
+            run.optimizer.zero_grad(set_to_none=True)  # gradients' memory free while vLLM syncs and generates
             t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
             t4 = time.perf_counter()
