@@ -293,34 +293,86 @@ def _compute_precision(cfg: TrainConfig, info: DistInfo, device: torch.device):
 
 
 def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
-    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step.
+    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step; with
+    ``optim.mini_batches`` = k, k consecutive groups of micro-batches, each normalised by its own global
+    weight and followed by its own step. The PPO anchor is the generator's log-probabilities, or the
+    trainer's recomputed before the first step (``algorithm.recompute_old_logprobs``).
     ``seqs``: packed trees or per-leaf rows (``trace_train.update.packing.build_training_batch``)."""
-    loss_cfg = cfg.algorithm.loss
-    per_token = loss_cfg.aggregation == "token_mean"
-    total = global_normaliser(seqs.normaliser(per_token), info)
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-    weight = 0.0  # this rank's share of the normaliser
+    per_token = cfg.algorithm.loss.aggregation == "token_mean"
     parts = seqs.micro_batches()
     # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
     # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
     n_micro = max_over_ranks(max(1, len(parts)), info)
     device = next(model.parameters()).device
-    bad_loss = None  # a non-finite loss of this rank
+    sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
+                   trained_only=True)  # the rollouts' distribution, in chunks (trace_train.update.logprobs)
+    anchors = [part.old_logprobs for part in parts]
+    extra: dict[str, float] = {"clip_anchor_trainer": float(cfg.recomputes_old_logprobs)}
+    if cfg.recomputes_old_logprobs:
+        anchors, extra["anchor_abs_log_ratio"] = _trainer_anchors(model, parts, n_micro, cfg, info, device, sampled)
+    k = min(cfg.optim.mini_batches, n_micro)
+    groups = [range(n_micro * j // k, n_micro * (j + 1) // k) for j in range(k)]
+    model.train()
+    steps = []
+    for group in groups:
+        local = seqs.normaliser(per_token) if k == 1 else sum(parts[i].normaliser(per_token) for i in group
+                                                              if i < len(parts))
+        steps.append(_step_on(model, optimizer, parts, anchors, group, global_normaliser(local, info), cfg, info,
+                              device, sampled, ref))
+    model.eval()
+    stats = {key: float(np.mean([st[key] for st in steps])) for key in steps[0]}
+    stats.update(extra)
+    stats["optimizer_steps"] = float(len(steps))
+    stats["train_forward_tokens"], stats["train_unique_tokens"] = seqs.forward_tokens, seqs.unique_tokens
+    return stats
+
+
+def _zero_pass(model, ref, cfg: TrainConfig, info: DistInfo, device, *, backward: bool) -> None:
+    """A rank out of micro-batches joins the others' collectives with a zero-weight forward (and backward)."""
+    ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
+    with _compute_precision(cfg, info, device), torch.set_grad_enabled(backward):
+        zero = model(input_ids=ids).logits.sum() * 0.0
+        if ref is not None and info.enabled and backward:  # the sharded reference's forward is a collective too
+            with torch.no_grad():
+                ref(input_ids=ids)
+    if backward:
+        zero.backward()
+
+
+def _trainer_anchors(model, parts, n_micro: int, cfg: TrainConfig, info: DistInfo, device, sampled) -> tuple:
+    """The trainer's log-probabilities of every micro-batch's tokens before any step (no gradient, in
+    ``model.dtype`` as the update computes), and the mean |log ratio| to the generator's over trained tokens."""
+    anchors, gap, count = [], 0.0, 0.0
+    model.eval()
     for i in range(n_micro):
         if i >= len(parts):
-            ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
-            with _compute_precision(cfg, info, device):
-                zero = model(input_ids=ids).logits.sum() * 0.0
-                if ref is not None and info.enabled:  # the sharded reference's forward is a collective too
-                    with torch.no_grad():
-                        ref(input_ids=ids)
-            zero.backward()
+            _zero_pass(model, None, cfg, info, device, backward=False)
             continue
         part = parts[i]
-        sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
-                       trained_only=True)  # the rollouts' distribution, in chunks (trace_train.update.logprobs)
+        with torch.no_grad(), _compute_precision(cfg, info, device):
+            logp = part.logprobs(model, **sampled).detach().float()
+        mask = part.loss_mask.to(device) > 0
+        anchors.append(torch.where(mask, logp, torch.zeros_like(logp)).cpu())
+        gap += float((logp - part.old_logprobs.to(device).float()).abs()[mask].sum())
+        count += float(mask.sum())
+    return anchors, gap / max(count, 1.0)
+
+
+def _step_on(model, optimizer, parts, anchors, group, total: float, cfg: TrainConfig, info: DistInfo, device,
+             sampled, ref) -> dict:
+    """Accumulate the loss of the micro-batches ``group`` (normalised by ``total``, their global weight), then
+    one optimiser step: the stats of that step."""
+    loss_cfg = cfg.algorithm.loss
+    per_token = loss_cfg.aggregation == "token_mean"
+    optimizer.zero_grad(set_to_none=True)
+    stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+    weight = 0.0  # this rank's share of the normaliser
+    bad_loss = None  # a non-finite loss of this rank
+    for i in group:
+        if i >= len(parts):
+            _zero_pass(model, ref, cfg, info, device, backward=True)
+            continue
+        part = parts[i]
         with _compute_precision(cfg, info, device):
             logp = part.logprobs(model, **sampled)
             ref_logp = None
@@ -328,7 +380,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
                 with torch.no_grad():
                     ref_logp = part.logprobs(ref, **sampled)
         seq_ids = part.sequence_ids.to(device) if part.sequence_ids is not None else None
-        loss, m = policy_loss(logp, part.old_logprobs.to(device), part.advantages.to(device),
+        loss, m = policy_loss(logp, anchors[i].to(device), part.advantages.to(device),
                               part.loss_mask.to(device), loss_cfg, ref_logprobs=ref_logp,
                               token_weights=part.weights.to(device), sequence_ids=seq_ids)
         share = part.normaliser(per_token) / max(total, 1e-12)
@@ -349,9 +401,7 @@ def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref
     if not math.isfinite(grad_norm):
         raise NonFiniteLossError(f"gradient norm is {grad_norm}")
     optimizer.step()
-    model.eval()
     stats["grad_norm"] = grad_norm
-    stats["train_forward_tokens"], stats["train_unique_tokens"] = seqs.forward_tokens, seqs.unique_tokens
     return stats
 
 
@@ -736,7 +786,8 @@ _REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 # Fields added after checkpoints existed: left out of the hash while they hold the default every older run
 # had, so older runs still resume (a run that sets another value is another trajectory, and hashes it).
 _ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed"},
-                         "model": {"activation_checkpointing": False}}
+                         "model": {"activation_checkpointing": False}, "optim": {"mini_batches": 1},
+                         "algorithm": {"recompute_old_logprobs": None}}
 # Fields whose default changed after checkpoints existed, and that do not change the trajectory: the new
 # default is hashed as the old one, so older runs still resume.
 _DEFAULT_CHANGED_IN_FINGERPRINT = {"backend": {"sleep_during_update": (None, False)}}
