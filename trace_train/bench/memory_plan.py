@@ -27,7 +27,9 @@ hidden size H, a micro-batch of T tokens and a the measured bytes per token of o
   sleeps (``backend.sleep_during_update``, level 1: weights to the CPU, KV cache freed; its CUDA context and
   graph pool, a few hundred MB, are not counted), its whole share when awake;
 * the sync's peak: the weights stream into vLLM one parameter at a time (``run.distributed.iter_full_tensors``),
-  so beyond vLLM's share it holds one full parameter in bf16 (the largest: the embedding, V H 2 bytes).
+  so beyond vLLM's share it holds one full parameter in bf16 (the largest: the embedding, V H 2 bytes), and
+  vLLM's in-place reload materialises the layer being loaded beside its own tensors before copying it in
+  (``vllm/model_executor/model_loader/reload/layerwise.py``): one more copy of the largest layer.
 
 Two phases peak: **update** = weights + gradients + optimizer + reference + gathers + activations (+ vLLM if
 awake); **generate and sync** = weights + optimizer + reference + vLLM's share + the sync's largest
@@ -149,7 +151,7 @@ def plan(cfg, *, world: int, gpu_bytes: int, layer_bytes_per_token: float, check
         f"activations ({tokens} tokens{', checkpointed' if checkpointing else ''})": decoder + head,
         "vLLM during the update": 0.0 if sleeps else vllm,
         "vLLM while generating": vllm,
-        "sync's largest parameter (bf16)": s * sizes.largest,
+        "sync's largest parameter, twice (bf16)": s * (sizes.largest + max(sizes.largest, sizes.layer)),
     }
     keys = list(rows)
     update = sum(rows[k] for k in keys[:7])
