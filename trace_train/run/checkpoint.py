@@ -241,10 +241,11 @@ def _load(file: Path, *, mmap: bool = False):
     """``torch.load(weights_only=True)`` (plus ``_safe_globals``) with errors that name the file.
 
     ``mmap``: the tensors stay in the file, mapped, and are read when touched. The policy and the optimizer
-    state are loaded so: under FSDP every rank copies only its own shard out of the full tensors
-    (``set_optimizer_state_dict`` slices them), and the ranks of a node share the file's pages instead of
-    each holding a private copy (about 65 GB of AdamW state for an 8B policy). A truncated file is refused
-    before this, by its recorded size (:func:`load_checkpoint`)."""
+    state are loaded so: the ranks of a node share the file's pages (one copy in host memory, not one per
+    rank: about 65 GB of AdamW state for an 8B policy), and under FSDP each rank takes one full tensor at
+    a time to its device and keeps its shard (``set_optimizer_state_dict``'s full-state path), so no rank
+    ever holds the whole state. A truncated file is refused before this, by its recorded size
+    (:func:`load_checkpoint`)."""
     if not file.exists():
         raise CheckpointError(f"{file}: missing")
     try:
