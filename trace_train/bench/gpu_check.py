@@ -25,7 +25,7 @@ verdict (``ok``, exit status 0) needs every section that ran to pass, and names 
 * ``vllm`` (only where vLLM imports): a vLLM engine on a tiny model generates, its log-probabilities are
   compared with a transformers forward pass, the weights of another model are streamed in
   (``update_weights`` of ``run.distributed.iter_full_tensors``) and the next generation must match that
-  model's forward. ok: both within 1e-3 (fp32), and the second differs from the first model's.
+  model's forward. ok: both within 1e-3 (fp32; 5e-3 on CUDA), and the second differs from the first model's.
 * ``two_gpus`` (only where 2 CUDA devices are visible; ``--cpu-smoke`` runs it on 2 gloo CPU ranks):
   2 ranks under torchrun (:mod:`trace_train.bench.gpu_check_ranks`): an all-reduce (NCCL), one FSDP2 step
   of a small Qwen3 against the same step unsharded, and one vLLM engine per GPU (where vLLM imports): each
@@ -274,6 +274,8 @@ def vllm_generate_and_sync(device: str) -> list[dict]:
         first = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         second = build_model(tokenizer, seed=1).eval()
+        if device == "cuda":
+            torch.cuda.empty_cache()  # what earlier sections left cached: vLLM checks the free memory
         options = {"gpu_memory_utilization": 0.2} if device == "cuda" else {"kv_cache_memory_bytes": 256 * 2**20}
         backend = VLLMBackend(path, dtype="float32", enforce_eager=True, max_model_len=512, seed=0, **options)
         prompts = [tokenizer.encode(text) for text in ("I guess 3", "Guess a number between 1 and 6")]
@@ -304,9 +306,10 @@ def vllm_generate_and_sync(device: str) -> list[dict]:
                 stale = max([stale] + [abs(a - float(logp[len(prompt) - 1 + j, t])) for j, (a, t) in
                                        enumerate(zip(logps, tokens))])
         del backend
+    tol = 1e-3 if device == "cpu" else 5e-3  # fp32 both; CUDA kernels reorder the sums
     row = {"device": device, "logprob_difference_before_sync": before, "logprob_difference_after_sync": after,
-           "difference_from_the_old_model_after_sync": stale}
-    row["ok"] = bool(before <= 1e-3 and after <= 1e-3 and stale > 1e-2)
+           "difference_from_the_old_model_after_sync": stale, "tolerance": tol}
+    row["ok"] = bool(before <= tol and after <= tol and stale > 10 * tol)
     print(f"vllm generate and sync: {row}", flush=True)
     return [row]
 
