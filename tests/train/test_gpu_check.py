@@ -56,21 +56,37 @@ def test_a_section_that_did_not_run_or_has_no_rows_fails_the_verdict():
 
 BLOCKER = '''
 import sys
-BLOCKED = {"vllm", "math_verify", "bm25s", "datasets"}
-class _Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
-        return None
-sys.meta_path.insert(0, _Blocked())
+from importlib.machinery import PathFinder
+
+BLOCKED = {"vllm", "math_verify", "bm25s", "datasets", "bfcl_eval", "wandb", "hypothesis", "pytest"}
+
+
+def _blocked(name):
+    return name.lower().replace("-", "_").split(".")[0] in BLOCKED or name.lower().startswith("vllm")
+
+
+class _AsIfAbsent(PathFinder):
+    """The path finder, blind to the blocked packages: find_spec gives None and their metadata is gone, as
+    when they are not installed (so transformers' availability checks say no, and importing them fails)."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if _blocked(name) else PathFinder.find_spec(name, path, target)
+
+    @classmethod
+    def find_distributions(cls, *args, **kwargs):
+        return (d for d in PathFinder.find_distributions(*args, **kwargs) if not _blocked(d.metadata["Name"] or ""))
+
+
+sys.meta_path[:] = [_AsIfAbsent if finder is PathFinder else finder for finder in sys.meta_path]
 '''
 
 
 @pytest.mark.slow
 def test_the_check_runs_without_vllm_math_verify_bm25s_or_datasets(tmp_path):
-    """As on a bare GPU machine (torch, transformers, numpy, scipy, pyyaml, tqdm, tensorboard only): those four
-    blocked in every process (a ``sitecustomize``), the check's training, packing and two-rank sections run
-    and pass, and the vLLM section is skipped, saying why."""
+    """As on a bare GPU machine (torch, transformers, numpy, scipy, pyyaml, tqdm, tensorboard only): those four,
+    and bfcl_eval, wandb, hypothesis and pytest, blocked in every process (a ``sitecustomize``), the check's
+    training, packing and two-rank sections run and pass, and the vLLM section is skipped, saying why."""
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
