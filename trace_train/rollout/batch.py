@@ -261,9 +261,9 @@ class RolloutBatch(NodePaths):
         A turn is trained in the rollout that owns it (``forest.factual_leaf``), so it is left out when
         that rollout is: under DAPO when its prompt is not in :attr:`kept` (a uniform group, as in the
         simulator), and, unless ``train_env_failures``, when the rollout ended by an environment fault
-        (:data:`ENV_FAILURES`: its reward 0 says nothing about the model). Only the loss changes: the
-        advantages, predictor targets and budget accounting still see every rollout (a failed rollout's
-        reward 0 stays in its group's baseline).
+        (:data:`ENV_FAILURES`: its reward 0 says nothing about the model). Only the loss changes here; the
+        trainer first drops failed rollouts altogether (:meth:`without_env_failures`, unless
+        ``algorithm.train_env_failures``), after which no leaf of the batch is a fault.
         """
         f = self.forest
         keep_leaf = np.ones(len(f), dtype=bool)
@@ -274,6 +274,48 @@ class RolloutBatch(NodePaths):
             keep_leaf[failed] = False
         owner = f.factual_leaf
         return np.where(owner >= 0, keep_leaf[np.maximum(owner, 0)], False)
+
+    def env_failed_leaves(self) -> np.ndarray:
+        """Leaves whose rollout ended by an environment fault (:data:`ENV_FAILURES`)."""
+        return np.asarray([n for n in self.forest.leaves.tolist() if self.nodes[n].end_reason in ENV_FAILURES],
+                          dtype=np.int64)
+
+    def without_env_failures(self) -> "RolloutBatch":
+        """The batch as if the rollouts that ended by an environment fault had not been sampled.
+
+        A failed rollout's reward 0 says nothing about the model, so it must not enter advantages, predictor
+        targets, ``mixed``, DAPO's filter or the contrast metrics. Every node whose subtree holds no healthy
+        leaf is removed: the failed rollout's chain below its last ancestor shared with a healthy rollout
+        (the whole tree when no rollout of it is healthy). A shared trunk with healthy continuations stays,
+        now owned (``forest.factual_leaf``, first children) by a healthy rollout, so both update layouts
+        train it, weighted by its healthy leaves. Node ids are renumbered in their order; the report (the
+        budget spent, ``end_reasons`` and so the ``env_failures`` count) is unchanged. DAPO's kept groups
+        are those still mixed among their healthy rollouts. The batch itself when nothing failed.
+        """
+        failed = self.env_failed_leaves()
+        if failed.size == 0:
+            return self
+        f = self.forest
+        healthy = f.is_leaf.copy()
+        healthy[failed] = False
+        keep = np.flatnonzero(f.subtree_sum(healthy.astype(float)) > 0)
+        new_id = np.full(len(f), -1, dtype=np.int64)
+        new_id[keep] = np.arange(keep.size)
+        parent = np.where(f.parent[keep] >= 0, new_id[np.maximum(f.parent[keep], 0)], -1)
+        forest = RolloutForest(parent, f.prompt[keep], f.depth[keep], f.reward[keep], f.is_leaf[keep],
+                               f.origin[keep], f.cost[keep], binary_rewards=f.binary_rewards)
+        kept = self.kept
+        if kept is not None and forest.n_leaves:
+            leaves = forest.leaves
+            ids, inverse = np.unique(forest.prompt[leaves], return_inverse=True)
+            low, high = np.full(ids.size, np.inf), np.full(ids.size, -np.inf)
+            np.minimum.at(low, inverse, forest.reward[leaves])
+            np.maximum.at(high, inverse, forest.reward[leaves])
+            kept = np.intersect1d(np.asarray(kept, dtype=np.int64), ids[low < high])  # still mixed
+        elif kept is not None:
+            kept = np.zeros(0, dtype=np.int64)
+        return dataclasses.replace(self, forest=forest, nodes=tuple(self.nodes[i] for i in keep.tolist()),
+                                   predictions=np.asarray(self.predictions)[keep], kept=kept)
 
     def parent_of(self, node: int) -> int:
         return int(self.forest.parent[node])

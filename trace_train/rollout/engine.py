@@ -16,7 +16,9 @@ simulator runs; this module is the world that answers its questions:
 The batch under construction has one owner, a :class:`~.batch.BatchBuilder` (forest, payloads, paths):
 the engine plants roots in it, the scheduler grows rollouts into it and reports what else it spent.
 
-The distributed trainer's allocation over every rank's pool is the driver's ``root_allocator`` hook.
+The distributed trainer's allocation over every rank's pool is the driver's ``root_allocator`` hook; a
+hook that also has ``dynamic_share(policy, budget) -> (policy, budget)`` gives a dynamic-sampling policy
+(DAPO, which never allocates roots) this process's part of the job's budget.
 
 The result is a :class:`~.batch.RolloutBatch`: a ``RolloutForest`` (node costs are the tokens generated
 for each turn) and one :class:`~.batch.NodePayload` per node with the exact token ids, loss masks,
@@ -347,7 +349,11 @@ class _Run:
         eager = None
         if self.cfg.expansion == "eager":
             eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold)
-        record = run_step(self, self.engine.policy, budget, pool=len(self.pool), rng=self.rng,
+        policy = self.engine.policy
+        share = getattr(self.engine.root_allocator, "dynamic_share", None)
+        if policy.dynamic_sampling and share is not None:  # DAPO under torchrun: this rank's part of one budget
+            policy, budget = share(policy, budget)
+        record = run_step(self, policy, budget, pool=len(self.pool), rng=self.rng,
                           expansion_rounds=self.cfg.expansion_rounds,
                           root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed",
                           eager=eager)

@@ -247,11 +247,11 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
             found = "missing" if actual is None else f"{actual} bytes"
             raise CheckpointError(f"{file}: {found}, but {size} bytes were written (truncated or damaged)")
     rng = _load(path / "rng.pt")
-    optimizer = _load(path / "optimizer.pt") if (path / "optimizer.pt").exists() else None
+    optimizer = _load(path / "optimizer.pt", mmap=True) if (path / "optimizer.pt").exists() else None
     checkpoint = Checkpoint(
         step=step,
         path=path,
-        policy=_load(path / "policy.pt"),
+        policy=_load(path / "policy.pt", mmap=True),
         optimizer=optimizer,
         extra=_load(path / "extra.pt"),
         rng=rng,
@@ -262,13 +262,20 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
     return checkpoint
 
 
-def _load(file: Path):
-    """``torch.load(weights_only=True)`` (plus ``_safe_globals``) with errors that name the file."""
+def _load(file: Path, *, mmap: bool = False):
+    """``torch.load(weights_only=True)`` (plus ``_safe_globals``) with errors that name the file.
+
+    ``mmap``: the tensors stay in the file, mapped, and are read when touched. The policy and the optimizer
+    state are loaded so: the ranks of a node share the file's pages (one copy in host memory, not one per
+    rank: about 65 GB of AdamW state for an 8B policy), and under FSDP each rank takes one full tensor at
+    a time to its device and keeps its shard (``set_optimizer_state_dict``'s full-state path), so no rank
+    ever holds the whole state. A truncated file is refused before this, by its recorded size
+    (:func:`load_checkpoint`)."""
     if not file.exists():
         raise CheckpointError(f"{file}: missing")
     try:
         with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(file, weights_only=True, map_location="cpu")
+            return torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))
         if found:

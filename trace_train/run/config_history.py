@@ -8,7 +8,8 @@ here once, so that runs started before it still resume. (Renamed and removed *ke
 
 from __future__ import annotations
 
-__all__ = ["ADDED_SINKS", "NOT_IN_FINGERPRINT", "REMOVED_IN_FINGERPRINT", "ADDED_IN_FINGERPRINT"]
+__all__ = ["ADDED_SINKS", "NOT_IN_FINGERPRINT", "REMOVED_IN_FINGERPRINT", "ADDED_IN_FINGERPRINT",
+           "DEFAULT_CHANGED_IN_FINGERPRINT"]
 
 ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
 """Top-level fields added after checkpoints existed that only say where results and warnings go."""
@@ -20,6 +21,12 @@ NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorbo
 REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 """Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume."""
 
-ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0}}
+ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0},
+                        "model": {"activation_checkpointing": False}, "optim": {"mini_batches": 1},
+                        "algorithm": {"recompute_old_logprobs": None}}
 """Fields added after checkpoints existed: left out of the hash while they hold the default every older run
 had, so older runs still resume (a run that sets another value is another trajectory, and hashes it)."""
+
+DEFAULT_CHANGED_IN_FINGERPRINT = {"backend": {"sleep_during_update": (None, False)}}
+"""Fields whose default changed after checkpoints existed, and that do not change the trajectory: the new
+default (first) is hashed as the old one (second), so older runs still resume."""

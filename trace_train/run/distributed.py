@@ -4,14 +4,17 @@ The layout, following verl and TRL's multi-process GRPO:
 
 * **Data.** Each rank draws its own slice of the candidate pool (``PromptSampler`` shards by rank).
 * **Allocation over the global pool.** :class:`GlobalRootAllocator` gathers every rank's predictions,
-  runs the policy's root allocation once over the concatenated pool (every rank computes the same answer
-  from the same data; allocation is deterministic) and keeps its own slice. Prefix allocation stays on
+  runs the policy's root allocation once over the pools joined in interleaved order (every rank's first
+  prompt, then every rank's second, ...: a rule that takes the first prompts, or breaks ties by pool
+  order, then spreads them over the ranks) and keeps its own slice; every rank computes the same answer
+  from the same data (allocation is deterministic). DAPO's rounds run on each rank within its share of
+  the one budget (:meth:`GlobalRootAllocator.dynamic_share`). Prefix allocation stays on
   the rank that owns the prompt: its budget is m_i N, local by construction.
 * **Policy.** The model is sharded with PyTorch FSDP (``fully_shard`` on every decoder layer, then the
   whole model); gradients are averaged across ranks by FSDP, and :func:`global_normaliser` makes the
   token-mean loss a mean over the *global* batch.
-* **Weight sync.** After each update every rank gathers the full weights (:func:`full_state_dict`) and
-  loads them into its own generation engine.
+* **Weight sync.** After each update every rank streams the full weights into its own generation engine,
+  one parameter gathered at a time (:func:`iter_full_tensors`), so no rank holds a second full copy.
 
 The same code runs on CPUs with the gloo back end, which is how it is tested (2 processes).
 """
@@ -25,8 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "shard_policy", "full_state_dict",
-           "checkpoint_state_dict",
+__all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "allocate_interleaved", "interleaved_order",
+           "rank_share", "shard_policy", "full_state_dict",
+           "checkpoint_state_dict", "iter_full_tensors",
            "full_optimizer_state_dict", "load_full_optimizer_state_dict", "gather_objects",
            "global_normaliser", "max_over_ranks", "merge_metrics"]
 
@@ -73,27 +77,82 @@ def _scalar(value, dtype: torch.dtype, info: DistInfo) -> torch.Tensor:
     return torch.tensor([value], dtype=dtype, device=info.device)
 
 
+def interleaved_order(sizes: list[int]) -> np.ndarray:
+    """Positions in the rank-order concatenation of pools of ``sizes``, taken in interleaved order: every
+    rank's first prompt, then every rank's second, and so on (``[0, 3, 1, 4, 2, 5]`` for sizes 3 and 3).
+
+    An allocation rule that takes the first prompts of its pool (uniform groups, ties of the water-filling)
+    then takes them from every rank in turn, not all from rank 0."""
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    pairs = [(i, r) for r, n in enumerate(sizes) for i in range(n)]
+    pairs.sort()
+    return np.asarray([starts[r] + i for i, r in pairs], dtype=np.int64)
+
+
+def allocate_interleaved(policy, parts: list[tuple], budget: int, *, rng, rank: int) -> np.ndarray:
+    """Rank ``rank``'s root counts of one allocation of ``budget`` over every rank's pool.
+
+    ``parts[r]`` is rank r's ``(v, concentration or None, cost or None)``. The pools are joined in the
+    :func:`interleaved_order` (so that ties and uniform rules spread the prompts over the ranks), the
+    policy allocates once over the joined pool, and the counts are mapped back to each rank's own
+    prompts. Every rank computes the same answer from the same data."""
+    sizes = [len(p[0]) for p in parts]
+    order = interleaved_order(sizes)
+
+    def joined(k):
+        if any(p[k] is None for p in parts):
+            return None
+        return np.concatenate([np.asarray(p[k], dtype=float) for p in parts])[order]
+
+    v_all, kappa_all, cost_all = joined(0), joined(1), joined(2)
+    priced = {} if cost_all is None else {"cost": cost_all}
+    m_interleaved = np.asarray(policy.allocate_roots(v_all, budget, rng=rng, concentration=kappa_all, **priced))
+    m_all = np.empty_like(m_interleaved)
+    m_all[order] = m_interleaved
+    start = sum(sizes[:rank])
+    return m_all[start:start + sizes[rank]]
+
+
+def rank_share(total: int, world_size: int, rank: int, unit: int = 1) -> int:
+    """Rank ``rank``'s part of ``total`` dealt out in whole ``unit`` s (a group), the remainder's units
+    to the lowest ranks and what is left below one unit to rank 0: the parts add up to ``total``."""
+    units, rest = divmod(int(total), int(unit))
+    mine = (units // world_size + (rank < units % world_size)) * unit
+    return mine + (rest if rank == 0 else 0)
+
+
 class GlobalRootAllocator:
     """A root allocator for the step driver (``trace_theory.step.run_step``'s ``root_allocator`` hook,
-    passed through ``RolloutEngine``) that allocates the budget over every rank's pool together."""
+    passed through ``RolloutEngine``) that allocates the budget over every rank's pool together
+    (:func:`allocate_interleaved`), and splits a dynamic-sampling (DAPO) budget over the ranks
+    (:meth:`dynamic_share`), so that the job spends one budget whatever the number of processes."""
 
     def __init__(self, info: DistInfo):
         self.info = info
 
     def __call__(self, policy, v, budget, *, rng, concentration, cost=None):
+        mine = (np.asarray(v), None if concentration is None else np.asarray(concentration),
+                None if cost is None else np.asarray(cost), int(budget))
         parts = [None] * self.info.world_size
-        dist.all_gather_object(parts, (np.asarray(v), None if concentration is None else np.asarray(concentration),
-                                       int(budget), None if cost is None else np.asarray(cost)))
-        sizes = [len(p[0]) for p in parts]
-        v_all = np.concatenate([p[0] for p in parts])
-        kappa_all = None if concentration is None else np.concatenate([p[1] for p in parts])
+        dist.all_gather_object(parts, mine)
         # One budget for the job: with ``rollout.token_budget`` each rank sizes M from its own running
         # tokens-per-rollout estimate, so the ranks' budgets may differ; every rank allocates their mean.
-        agreed = sum(p[2] for p in parts) // len(parts)
-        cost_all = None if cost is None else np.concatenate([p[3] for p in parts])
-        m_all = policy.allocate_roots(v_all, agreed, rng=rng, concentration=kappa_all, cost=cost_all)
-        start = sum(sizes[: self.info.rank])
-        return m_all[start:start + sizes[self.info.rank]]
+        agreed = sum(p[3] for p in parts) // len(parts)
+        return allocate_interleaved(policy, [p[:3] for p in parts], agreed, rng=rng, rank=self.info.rank)
+
+    def dynamic_share(self, policy, budget):
+        """(policy, budget) for this rank's DAPO rounds: the job's budget (``budget``'s total, the ranks'
+        mean under ``rollout.token_budget``) and its target of mixed groups, dealt out over the ranks in
+        whole groups (:func:`rank_share`). DAPO never calls the root allocator, so without this every
+        rank would spend the whole budget."""
+        from trace_theory import RolloutBudget
+
+        totals = [None] * self.info.world_size
+        dist.all_gather_object(totals, int(policy.split(budget)[0]))
+        total = sum(totals) // len(totals)
+        world, rank, g = self.info.world_size, self.info.rank, policy.group_size
+        target = rank_share(policy.dynamic_target(total), world, rank)
+        return policy.replace(dapo_target=max(target, 1)), RolloutBudget(rank_share(total, world, rank, g), 0)
 
 
 def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -113,26 +172,46 @@ def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.f
     return model
 
 
+def iter_full_tensors(model: torch.nn.Module, info: DistInfo, dtype: torch.dtype | None = None):
+    """``(name, unsharded tensor)`` of every entry of the model's state dict, one at a time, Hugging Face names.
+
+    Under FSDP each parameter's shards are cast to ``dtype`` (the generator's) on their rank and then
+    gathered (a collective: every rank must consume the stream in the same order, to the end); a tied
+    parameter is gathered once. The caller's peak is one full parameter in ``dtype``: a generation engine
+    that loads the stream as it comes (vLLM) never holds a second copy of the model. One process: the
+    model's own tensors, cast."""
+    from torch.distributed.tensor import DTensor
+
+    done: dict[int, torch.Tensor] = {}  # tied parameters: gathered once, while both names are pending
+    entries = list(model.state_dict(keep_vars=True).items())
+    uses: dict[int, int] = {}
+    for _, t in entries:
+        uses[id(t)] = uses.get(id(t), 0) + 1
+    with torch.no_grad():
+        for name, t in entries:
+            key = id(t)
+            if key not in done:
+                part = t.detach()
+                if dtype is not None and part.is_floating_point():
+                    part = part.to(dtype)
+                done[key] = part.full_tensor() if isinstance(part, DTensor) else part
+            full = done[key]
+            uses[key] -= 1
+            if not uses[key]:
+                del done[key]
+            yield name, full
+
+
 def full_state_dict(model: torch.nn.Module, info: DistInfo,
                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Unsharded weights on every rank (what a generation engine loads), with Hugging Face names.
 
-    Under FSDP each parameter is gathered on its own and cast to ``dtype`` (the generator's) as it
-    arrives, so the peak is one full copy in ``dtype`` plus one tensor in the master dtype, not a full
-    fp32 copy on every GPU. One process: the model's own tensors (the generator casts them as it loads)."""
+    Under FSDP each parameter is cast to ``dtype`` (the generator's) on its shards and then gathered
+    (:func:`iter_full_tensors`), so the result is one full copy in ``dtype``, never a full fp32 copy.
+    One process: the model's own tensors (the generator casts them as it loads)."""
     if not info.enabled:
         return model.state_dict()
-    from torch.distributed.tensor import DTensor
-
-    out: dict[str, torch.Tensor] = {}
-    done: dict[int, torch.Tensor] = {}  # tied parameters are gathered once
-    with torch.no_grad():
-        for name, t in model.state_dict(keep_vars=True).items():
-            if id(t) not in done:
-                full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
-                done[id(t)] = full.to(dtype) if dtype is not None and full.is_floating_point() else full
-            out[name] = done[id(t)]
-    return out
+    return dict(iter_full_tensors(model, info, dtype))
 
 
 def checkpoint_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:

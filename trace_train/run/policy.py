@@ -9,7 +9,7 @@ import torch
 from ..configs import ModelConfig
 from .distributed import DistInfo, checkpoint_state_dict
 
-__all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_policy_weights", "export"]
+__all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_policy_weights", "checkpoint_activations", "export"]
 
 DEMONSTRATED_ROWS = 256
 """The tiny model's warm start plays the scripted expert on at most this many (the first) training rows."""
@@ -38,6 +38,13 @@ def load_policy(path: str, device: str, dtype: torch.dtype):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+def checkpoint_activations(model) -> None:
+    """``model.activation_checkpointing``: transformers' gradient checkpointing of every decoder layer,
+    non-reentrant (works under FSDP2 and with inputs that need no gradient); no KV cache in training."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 def load_policy_weights(policy, state: dict, info: DistInfo) -> None:

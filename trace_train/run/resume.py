@@ -18,7 +18,8 @@ import yaml
 
 from ..config_loader import config_to_dict, drop_removed
 from ..configs import TrainConfig
-from .config_history import ADDED_IN_FINGERPRINT, ADDED_SINKS, NOT_IN_FINGERPRINT, REMOVED_IN_FINGERPRINT
+from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, DEFAULT_CHANGED_IN_FINGERPRINT, NOT_IN_FINGERPRINT,
+                             REMOVED_IN_FINGERPRINT)
 from .files import reporting_full_disk
 
 __all__ = ["resume_fingerprint", "check_or_write_config", "differing_fields"]
@@ -36,6 +37,8 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
         data[section] = {**data[section], **fields}
     for section, fields in ADDED_IN_FINGERPRINT.items():
         data[section] = {k: v for k, v in data[section].items() if not (k in fields and v == fields[k])}
+    for section, fields in DEFAULT_CHANGED_IN_FINGERPRINT.items():
+        data[section] = {k: fields[k][1] if k in fields and v == fields[k][0] else v for k, v in data[section].items()}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

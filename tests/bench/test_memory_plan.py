@@ -1,0 +1,100 @@
+"""The per-GPU memory plan of the presets (``trace_train.bench.memory_plan``), activation checkpointing,
+the settings that make the presets fit, and the refusal of float16 without loss scaling."""
+
+import pytest
+import torch
+
+from trace_train.bench.memory_plan import (GPUS, MODELS, measure_layer_activations, model_config, parameter_sizes,
+                                           plan)
+from trace_train.config_loader import load_config
+from trace_train.configs import TrainConfig
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_parameter_count_is_the_models(name):
+    """The formula counts every parameter of the model transformers builds from the config (on the meta
+    device: no memory), the untied output layer included; the largest tensor is the embedding."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    sizes = parameter_sizes(config)
+    assert sizes.total == sum(unique.values())
+    assert sizes.layer == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert sizes.largest == max(unique.values())
+
+
+def test_a_layers_saved_activations_are_per_token():
+    """At Qwen3's shapes scaled down (same head dim, GQA ratio, MLP ratio) the bytes a layer saves for its
+    backward are the same per token at 64 and 128 tokens (no T x T term), and at least the MLP's four
+    intermediate tensors (gate, up, activation, product: 4 x I x 2 bytes per token in bf16)."""
+    config = model_config("Qwen/Qwen3-0.6B")
+    config.hidden_size, config.intermediate_size = 256, 768
+    config.num_attention_heads, config.num_key_value_heads = 4, 2
+    measured = measure_layer_activations(config)
+    a, b = measured["by_length"].values()
+    assert a == b == measured["bytes_per_token"]
+    assert measured["bytes_per_token"] >= 4 * 768 * 2
+
+
+def _math_plan(*overrides, gpu="h200", **kwargs):
+    cfg = load_config(TrainConfig, "math_qwen3_8b", list(overrides))
+    return plan(cfg, world=8, gpu_bytes=GPUS[gpu], layer_bytes_per_token=210.8 * 1024, **kwargs)
+
+
+def test_the_math_preset_fits_an_h200_only_with_checkpointing_and_vllm_asleep():
+    """With the preset's settings (activation checkpointing, vLLM asleep in the update on CUDA) the peak is
+    within 141 GB; without checkpointing the 32,768-token micro-batch alone needs 36 x 210.8 KiB per token."""
+    ok = _math_plan()
+    assert ok["checkpointing"] and ok["sleeps"] and ok["fits"]
+    assert not _math_plan(checkpointing=False)["fits"]
+    awake = _math_plan(sleeps=False)
+    assert awake["update_peak"] - ok["update_peak"] == pytest.approx(0.5 * GPUS["h200"])
+    rows = ok["rows"]
+    p = ok["parameters"]
+    assert rows["optimizer (AdamW, fp32)"] == 8 * p / 8 and rows["reference (bf16 shards)"] == 2 * p / 8
+
+
+def test_the_gpu_presets_turn_on_what_they_need():
+    for name in ("math_qwen3_8b", "qa_qwen3_14b", "bfcl_qwen3_8b"):
+        cfg = load_config(TrainConfig, name)
+        assert cfg.model.activation_checkpointing and cfg.backend.sleeps_on(cfg.device)
+        assert cfg.algorithm.pack_tokens is not None
+    cpu = load_config(TrainConfig, "cpu_demo")
+    assert not cpu.model.activation_checkpointing and not cpu.backend.sleeps_on(cpu.device)
+    assert load_config(TrainConfig, "cpu_demo", ["backend.sleep_during_update=true"]).backend.sleeps_on("cpu")
+    assert not load_config(TrainConfig, "math_qwen3_8b", ["backend.sleep_during_update=false"]).backend.sleeps_on("cuda")
+
+
+def test_float16_without_loss_scaling_is_refused():
+    with pytest.raises(ValueError, match="float16 needs loss scaling"):
+        load_config(TrainConfig, "cpu_demo", ["model.dtype=float16"])
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    """The trainer's checkpointing (``_checkpoint_activations``: transformers' non-reentrant gradient
+    checkpointing) recomputes each layer in the backward: the loss and every gradient are those of the
+    ordinary forward, and the layers are checkpointed in training mode only."""
+    from trace_train.tiny import build_model, build_tokenizer
+    from trace_train.run.policy import checkpoint_activations as _checkpoint_activations
+
+    tokenizer = build_tokenizer()
+    ids = torch.randint(2, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+
+    def grads(checkpointed: bool):
+        model = build_model(tokenizer, seed=3)
+        if checkpointed:
+            _checkpoint_activations(model)
+            assert model.is_gradient_checkpointing and model.config.use_cache is False
+        model.train()
+        logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+        loss = -logp[:, :-1].gather(-1, ids[:, 1:, None]).mean()
+        loss.backward()
+        return float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    (plain_loss, plain), (ckpt_loss, ckpt) = grads(False), grads(True)
+    assert ckpt_loss == plain_loss
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-7)

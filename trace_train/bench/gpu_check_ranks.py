@@ -1,0 +1,138 @@
+"""The two-rank part of the GPU check: ``torchrun --nproc_per_node 2 -m trace_train.bench.gpu_check_ranks OUT DEVICE``.
+
+Run by ``trace_train.bench.gpu_check`` (section ``two_gpus``) with DEVICE "cuda" (NCCL, one GPU per rank) or
+"cpu" (gloo, what ``--cpu-smoke`` runs). Each rank writes ``OUT/rank<r>.json`` with its checks and ``ok``:
+
+* ``all_reduce``: a tensor of rank + 1 on the rank's device, summed over the ranks (3 everywhere);
+* ``fsdp_step``: a small Qwen3 sharded with the trainer's ``shard_policy`` (fp32), one SGD step on each rank's
+  own batch, against the same model unsharded taking one step on the mean of both ranks' losses (FSDP2
+  averages gradients): the gathered weights (``full_state_dict``) must equal the unsharded step's, and move;
+* ``engines`` (CUDA with vLLM only): each rank builds its vLLM engine as the trainer does
+  (``VLLMBackend(device=cuda:LOCAL_RANK)``, external launcher): the current device is still the rank's after
+  it, the engine's memory went to the rank's own GPU and not to the other, it generates, and it takes a
+  streamed weight sync from the sharded model (``iter_full_tensors``) and generates again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _loss(model, ids):
+    import torch.nn.functional as F
+
+    logits = model(input_ids=ids).logits.float()
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def all_reduce(info) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((1024,), float(info.rank + 1), device=info.device)
+    dist.all_reduce(t)
+    want = info.world_size * (info.world_size + 1) / 2
+    return {"backend": str(dist.get_backend()), "device": str(t.device), "ok": bool((t == want).all())}
+
+
+def fsdp_step(info) -> tuple[dict, object, object]:
+    import torch
+
+    from ..run.distributed import full_state_dict, shard_policy
+    from ..tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, layers=2, seed=0).to(info.device)
+    plain = copy.deepcopy(model)
+    start = {k: v.detach().clone() for k, v in plain.state_dict().items()}
+    g = torch.Generator().manual_seed(100)
+    batches = [torch.randint(2, model.config.vocab_size, (2, 24), generator=g).to(info.device)
+               for _ in range(info.world_size)]
+    shard_policy(model, compute_dtype=torch.float32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = _loss(model, batches[info.rank])
+    loss.backward()
+    optimizer.step()
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.5)
+    (sum(_loss(plain, b) for b in batches) / len(batches)).backward()
+    plain_optimizer.step()
+    gathered = full_state_dict(model, info, torch.float32)
+    want = plain.state_dict()
+    difference = max(float((gathered[k].float() - want[k].float()).abs().max()) for k in want)
+    moved = max(float((want[k].float() - start[k].float()).abs().max()) for k in want)
+    row = {"loss": float(loss.detach()), "max_difference_from_unsharded": difference, "max_change": moved,
+           "ok": bool(moved > 1e-4 and difference <= 1e-5 + 1e-4 * moved)}
+    return row, model, tokenizer
+
+
+def engines(info, model, tokenizer) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from ..backends.base import GenerationRequest, Sampling
+    from ..backends.vllm_backend import VLLMBackend
+    from ..run.distributed import iter_full_tensors
+
+    paths = [None]
+    if info.is_main:
+        from ..tiny import save_tiny
+
+        paths = [save_tiny(Path(tempfile.mkdtemp()) / "tiny", seed=0)]
+    dist.broadcast_object_list(paths, src=0)
+    dist.barrier()
+    count = torch.cuda.device_count()
+    before = [torch.cuda.memory_reserved(i) for i in range(count)]
+    backend = VLLMBackend(paths[0], dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
+                          gpu_memory_utilization=0.15, device=info.device)
+    after = [torch.cuda.memory_reserved(i) for i in range(count)]
+    current = torch.cuda.current_device()
+    prompt = tokenizer.encode("Guess a number between 1 and 6")
+    sampling = Sampling(temperature=1.0, max_new_tokens=8)
+    [[first]] = backend.generate([GenerationRequest(prompt, seed=3)], sampling)
+    backend.update_weights(iter_full_tensors(model, info, torch.float32))  # a collective stream
+    [[second]] = backend.generate([GenerationRequest(prompt, seed=3)], sampling)
+    own = after[info.local_rank] - before[info.local_rank]
+    others = [after[i] - before[i] for i in range(count) if i != info.local_rank]
+    row = {"current_device": current, "own_gpu_reserved_mb": own / 2**20,
+           "other_gpus_reserved_mb": [x / 2**20 for x in others], "generated": [len(first.token_ids),
+                                                                                len(second.token_ids)]}
+    row["ok"] = bool(current == info.local_rank and own > 64 * 2**20 and all(x == 0 for x in others)
+                     and first.token_ids and second.token_ids)
+    return row
+
+
+def main(out: str, device: str) -> None:
+    from ..run.distributed import init_distributed
+    from .gpu_check import importable
+
+    info = init_distributed(device)
+    result: dict = {"rank": info.rank, "device": info.device}
+    checks = ["all_reduce", "fsdp_step"]
+    for name in checks[:1]:
+        try:
+            result[name] = all_reduce(info)
+        except Exception as err:
+            result[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    try:
+        result["fsdp_step"], model, tokenizer = fsdp_step(info)
+    except Exception as err:
+        result["fsdp_step"], model = {"ok": False, "error": f"{type(err).__name__}: {err}"}, None
+    if device.startswith("cuda") and importable("vllm") and model is not None:
+        checks.append("engines")
+        try:
+            result["engines"] = engines(info, model, tokenizer)
+        except Exception as err:
+            result["engines"] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    else:
+        result["engines_skipped"] = "needs CUDA and vLLM"
+    result["ok"] = all(result[name].get("ok") for name in checks)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / f"rank{info.rank}.json").write_text(json.dumps(result, default=float))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
