@@ -34,7 +34,6 @@ import math
 import shlex
 import signal
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_di
                           full_state_dict, gather_objects, global_normaliser, init_distributed,
                           load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
 from .rollout.engine import RolloutEngine
+from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.threads import set_compute_threads
 from .envs.tooling import chat_format
 from .update.loss import policy_loss
@@ -68,7 +68,7 @@ from .update.packing import training_batch_for
 from .tasks import Task, build_task
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
-           "RunInterrupted", "cli"]
+           "RunInterrupted", "cli", "entry"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -77,14 +77,6 @@ class NonFiniteLossError(RuntimeError):
 
 class EnvFailureError(RuntimeError):
     """Too many rollouts of a step ended in an environment failure; the run stopped after a checkpoint."""
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM ended the run; ``signum`` says which, the message what was saved."""
-
-    def __init__(self, signum: int, message: str = ""):
-        super().__init__(message)
-        self.signum = signum
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -542,7 +534,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) training; returns the last step's metrics."""
     run = build_run(cfg)
     metrics: dict[str, Any] = {}
-    stop = _StopOnSignal(run)
+    stop = StopOnSignal(lambda: run.saved_step, announce=run.info.is_main)
     try:
         if run.start_step == 0:
             run.log(0, run.evaluate(0))
@@ -576,17 +568,17 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     return metrics
 
 
-def _close(run: Run, stop: "_StopOnSignal") -> None:
+def _close(run: Run, stop: StopOnSignal) -> None:
     """Put the signal handlers back, wait for the predictor fit, close the logs, release the run's lock."""
     stop.restore()
-    run.workers.shutdown(wait=True)
+    run.workers.shutdown(wait=not stop.forced)  # a second signal waits for no predictor fit
     if run.logger is not None:
         run.logger.close()
     if run.lock is not None:
         run.lock.release()
 
 
-def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "_StopOnSignal") -> None:
+def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: StopOnSignal) -> None:
     """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
@@ -642,31 +634,6 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
 
     tqdm.write(f"trace-train: warning: {text}", file=sys.stderr)
     return None
-
-
-class _StopOnSignal:
-    """SIGINT and SIGTERM ask the run to stop after the current step (with a checkpoint of it); a second
-    signal stops it at once (the newest checkpoint on disk is kept). Installed in the main thread only."""
-
-    def __init__(self, run: Run):
-        self.run, self.requested, self.signum, self._previous = run, False, 0, {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            saved = self.run.saved_step
-            raise RunInterrupted(signum, "nothing saved since the start" if saved is None else
-                                 f"nothing saved since step {saved} (its checkpoint is kept)")
-        self.requested, self.signum = True, signum
-        if self.run.info.is_main:
-            print("trace-train: stopping after this step (signal again to stop at once)", file=sys.stderr)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
 
 
 def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -> dict:
@@ -882,5 +849,11 @@ def cli(argv=None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``trace-train`` command: :func:`cli`, then the process ends even if a stuck thread is left
+    (``run.signals.finish_process``)."""
+    raise SystemExit(finish_process(cli()))
+
+
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    entry()
