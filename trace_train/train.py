@@ -49,8 +49,8 @@ from trace_theory import compute_advantages, contrast_yield, node_targets, root_
 from .backends import build_backend
 from .backends.base import generator_asleep, pad_token_id
 from .rollout.batch import History, RolloutBatch
-from .run.checkpoint import (Checkpoint, capture_rng, clean_partial_checkpoints, load_latest_checkpoint, restore_rng,
-                         save_checkpoint)
+from .run.checkpoint import (Checkpoint, CheckpointError, clean_partial_checkpoints, load_latest_checkpoint,
+                             restore_rng, save_checkpoint)
 from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
 from .configs import RolloutConfig, TrainConfig
 from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
@@ -59,6 +59,8 @@ from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_di
                           load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
 from .rollout.engine import RolloutEngine
 from .run.signals import RunInterrupted, StopOnSignal, finish_process
+from .run.step_state import (RESUME_OVERRIDES, StepState, apply_optimizer_overrides, describe_overrides,
+                             set_engine_costs, state_digest, trajectory_fingerprint)
 from .run.threads import set_compute_threads
 from .envs.tooling import chat_format
 from .update.loss import policy_loss
@@ -373,35 +375,45 @@ class Run:
     """The step of the newest checkpoint on disk (None: none yet)."""
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
 
-    def checkpoint(self, step: int) -> Path | None:
-        extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
-                 "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio)}
+    def checkpoint(self, step: int, state: StepState | None = None) -> Path | None:
+        """Checkpoint ``step`` with the weights and optimiser of now and ``state`` (default: of now)."""
+        state = state or StepState.capture(self)
+        extra = {"predictor": state.predictor, "sampler": state.sampler, "engine_costs": state.engine_costs}
         weights = checkpoint_state_dict(self.policy, self.info)
         optimizer = full_optimizer_state_dict(self.policy, self.optimizer, self.info)
         if self.info.enabled:  # what differs between ranks: each rank's random states and cost estimates
-            extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"],
-                                             "predictor_digest": _predictor_digest(self.predictor)}, self.info)
+            extra["ranks"] = gather_objects({"rng": state.rng, "engine_costs": state.engine_costs,
+                                             "predictor_digest": state_digest(state.predictor)}, self.info)
             _check_one_predictor(extra["ranks"])
+        self.saved_step = step  # on every rank: whether the step is on disk decides what a failure does
         if not self.info.is_main:
             return None
-        self.saved_step = step
         return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=optimizer,
                                extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
-                               keep=self.cfg.keep_checkpoints)
+                               keep=self.cfg.keep_checkpoints, rng_state=state.rng,
+                               trajectory_fingerprint=trajectory_fingerprint(self.cfg, resume_fingerprint))
 
     def resume(self, ckpt: Checkpoint) -> None:
-        if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
+        same = ckpt.config_fingerprint == resume_fingerprint(self.cfg) or (
+            ckpt.trajectory_fingerprint is not None
+            and ckpt.trajectory_fingerprint == trajectory_fingerprint(self.cfg, resume_fingerprint))
+        if not same:
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
-                             "(only steps, checkpointing and logging may change)")
+                             "(only steps, optim.lr, optim.grad_clip, checkpointing and logging may change)")
         _load_policy_weights(self.policy, ckpt.policy, self.info)
         load_full_optimizer_state_dict(self.policy, self.optimizer, ckpt.optimizer, self.info)
-        self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
-        self.sampler.load_state(ckpt.extra["sampler"])
-        own = ckpt.extra
-        if self.info.enabled:  # this rank's own states, not rank 0's
-            own = ckpt.extra["ranks"][self.info.rank]
-            restore_rng(own["rng"])
-        self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = own["engine_costs"]
+        apply_optimizer_overrides(self.optimizer, self.cfg)  # a lowered optim.lr holds after the state is loaded
+        try:
+            self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
+            self.sampler.load_state(ckpt.extra["sampler"])
+            own = ckpt.extra
+            if self.info.enabled:  # this rank's own states, not rank 0's
+                own = ckpt.extra["ranks"][self.info.rank]
+                restore_rng(own["rng"])
+            set_engine_costs(self.engine, own["engine_costs"])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+            raise CheckpointError(f"{ckpt.path / 'extra.pt'}: does not hold this run's state "
+                                  f"({type(err).__name__}: {err})") from None
         self.start_step = self.saved_step = ckpt.step
         _sync_weights(self)
 
@@ -415,17 +427,6 @@ class Run:
     def log(self, step: int, metrics: dict) -> None:
         if self.logger is not None and metrics:
             self.logger.log(step, metrics)
-
-
-def _predictor_digest(predictor) -> str:
-    """A hash of the predictor's learned state (its model's arrays, the prompts' counts), without the
-    per-step cache of root corrections, which each rank fills for its own prompts before reading it."""
-    h = hashlib.blake2b(digest_size=16)
-    for key, value in sorted(predictor.state_dict().items()):
-        if key not in ("offset_keys", "offsets"):
-            h.update(key.encode())
-            h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
-    return h.hexdigest()
 
 
 def _check_one_predictor(ranks: list[dict]) -> None:
@@ -539,6 +540,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         if run.start_step == 0:
             run.log(0, run.evaluate(0))
         for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
+            before = StepState.capture(run)  # what a checkpoint of the last good step holds if this one fails
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
             batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
@@ -548,7 +550,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             fit = _PredictorFit(run.workers, run, batch)   # predictor update (background), started after the
             t2 = time.perf_counter()                       # Python-heavy packing so as not to contend with it
-            update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
+            update = _guarded_policy_update(run, sequences, fit, step, before)  # clipped policy gradient
             t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
             t4 = time.perf_counter()
@@ -636,16 +638,20 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
     return None
 
 
-def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int) -> dict:
-    """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step."""
+def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int, before: StepState) -> dict:
+    """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step: the
+    one on disk when it is of that step (never rewritten), else one written from ``before`` (the state
+    captured before this step's rollout; no update was made, so the weights and optimiser are that step's)."""
     try:
         with generator_asleep(run.backend):  # vLLM with backend.sleep_during_update frees the GPU meanwhile
             return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
     except NonFiniteLossError as err:
-        fit.result()  # never save the predictor mid-fit (as before the fit moved to a thread, it includes it)
-        saved = run.checkpoint(step)
-        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at "
-                                 f"{saved}. Lower optim.lr or raise optim.grad_clip's strictness.") from None
+        fit.result()  # the fit's thread must be idle before anything is saved
+        kept = run.saved_step == step
+        saved = Path(run.cfg.run_dir) / "checkpoints" / f"step_{step:08d}" if kept else run.checkpoint(step, before)
+        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with {'the kept' if kept else 'a'} checkpoint "
+                                 f"of step {step} at {saved}. Lower optim.lr (or set optim.grad_clip) and run the "
+                                 "same command again with it: the run resumes from that checkpoint.") from None
 
 
 def _sync_weights(run: Run) -> None:
@@ -702,7 +708,10 @@ def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> N
         differs = _differing_fields(_stored_config(stored), config_to_dict(cfg))
         if differs:
             raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
-                             "use another run_dir (only steps, checkpointing and logging may change)")
+                             "use another run_dir (only steps, optim.lr, optim.grad_clip, checkpointing and "
+                             "logging may change)")
+        for change in describe_overrides(_stored_config(stored), config_to_dict(cfg)) if info.is_main else ():
+            print(f"trace-train: resuming with {change}", file=sys.stderr)
     if info.is_main:
         with reporting_full_disk(stored):
             stored.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -735,7 +744,7 @@ def _differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(a) | set(b)):
         name = prefix + key
-        if not prefix and key in _NOT_IN_FINGERPRINT:
+        if (not prefix and key in _NOT_IN_FINGERPRINT) or name in RESUME_OVERRIDES:
             continue
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) and isinstance(y, dict):
