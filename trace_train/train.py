@@ -53,7 +53,7 @@ from .run.checkpoint import (Checkpoint, CheckpointError, clean_partial_checkpoi
                              restore_rng, save_checkpoint)
 from .config_loader import config_to_dict, describe, drop_removed, fingerprint, load_config  # noqa: F401
 from .configs import RolloutConfig, TrainConfig
-from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
+from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_dir
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                           full_state_dict, gather_objects, global_normaliser, init_distributed,
                           load_full_optimizer_state_dict, max_over_ranks, merge_metrics)
@@ -622,10 +622,8 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
     where = "(the failures ran on other ranks)"
     first = ""
     if sample:
-        path = Path(cfg.run_dir) / "env_errors" / f"step_{step:08d}.txt"
-        with reporting_full_disk(path):
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(sample)
+        path = subdir(cfg.run_dir, "env_errors") / f"step_{step:08d}.txt"  # a planted file or link: one line
+        write_file(path, sample)
         lines = [ln for ln in sample.strip().splitlines() if ln.strip()]
         first, where = lines[-1].strip() if len(lines) > 1 else lines[0], f"traceback in {path}"
     text = (f"step {step}: {int(metrics['env_failures'])} of {int(metrics['rollouts'])} rollouts ({share:.0%}) ended "
@@ -666,6 +664,7 @@ def _export(policy, tokenizer, path: Path, info: DistInfo) -> None:
     """Save the trained policy as a Hugging Face model directory (what trace-eval and vLLM load)."""
     weights = checkpoint_state_dict(policy, info)
     if info.is_main:
+        subdir(path.parent, path.name)  # hf/ planted as a file or a link: one line, not a silent non-export
         policy.save_pretrained(path, state_dict={k: v.detach().cpu() for k, v in weights.items()})
         tokenizer.save_pretrained(path)
 
@@ -713,8 +712,7 @@ def _check_or_write_config(cfg: TrainConfig, run_dir: Path, info: DistInfo) -> N
         for change in describe_overrides(_stored_config(stored), config_to_dict(cfg)) if info.is_main else ():
             print(f"trace-train: resuming with {change}", file=sys.stderr)
     if info.is_main:
-        with reporting_full_disk(stored):
-            stored.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        write_file(stored, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))  # replaces a link, never follows
 
 
 def _stored_config(path: Path) -> dict:

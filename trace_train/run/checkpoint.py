@@ -324,11 +324,16 @@ def load_latest_checkpoint(run_dir: str | os.PathLike, *, generators: Mapping[st
     when checkpoints exist but none is intact.
     """
     root = Path(run_dir) / "checkpoints"
-    candidates = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    if root.is_symlink():
+        raise UnsafePathError(f"{root} is a symbolic link; refusing to read or write checkpoints through it (remove it)")
+    ours = re.compile(r"step_\d{8}")  # written by save_checkpoint: a folder, never a link
+    candidates = sorted((p for p in root.glob("step_*") if ours.fullmatch(p.name) and p.is_dir() and not p.is_symlink()),
+                        reverse=True)
     pointer = root / "latest"
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        candidates = [named] + [p for p in candidates if p != named]
+    if pointer.is_file() and not pointer.is_symlink():
+        named = root / pointer.read_text(errors="replace").strip()[:64]
+        if named in candidates:
+            candidates = [named] + [p for p in candidates if p != named]
     problems = []
     for path in candidates:
         try:
