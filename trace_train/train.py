@@ -540,7 +540,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         if run.start_step == 0:
             run.log(0, run.evaluate(0))
         for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
-            before = StepState.capture(run)  # what a checkpoint of the last good step holds if this one fails
+            # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
+            before = StepState.capture(run) if run.saved_step != step else None
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
             batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
@@ -636,7 +637,7 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
     return None
 
 
-def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int, before: StepState) -> dict:
+def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int, before: StepState | None) -> dict:
     """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step: the
     one on disk when it is of that step (never rewritten), else one written from ``before`` (the state
     captured before this step's rollout; no update was made, so the weights and optimiser are that step's)."""
