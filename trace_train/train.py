@@ -137,7 +137,7 @@ def _model_path(cfg: TrainConfig, task: Task | None = None) -> str:
     from . import tiny
 
     path = Path(cfg.run_dir) / "tiny_model"
-    if not (path / "config.json").exists():
+    if not tiny.is_complete(path):  # written whole or not at all (an older cut write is rebuilt)
         shown = None if task is None or task.demonstration is None else (
             task.make_env, task.train_rows[:DEMONSTRATED_ROWS], task.demonstration)
         tiny.save_tiny(path, seed=cfg.seed, warm_steps=cfg.model.tiny_warm_steps, demonstrations=shown)
