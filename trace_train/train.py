@@ -15,8 +15,9 @@ One step of ``main`` is the algorithm, one line each (the machinery lives in the
 
 :func:`build_run` sets everything up (or resumes it); the config classes are in ``trace_train.configs``.
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``tensorboard/``,
-``checkpoints/`` and, at the end, ``hf/`` (the trained policy as a Hugging Face model). Starting a run whose directory has a checkpoint resumes it (same config required);
-a non-finite loss stops the run with a checkpoint of the last good step and a one-line message. One run
+``checkpoints/`` and, at the end, ``hf/`` (the trained policy as a Hugging Face model). Starting a run whose directory has a checkpoint resumes it (same config required,
+but ``steps``, ``optim.lr`` and ``optim.grad_clip`` may change); a non-finite loss stops the run with a
+checkpoint of the last good step (never rewritten with the failed step's state) and a one-line message. One run
 per directory (``run.lock``); Ctrl-C and SIGTERM end after the step under way, with a checkpoint of it
 and one line giving the command that resumes (exit 130 / 143); a step where more than
 ``max_env_failure_share`` of rollouts failed in their environment stops the run the same way (exit 1),
