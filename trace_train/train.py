@@ -430,6 +430,11 @@ class Run:
             self.logger.log(step, metrics)
 
 
+def _predictor_digest(predictor) -> str:
+    """A hash of the predictor's learned state (``run.step_state.state_digest``)."""
+    return state_digest(predictor.state_dict())
+
+
 def _check_one_predictor(ranks: list[dict]) -> None:
     """Refuse to checkpoint a job whose ranks hold different predictors (one V~ serves the whole job)."""
     digests = {r["predictor_digest"] for r in ranks}
@@ -649,9 +654,9 @@ def _guarded_policy_update(run: Run, sequences, fit: _PredictorFit, step: int, b
         fit.result()  # the fit's thread must be idle before anything is saved
         kept = run.saved_step == step
         saved = Path(run.cfg.run_dir) / "checkpoints" / f"step_{step:08d}" if kept else run.checkpoint(step, before)
-        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with {'the kept' if kept else 'a'} checkpoint "
-                                 f"of step {step} at {saved}. Lower optim.lr (or set optim.grad_clip) and run the "
-                                 "same command again with it: the run resumes from that checkpoint.") from None
+        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at {saved}"
+                                 f"{' (kept as written)' if kept else ''}. Lower optim.lr (or set optim.grad_clip) "
+                                 "and run the same command again with it: the run resumes from that checkpoint.") from None
 
 
 def _sync_weights(run: Run) -> None:
