@@ -204,15 +204,12 @@ class EnvCallPool:
 
     def _work(self, worker: _Worker) -> None:
         while True:
-            with self._lock:
-                self._idle += 1
             task = self._queue.get()
-            with self._lock:
-                self._idle -= 1
             if task is None:
                 return
             with self._lock:
                 if task.future.done():  # dropped at shutdown
+                    self._idle += 1
                     continue
                 task.worker, worker.task = worker, task
             try:
@@ -223,6 +220,7 @@ class EnvCallPool:
                 worker.task = None
                 if worker.abandoned:  # past its deadline: the future already failed, a replacement runs
                     return
+                self._idle += 1  # free for the next task (claimed by submit, as ThreadPoolExecutor does)
                 if not task.future.done():
                     if error is None:
                         task.future.set_result(result)
@@ -240,8 +238,10 @@ class EnvCallPool:
                              "the environment does not bound its own calls (a tool without a timeout?)")
         future: Future = Future()
         future.set_running_or_notify_cancel()
-        with self._lock:
-            if self._idle == 0 and len(self._workers) < self.size:
+        with self._lock:  # an idle worker takes it, else a new one up to `size`
+            if self._idle > 0:
+                self._idle -= 1
+            elif len(self._workers) < self.size:
                 self._start_worker()
         self._queue.put(_Task(future, clock, fn, args))
         if self.serial:
@@ -290,7 +290,7 @@ class EnvCallPool:
                 expired.append((task.future, task.clock, name))
                 with _abandoned_lock:
                     _abandoned += 1
-                if not self._closed and (self._idle == 0 or not self._queue.empty()):
+                if not self._closed:
                     self._start_worker()
         return expired
 
