@@ -74,3 +74,15 @@ def test_hf_planted_as_a_file_is_one_line_not_a_silent_non_export(tmp_path, caps
     assert err[-1] == f"trace-train: {run_dir / 'hf'} is a file, not a folder (remove it)"
     assert not any(line.startswith("run finished") for line in err)
     assert (run_dir / "hf").read_text() == "not a model"
+
+
+def test_a_partial_checkpoint_left_by_a_killed_write_is_removed_by_the_next_write(tmp_path):
+    """SIGTERM during a checkpoint write leaves ``.step_*``; the next checkpoint of the run removes it."""
+    save_checkpoint(tmp_path, 1, policy=_policy())
+    partial = tmp_path / "checkpoints" / ".step_00000002.k1ll3d"
+    partial.mkdir()
+    (partial / "policy.pt").write_bytes(b"half")
+    (tmp_path / "checkpoints" / ".latest.x1").write_text("step_00000002\n")
+    save_checkpoint(tmp_path, 3, policy=_policy())
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["latest", "step_00000001", "step_00000003"]
