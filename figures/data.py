@@ -114,6 +114,10 @@ class Results:
                     path,
                     f"no rows of metric `{metric}` (written by an older simulator? rerun the experiment)",
                 )
+        asked = table[table["metric"].isin(metrics)] if metrics else table
+        if len(asked) and "value" in asked and pd.to_numeric(asked["value"], errors="coerce").isna().all():
+            raise ResultsError(path, "every `value` a figure reads from it is missing (NaN): nothing to draw "
+                                     "(rerun the experiment)")
         return table
 
     def after_warmup(self, experiment: str, *, metrics=(), columns=()) -> pd.DataFrame:

@@ -65,9 +65,25 @@ def clean_text(text: str) -> str:
 
 
 def _marker(base: str, *texts: str) -> str:
-    """``base`` with a counter appended: the first variant that occurs in none of ``texts``."""
+    """``base`` with a counter appended: the first variant that occurs in none of ``texts``.
+
+    Linear in the texts' length: one pass collects every counter ``base<digits>\\x00`` already present
+    (reading at most as many digits as the answer can have), then the smallest counter not among them
+    is taken (testing ``base0``, ``base1``, ... against each text in turn was quadratic)."""
+    used: set[str] = set()
+    limit = len(str(sum(len(t) for t in texts) + 1))  # the answer has at most this many digits
+    for t in texts:
+        at = t.find(base)
+        while at != -1:
+            start = at + len(base)
+            end = start
+            while end < len(t) and end - start <= limit and t[end].isdigit() and t[end].isascii():
+                end += 1
+            if end > start and end < len(t) and t[end] == "\x00":
+                used.add(t[start:end])
+            at = t.find(base, at + 1)
     n = 0
-    while any(f"{base}{n}\x00" in t for t in texts):
+    while str(n) in used:
         n += 1
     return f"{base}{n}\x00"
 

@@ -83,6 +83,34 @@ EXPANSIONS = ("streamed", "barrier", "eager")
 """When continuations start (:attr:`RolloutConfig.expansion`)."""
 
 
+STEP_MEMORY_BYTES = 2**40
+"""Host memory one step's rollouts may need at most (1 TiB): the bound behind ``roots`` and ``token_budget``."""
+BYTES_PER_TOKEN = 64
+"""Host memory a generated or context token costs in a step's rollouts (its id and log-probability as
+Python objects in the turn records and the forest's payloads)."""
+
+
+def _check_step_memory(cfg) -> None:
+    """Refuse budgets whose rollouts could not fit in :data:`STEP_MEMORY_BYTES` (they would fail hours later,
+    when the step's rollouts are stored): ``token_budget`` x 64 bytes, and without one ``roots`` x (1 +
+    ``continuations_per_root`` x ``expansion_rounds``) rollouts of up to ``max_context_tokens`` tokens."""
+    gib = STEP_MEMORY_BYTES / 2**30
+    if cfg.token_budget is not None:
+        most = STEP_MEMORY_BYTES // BYTES_PER_TOKEN
+        if cfg.token_budget > most:
+            raise ValueError(f"`token_budget` {cfg.token_budget} is more than a step can hold: at {BYTES_PER_TOKEN} "
+                             f"bytes a token, {gib:.0f} GiB holds at most {most} tokens")
+        return
+    rounds = cfg.expansion_rounds if isinstance(cfg.expansion_rounds, int) and cfg.expansion_rounds > 0 else 1
+    rollouts = cfg.roots * (1 + cfg.continuations_per_root * rounds)
+    tokens = cfg.limits.max_context_tokens if isinstance(cfg.limits, EpisodeLimits) else 1
+    if rollouts * tokens * BYTES_PER_TOKEN > STEP_MEMORY_BYTES:
+        most = STEP_MEMORY_BYTES // (BYTES_PER_TOKEN * tokens * (1 + cfg.continuations_per_root * rounds))
+        raise ValueError(f"`roots` {cfg.roots} is more than a step can hold: {rollouts} rollouts of up to "
+                         f"{tokens} tokens at {BYTES_PER_TOKEN} bytes a token need more than {gib:.0f} GiB; at "
+                         f"most {most} roots")
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """How one call of :meth:`~.rollout.engine.RolloutEngine.rollout` spends its budget."""
@@ -153,6 +181,7 @@ class RolloutConfig:
             raise ValueError(f"`roots` must be at least 1 (M bare rollouts per step), got {self.roots}")
         if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
             raise ValueError(f"`token_budget` must be a positive integer or None, got {self.token_budget!r}")
+        _check_step_memory(self)
         if isinstance(self.expansion_rounds, bool) or not isinstance(self.expansion_rounds, int) \
                 or self.expansion_rounds < 1:
             raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
@@ -237,6 +266,10 @@ class PolicyLossConfig:
             raise ValueError(f"`aggregation` must be one of {AGGREGATIONS}, got {self.aggregation!r}")
 
 
+MAX_N_BUCKETS = 2**30
+"""Most hashed features of the ``ngram`` predictor: 24 GiB of weights and moments."""
+
+
 @dataclass(frozen=True)
 class PredictorConfig:
     """Settings of the success predictor (``trace_train.predictors``), validated on construction."""
@@ -272,6 +305,10 @@ class PredictorConfig:
     def __post_init__(self):
         if not (isinstance(self.n_buckets, int) and self.n_buckets >= 16):
             raise ValueError(f"`n_buckets` must be an integer >= 16, got {self.n_buckets!r}")
+        if self.n_buckets > MAX_N_BUCKETS:
+            raise ValueError(f"`n_buckets` {self.n_buckets} is too many: the ngram predictor holds three float64 "
+                             f"arrays of n_buckets (weights and Adam's moments, 24 bytes a bucket, again in each "
+                             f"checkpoint); at most 2^30 = {MAX_N_BUCKETS} (24 GiB)")
         if not (isinstance(self.ngram, int) and 1 <= self.ngram <= 4):
             raise ValueError(f"`ngram` must be 1, 2, 3 or 4, got {self.ngram!r}")
         if not self.learning_rate > 0:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 import time
@@ -56,12 +57,13 @@ from .backends.base import Sampling
 from .config_loader import config_from_dict, config_to_dict, field_docs, safe_load
 from .configs import RolloutConfig
 from .rollout.engine import RolloutEngine
-from .envs.base import EpisodeLimits
+from .envs.base import EndReason, EpisodeLimits
 from .envs.registry import EnvFactory
 from .envs.spec import EnvironmentSource, build_factory, find_environment
 from .envs.tooling import chat_format, observation_role_for
-from .run.files import writable_dir
 from .preflight import check_device, check_model
+from .run.files import open_no_follow, write_file, writable_dir
+from .tools import bounded_json
 
 __all__ = ["EvalConfig", "main", "load_tasks", "summarize", "cli"]
 
@@ -321,25 +323,44 @@ def _task_records(batch, rows: Sequence[dict], factory: EnvFactory) -> list[dict
         samples = []
         for leaf in leaves[prompt]:
             path = batch.path(leaf)
-            env = factory()
-            env.restore(nodes[leaf].snapshot)
-            samples.append({
-                "reward": float(forest.reward[leaf]), "metrics": env.metrics() if hasattr(env, "metrics") else {},
-                "turns": len(path) - 1,
+            sample = {
+                "reward": float(forest.reward[leaf]), "metrics": {}, "turns": len(path) - 1,
                 "end_reason": nodes[leaf].end_reason.value, "generated_tokens": int(forest.cost[path].sum()),
                 "transcript": [m for n in path[1:] for m in nodes[n].messages],
-            })
+            }
+            if nodes[leaf].end_reason in _FAILED:  # no state to restore: a failure, scored 0 on every measure
+                sample["env_failure"] = nodes[leaf].observation
+            else:
+                env = factory()
+                env.restore(nodes[leaf].snapshot)
+                sample["metrics"] = env.metrics() if hasattr(env, "metrics") else {}
+            samples.append(sample)
         extra = {"subset": row["subset"]} if "subset" in row else {}
         rewards = [s["reward"] for s in samples]
         records.append({"id": row["id"], **extra, "rewards": rewards, "samples": samples})
     return records
 
 
+_FAILED = (EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT)
+"""End reasons of rollouts whose environment failed: recorded with ``env_failure`` and no measures."""
+
+
+class _ZeroIfMissing(dict):
+    """Measures of a rollout: one its environment never reported (it failed) reads as 0."""
+
+    def __missing__(self, key):
+        return 0.0
+
+
 def summarize(benchmark: str, records: Sequence[dict], *, k: int) -> dict:
     """The environment's metrics (``EvalSpec.metrics``; see the module table), the mean of every measure,
-    turns and end reasons."""
+    turns and end reasons. A rollout whose environment failed (``env_failure``) counts as a failure: 0 on
+    every measure."""
+    records = [{**r, "samples": [{**s, "metrics": _ZeroIfMissing(s["metrics"])} for s in r["samples"]]}
+               for r in records]
     samples = [s for r in records for s in r["samples"]]
-    means = {name: float(np.mean([s["metrics"][name] for s in samples])) for name in samples[0]["metrics"]}
+    names = sorted({name for s in samples for name in s["metrics"]})
+    means = _ZeroIfMissing({name: float(np.mean([s["metrics"][name] for s in samples])) for name in names})
     evaluation = find_environment(BENCHMARKS.get(benchmark, benchmark)).spec.evaluation
     metrics = evaluation.metrics(list(records), means, k=k)
     end_reasons: dict[str, int] = {}
@@ -348,7 +369,8 @@ def summarize(benchmark: str, records: Sequence[dict], *, k: int) -> dict:
     return {"benchmark": benchmark, "tasks": len(records), "k": k, "samples": len(samples),
             "metrics": metrics, "means": means, "mean_turns": float(np.mean([s["turns"] for s in samples])),
             "mean_generated_tokens": float(np.mean([s["generated_tokens"] for s in samples])),
-            "end_reasons": dict(sorted(end_reasons.items()))}
+            "end_reasons": dict(sorted(end_reasons.items())),
+            "env_failures": sum(1 for s in samples if "env_failure" in s)}
 
 
 def _comparable(config: dict) -> dict:
@@ -374,7 +396,9 @@ def _check_output(out: Path, config: EvalConfig) -> None:
     if not stored.exists():
         return
     try:
-        previous = json.loads(stored.read_text())
+        previous = bounded_json.loads(stored.read_bytes())
+        if not isinstance(previous, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError) as err:
         raise ValueError(f"{stored} cannot be read ({err}); choose another `output_dir` or remove it") from None
     previous, current = _comparable(previous), _comparable(config_to_dict(config))
@@ -389,16 +413,19 @@ def _read_results(path: Path) -> dict[str, dict]:
     """Records already written, by task id; a line cut off by an interruption is dropped from the file."""
     if not path.exists():
         return {}
-    text = path.read_text()
+    text = path.read_text(errors="replace")
     complete = text[: text.rfind("\n") + 1]
     if complete != text:
-        path.write_text(complete)
+        write_file(path, complete)  # replaces the file (a planted link included), never writes through it
     records = {}
     for number, line in enumerate(complete.splitlines(), start=1):
         try:
-            record = json.loads(line)
+            record = bounded_json.loads(line, max_depth=64)
+            if not (isinstance(record.get("samples"), list) and all(
+                    isinstance(x, dict) and isinstance(x.get("metrics"), dict) for x in record["samples"])):
+                raise ValueError("no list of samples with their metrics")
             records[record["id"]] = record
-        except (ValueError, TypeError, KeyError) as err:
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise ValueError(f"{path}, line {number}: not a result record ({type(err).__name__}: {err}); "
                              "remove that line (or the file) and rerun to evaluate those tasks again") from None
     return records
@@ -432,7 +459,8 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="task",
                desc=f"{config.benchmark} k={config.k}", disable=not is_terminal())  # plain output in a log file
     first_error = None
-    with open(path, "a", encoding="utf-8") as results, bar:
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # a planted link: one line
+    with os.fdopen(fd, "a", encoding="utf-8") as results, bar:
         for first in range(0, len(pending), config.batch_size):
             chunk = pending[first:first + config.batch_size]
             rollouts = config.rollout_config(pool_size=len(chunk), binary_rewards=factory.binary_rewards)
@@ -456,7 +484,7 @@ def main(config: EvalConfig) -> dict:
     _check_output(out, config)
     rows = load_tasks(config)
     writable_dir(out, "`output_dir`")
-    (out / CONFIG).write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
+    write_file(out / CONFIG, json.dumps(config_to_dict(config), indent=2) + "\n")
     done = _read_results(out / RESULTS)
     pending = [row for row in rows if row["id"] not in done]
     error = _generate(config, rows, pending, out / RESULTS, done) if pending else None
@@ -465,7 +493,7 @@ def main(config: EvalConfig) -> dict:
     if error:
         lines = [ln.strip() for ln in error.strip().splitlines() if ln.strip()]
         summary["env_error_sample"] = lines[-1] if lines else error
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    write_file(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     return summary
 
 

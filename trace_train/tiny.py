@@ -133,9 +133,37 @@ def save_tiny(path: str | os.PathLike, *, seed: int = 0, warm_steps: int = 0, de
     if warm_steps:
         transcripts = None if episodes is None else [demonstration_transcript(tokenizer, e) for e in episodes]
         warm_start(model, tokenizer, steps=warm_steps, seed=seed, transcripts=transcripts)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    _save_atomically(path, model, tokenizer)
     return path
+
+
+def _save_atomically(path: str, model, tokenizer) -> None:
+    """Write model and tokenizer to a temporary sibling folder renamed to ``path`` once complete, so an
+    interrupted write never leaves a ``path`` that looks like a model (an incomplete one is replaced)."""
+    import shutil
+    import tempfile
+
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(target)}.")
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.chmod(tmp, 0o755)
+        if os.path.islink(target) or os.path.isfile(target):
+            raise ValueError(f"{target} is a link or a file, not a model folder; remove it")
+        if os.path.isdir(target):  # an incomplete folder left by an older, interrupted write
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a whole tiny model (written by :func:`save_tiny`: the tokenizer comes last)."""
+    return all(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "tokenizer_config.json"))
 
 
 def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5, seed: int = 0):

@@ -31,7 +31,6 @@ import dataclasses
 import shlex
 import signal
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,16 +56,18 @@ from .predictors import PosteriorPredictor, build_predictor, predictor_from_stat
 from .predictors.fitting import PredictorFit, attach_policy_states, check_one_predictor
 from .rollout.batch import RolloutBatch
 from .rollout.engine import RolloutEngine
-from .run.checkpoint import (Checkpoint, capture_rng, check_world_size, clean_partial_checkpoints,
+from .run.checkpoint import (Checkpoint, CheckpointError, check_world_size, clean_partial_checkpoints,
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                               gather_objects, init_distributed, iter_full_tensors, load_full_optimizer_state_dict,
                               max_over_ranks, shard_policy)
-from .run.files import OutOfSpaceError, RunLock, reporting_full_disk, writable_dir
+from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_dir
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import checkpoint_activations, export, load_policy, load_policy_weights, model_path
 from .run.resume import check_or_write_config, resume_fingerprint
+from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.step_metrics import step_metrics
+from .run.step_state import StepState, apply_optimizer_overrides, set_engine_costs, state_digest, trajectory_fingerprint
 from .run.threads import set_compute_threads
 from .tasks import Task, build_task
 from .update.optimizer_step import NonFiniteLossError
@@ -74,19 +75,11 @@ from .update.optimizer_step import policy_update as _policy_update
 from .update.packing import training_batch_for
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
-           "RunInterrupted", "cli"]
+           "RunInterrupted", "cli", "entry"]
 
 
 class EnvFailureError(RuntimeError):
     """Too many rollouts of a step ended in an environment failure; the run stopped after a checkpoint."""
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM ended the run; ``signum`` says which, the message what was saved."""
-
-    def __init__(self, signum: int, message: str = ""):
-        super().__init__(message)
-        self.signum = signum
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,39 +125,49 @@ class Run:
     collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
     """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
 
-    def checkpoint(self, step: int) -> Path | None:
-        extra = {"predictor": self.predictor.state_dict(), "sampler": self.sampler.state(),
-                 "engine_costs": (self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio),
-                 "eager_threshold": self.engine.eager_threshold}
+    def checkpoint(self, step: int, state: StepState | None = None) -> Path | None:
+        """Checkpoint ``step`` with the weights and optimiser of now and ``state`` (default: of now)."""
+        state = state or StepState.capture(self)
+        extra = {"predictor": state.predictor, "sampler": state.sampler, "engine_costs": state.engine_costs,
+                 "eager_threshold": state.eager_threshold}
         weights = checkpoint_state_dict(self.policy, self.info)
         optimizer = full_optimizer_state_dict(self.policy, self.optimizer, self.info)
         if self.info.enabled:  # what differs between ranks: each rank's random states and cost estimates
-            extra["ranks"] = gather_objects({"rng": capture_rng(), "engine_costs": extra["engine_costs"],
-                                             "eager_threshold": extra["eager_threshold"],
-                                             "predictor_digest": self.predictor.digest()}, self.info)
+            extra["ranks"] = gather_objects({"rng": state.rng, "engine_costs": state.engine_costs,
+                                             "eager_threshold": state.eager_threshold,
+                                             "predictor_digest": state_digest(state.predictor)}, self.info)
             check_one_predictor([r["predictor_digest"] for r in extra["ranks"]])
+        self.saved_step = step  # on every rank: whether the step is on disk decides what a failure does
         if not self.info.is_main:
             return None
-        self.saved_step = step
         return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=optimizer,
                                extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
-                               keep=self.cfg.keep_checkpoints)
+                               keep=self.cfg.keep_checkpoints, rng_state=state.rng,
+                               trajectory_fingerprint=trajectory_fingerprint(self.cfg, resume_fingerprint))
 
     def resume(self, ckpt: Checkpoint) -> None:
         check_world_size(ckpt, self.info.world_size)
-        if ckpt.config_fingerprint != resume_fingerprint(self.cfg):
+        same = ckpt.config_fingerprint == resume_fingerprint(self.cfg) or (
+            ckpt.trajectory_fingerprint is not None
+            and ckpt.trajectory_fingerprint == trajectory_fingerprint(self.cfg, resume_fingerprint))
+        if not same:
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
-                             "(only steps, checkpointing and logging may change)")
+                             "(only steps, optim.lr, optim.grad_clip, checkpointing and logging may change)")
         load_policy_weights(self.policy, ckpt.policy, self.info)
         load_full_optimizer_state_dict(self.policy, self.optimizer, ckpt.optimizer, self.info)
-        self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
-        self.sampler.load_state(ckpt.extra["sampler"])
-        own = ckpt.extra
-        if self.info.enabled:  # this rank's own states, not rank 0's
-            own = ckpt.extra["ranks"][self.info.rank]
-            restore_rng(own["rng"])
-        self.engine.tokens_per_rollout, self.engine.continuation_cost_ratio = own["engine_costs"]
-        self.engine.eager_threshold = own.get("eager_threshold")  # eager expansion's carried level (absent: older)
+        apply_optimizer_overrides(self.optimizer, self.cfg)  # a lowered optim.lr holds after the state is loaded
+        try:
+            self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])
+            self.sampler.load_state(ckpt.extra["sampler"])
+            own = ckpt.extra
+            if self.info.enabled:  # this rank's own states, not rank 0's
+                own = ckpt.extra["ranks"][self.info.rank]
+                restore_rng(own["rng"])
+            set_engine_costs(self.engine, own["engine_costs"])
+            self.engine.eager_threshold = own.get("eager_threshold")  # eager expansion's level (absent: older)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+            raise CheckpointError(f"{ckpt.path / 'extra.pt'}: does not hold this run's state "
+                                  f"({type(err).__name__}: {err})") from None
         self.start_step = self.saved_step = ckpt.step
         _sync_weights(self)
 
@@ -270,14 +273,13 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) training; returns the last step's metrics."""
     run = build_run(cfg)
     metrics: dict[str, Any] = {}
-    stop = _StopOnSignal(run)
+    stop = StopOnSignal(lambda: run.saved_step, announce=run.info.is_main)
     try:
         if run.start_step == 0:
-            run.log(0, first := run.evaluate(0))
-            if run.info.is_main and not cfg.quiet and eval_line(0, cfg.steps, first):
-                say(eval_line(0, cfg.steps, first), file=sys.stdout)
-            run.collapse.check(0, first)  # the start that held-out success is compared with
+            _evaluate_start(run)
         for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
+            # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
+            before = StepState.capture(run) if run.saved_step != step else None
             t0 = time.perf_counter()
             pool = run.sampler.next_pool()                                       # candidate prompts
             batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
@@ -289,8 +291,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             fit = _start_fit(run, batch)    # predictor update (background), started after the Python-heavy
             t2 = time.perf_counter()        # packing so as not to contend with it
-            update = _guarded_policy_update(run, sequences, fit, step)          # clipped policy gradient
-            run.optimizer.zero_grad(set_to_none=True)  # gradients' memory free while vLLM syncs and generates
+            update = _guarded_policy_update(run, sequences, fit, step, before)  # clipped policy gradient
             t3 = time.perf_counter()
             _sync_weights(run)                                                   # generator gets the new weights
             t4 = time.perf_counter()
@@ -310,17 +311,25 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     return metrics
 
 
-def _close(run: Run, stop: "_StopOnSignal") -> None:
+def _evaluate_start(run: Run) -> None:
+    """Held-out success before the first step: logged, printed, and the start the collapse watch compares with."""
+    run.log(0, first := run.evaluate(0))
+    if run.info.is_main and not run.cfg.quiet and eval_line(0, run.cfg.steps, first):
+        say(eval_line(0, run.cfg.steps, first), file=sys.stdout)
+    run.collapse.check(0, first)
+
+
+def _close(run: Run, stop: StopOnSignal) -> None:
     """Put the signal handlers back, wait for the predictor fit, close the logs, release the run's lock."""
     stop.restore()
-    run.workers.shutdown(wait=True)
+    run.workers.shutdown(wait=not stop.forced)  # a second signal waits for no predictor fit
     if run.logger is not None:
         run.logger.close()
     if run.lock is not None:
         run.lock.release()
 
 
-def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: "_StopOnSignal") -> None:
+def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: StopOnSignal) -> None:
     """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
@@ -348,10 +357,8 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
     where = "(the failures ran on other ranks)"
     first = ""
     if sample:
-        path = Path(cfg.run_dir) / "env_errors" / f"step_{step:08d}.txt"
-        with reporting_full_disk(path):
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(sample)
+        path = subdir(cfg.run_dir, "env_errors") / f"step_{step:08d}.txt"  # a planted file or link: one line
+        write_file(path, sample)
         lines = [ln for ln in sample.strip().splitlines() if ln.strip()]
         first, where = lines[-1].strip() if len(lines) > 1 else lines[0], f"traceback in {path}"
     text = (f"step {step}: {int(metrics['env_failures'])} of {int(metrics['rollouts'])} rollouts ({share:.0%}) ended "
@@ -362,41 +369,23 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
     return None
 
 
-class _StopOnSignal:
-    """SIGINT and SIGTERM ask the run to stop after the current step (with a checkpoint of it); a second
-    signal stops it at once (the newest checkpoint on disk is kept). Installed in the main thread only."""
-
-    def __init__(self, run: Run):
-        self.run, self.requested, self.signum, self._previous = run, False, 0, {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            saved = self.run.saved_step
-            raise RunInterrupted(signum, "nothing saved since the start" if saved is None else
-                                 f"nothing saved since step {saved} (its checkpoint is kept)")
-        self.requested, self.signum = True, signum
-        if self.run.info.is_main:
-            say("trace-train: stopping after this step (signal again to stop at once)")
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-
-def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int) -> dict:
-    """:func:`_policy_update`; a non-finite loss stops the run with a checkpoint of the last good step."""
+def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int, before: StepState | None) -> dict:
+    """:func:`_policy_update`, then the gradients freed (their memory is vLLM's while it syncs and generates).
+    A non-finite loss stops the run with a checkpoint of the last good step: the one on disk when it is of
+    that step (never rewritten), else one written from ``before`` (the state captured before this step's
+    rollout; no update was made, so the weights and optimiser are that step's)."""
     try:
         with generator_asleep(run.backend):  # vLLM with backend.sleep_during_update frees the GPU meanwhile
-            return _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
+            update = _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
+        run.optimizer.zero_grad(set_to_none=True)
+        return update
     except NonFiniteLossError as err:
-        fit.result()  # never save the predictor mid-fit (as before the fit moved to a thread, it includes it)
-        saved = run.checkpoint(step)
-        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at "
-                                 f"{saved}. Lower optim.lr or raise optim.grad_clip's strictness.") from None
+        fit.result()  # the fit's thread must be idle before anything is saved
+        kept = run.saved_step == step
+        saved = Path(run.cfg.run_dir) / "checkpoints" / f"step_{step:08d}" if kept else run.checkpoint(step, before)
+        raise NonFiniteLossError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at {saved}"
+                                 f"{' (kept as written)' if kept else ''}. Lower optim.lr (or set optim.grad_clip) "
+                                 "and run the same command again with it: the run resumes from that checkpoint.") from None
 
 
 def _sync_weights(run: Run) -> None:
@@ -453,7 +442,7 @@ def cli(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true", help="transformers' and vLLM's INFO log lines too "
                         "(default: their warnings only)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides on both sides of --quiet
     quiet_libraries(args.verbose)
     try:
         cfg = load_config(TrainConfig, args.config, [*args.overrides, *(["quiet=true"] if args.quiet else [])])
@@ -489,5 +478,11 @@ def _invoked_as() -> list[str]:
     return [first]
 
 
+def entry() -> None:
+    """The ``trace-train`` command: :func:`cli`, then the process ends even if a stuck thread is left
+    (``run.signals.finish_process``)."""
+    raise SystemExit(finish_process(cli()))
+
+
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    entry()

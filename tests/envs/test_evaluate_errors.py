@@ -124,3 +124,64 @@ def test_trace_eval_reads_its_flags_with_the_bounded_yaml_loader(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert re.match("trace-eval: error: " + message, err), err
+
+
+FLAKY_ENV = """
+class Flaky:
+    \"\"\"Rows {"id", "bad"}: step raises on a bad row (an environment failure); any reply ends the episode.\"\"\"
+
+    def reset(self, row):
+        self.row, self.done = dict(row), False
+        return [{"role": "user", "content": "Say a number."}]
+
+    def step(self, action):
+        from trace_train.envs.base import StepResult
+        if self.row["bad"]:
+            raise RuntimeError("the tool server is down")
+        self.done = True
+        return StepResult("ok", done=True)
+
+    def verify(self):
+        return 1.0 if self.done else 0.0
+
+    def metrics(self):
+        return {"answered": 1.0 if self.done else 0.0}
+
+    def snapshot(self):
+        return (self.row, self.done)
+
+    def restore(self, snapshot):
+        self.row, self.done = dict(snapshot[0]), snapshot[1]
+"""
+
+
+def test_failed_rollouts_are_recorded_as_failures_and_the_summary_is_written(tmp_path, tiny_dir):
+    """A task whose rollouts fail in the environment is recorded (its samples with their failure, reward
+    and measures 0) and summary.json is written; a rerun resumes from the records."""
+    (tmp_path / "flaky_env.py").write_text(FLAKY_ENV)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"id": f"t{i}", "bad": i % 2 == 0}) + "\n" for i in range(4)))
+    common = dict(model=tiny_dir, benchmark=f"{tmp_path / 'flaky_env.py'}:Flaky", data=str(data), k=2,
+                  max_turns=2, max_turn_tokens=32, output_dir=str(tmp_path / "out"))
+    summary = main(EvalConfig(**common))
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert written["tasks"] == 4 and written["env_failures"] == summary["env_failures"]
+    records = {json.loads(line)["id"]: json.loads(line)
+               for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()}
+    failed = [s for i in ("t0", "t2") for s in records[i]["samples"] if s["end_reason"] == "env_error"]
+    assert failed and all(s["reward"] == 0.0 and s["metrics"] == {} for s in failed)
+    assert all("the tool server is down" in s["env_failure"] for s in failed)
+    assert summary["env_failures"] == len(failed) and summary["end_reasons"]["env_error"] == len(failed)
+    assert not any("env_failure" in s for i in ("t1", "t3") for s in records[i]["samples"])
+    assert 0.0 <= summary["means"]["answered"] <= 0.5  # the failed half counts 0
+    again = main(EvalConfig(**common))
+    assert again["evaluated_now"] == 0 and again["metrics"] == summary["metrics"]
+
+
+@pytest.mark.parametrize("content", ["[]", "{" * 100_000, '{"k": 1e999, "x": ' + "9" * 5000 + "}"])
+def test_a_damaged_config_json_in_the_output_folder_is_one_line(tmp_path, math_file, content):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text(content)
+    with pytest.raises(ValueError, match=r"config\.json cannot be read"):
+        main(EvalConfig(model="unused", benchmark="math", data=str(math_file), output_dir=str(out)))

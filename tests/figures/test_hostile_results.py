@@ -57,3 +57,20 @@ def test_a_hostile_results_file_is_one_line_naming_it(results_copy, capsys, file
         err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"trace-figures: error: {path}: ") and reason in err[0]
     assert "\n" not in err[0] and not (results_copy / "REPORT.md").exists()
+
+
+def test_all_nan_results_are_an_error_not_an_empty_figure(results_copy, capsys):
+    """Issue 34: every `value` cell empty (NaN, a missing value): one line naming the file, exit 2, no figure."""
+    path = results_copy / "effective_ratio" / "results.csv"
+    lines = path.read_text().splitlines()
+    column = lines[0].split(",").index("value")
+    rows = [line.split(",") for line in lines[1:]]
+    for cells in rows:
+        cells[column] = ""
+    path.write_text("\n".join([lines[0], *(",".join(cells) for cells in rows)]) + "\n")
+    out = results_copy / "figs"
+    assert main(["--results", str(results_copy), "--out", str(out), "effective_ratio"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"trace-figures: error: {path}: every `value` a figure reads from it is missing (NaN): "
+                   "nothing to draw (rerun the experiment)"]
+    assert not (out / "effective_ratio.png").exists()

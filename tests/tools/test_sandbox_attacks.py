@@ -8,6 +8,7 @@ with ``deny_unshare`` run on a kernel that refuses namespaces (a seccomp filter 
 
 import ctypes
 import os
+import struct
 import shutil
 import site
 import subprocess
@@ -509,6 +510,76 @@ def test_ipc_keyrings_memfd_and_terminal_injection_are_refused(caller):
                           ("shmget", "msgget", "semget", "mq_open", "add_key", "keyctl", "memfd_create")]
     assert lines[-1] == "TIOCSTI EPERM"
     assert "ipc-namespace" in result["isolation"]
+
+
+# Every call that makes a socket, or memory that neither RLIMIT_AS nor the size-capped tmpfs bounds (name:
+# x86_64 number, aarch64 number). A call a later kernel adds is numbered above the filter's ceiling and
+# gets ENOSYS; raising the ceiling means reviewing the calls below it and adding such calls here.
+MEMORY_AND_SOCKET_CALLS = {
+    "socket": (41, 198), "socketpair": (53, 199), "accept": (43, 202), "accept4": (288, 242),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447), "userfaultfd": (323, 282), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "pidfd_getfd": (438, 438), "io_uring_setup": (425, 425),
+    "shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "mq_open": (240, 180),
+    "add_key": (248, 217), "open_tree": (428, 428), "fsopen": (430, 430), "fsmount": (432, 432),
+    "open_tree_attr": (467, 467),
+}
+REVIEWED_UP_TO = 469  # Linux 6.18's last call (file_setattr)
+
+
+def test_the_filter_refuses_every_memory_or_socket_creating_call_and_every_unreviewed_one():
+    """A static check of the tables (fails when a listed call leaves the deny list, or when the ceiling is
+    raised past the calls reviewed here) and of the program (the ceiling is in it)."""
+    from trace_train.tools import _sandbox_child as child
+
+    for m, machine in enumerate(("x86_64", "aarch64")):
+        denied = set(child.SECCOMP_DENIED[machine])
+        missing = {name for name, numbers in MEMORY_AND_SOCKET_CALLS.items() if numbers[m] not in denied}
+        assert not missing, f"{machine}: the seccomp filter lets {sorted(missing)} through"
+        program = child.seccomp_filter(child.SECCOMP_DENIED[machine], machine)
+        assert struct.pack("HBBI", 0x25, 0, 1, REVIEWED_UP_TO) in program, \
+            "calls past the reviewed ceiling must return ENOSYS"
+    assert child.SECCOMP_REVIEWED_UP_TO == REVIEWED_UP_TO, (
+        "the ceiling moved: review the new calls, add the memory- or socket-creating ones to "
+        "SECCOMP_DENIED and MEMORY_AND_SOCKET_CALLS, then REVIEWED_UP_TO here")
+
+
+MEMORY_AND_SOCKETS = """
+NR = """ + repr(MEMORY_AND_SOCKET_CALLS) + """
+sandboxed('''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+m = 0 if os.uname().machine == "x86_64" else 1
+NR = ''' + repr(NR) + '''
+pair = (ctypes.c_int * 2)()
+def show(name, value):
+    print(name, value, errno.errorcode.get(ctypes.get_errno()))
+show("socketpair", libc.socketpair(1, 1, 0, pair))  # AF_UNIX, SOCK_STREAM
+show("socketpair-raw", libc.syscall(NR["socketpair"][m], 1, 1, 0, pair))
+show("memfd_secret", libc.syscall(NR["memfd_secret"][m], 0))
+show("accept4", libc.syscall(NR["accept4"][m], 0, None, None, 0))
+show("userfaultfd", libc.syscall(NR["userfaultfd"][m], 0))
+show("bpf", libc.syscall(NR["bpf"][m], 0, None, 0))
+show("perf_event_open", libc.syscall(NR["perf_event_open"][m], None, 0, -1, -1, 0))
+show("pidfd_getfd", libc.syscall(NR["pidfd_getfd"][m], 0, 0, 0))
+show("fsopen", libc.syscall(NR["fsopen"][m], b"tmpfs", 0))
+show("unreviewed-470", libc.syscall(470, 0, 0, 0))
+show("unreviewed-1000", libc.syscall(1000, 0, 0, 0))
+''', namespaces=MODE)
+"""
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("mode", ["require", "off"])
+def test_memory_and_socket_creating_calls_are_refused(caller, mode):
+    """memfd_secret and socketpair (the red team's 300-400 MiB per process past the memory bound) and the
+    rest of their kind are EPERM, with or without namespaces; a call of a later kernel is ENOSYS."""
+    result = _run(f"MODE = {mode!r}" + MEMORY_AND_SOCKETS, caller)
+    assert result["status"] == "ok", result["stderr"]
+    assert "seccomp" in result["isolation"]
+    names = ["socketpair", "socketpair-raw", "memfd_secret", "accept4", "userfaultfd", "bpf", "perf_event_open",
+             "pidfd_getfd", "fsopen"]
+    assert result["stdout"].splitlines() == [f"{name} -1 EPERM" for name in names] + \
+        ["unreviewed-470 -1 ENOSYS", "unreviewed-1000 -1 ENOSYS"]
 
 
 LEAVES_ITS_GROUP = """

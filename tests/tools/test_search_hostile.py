@@ -200,6 +200,9 @@ MALFORMED = {
     "uncapped topk": _post(b'{"queries": ["a"], "topk": 1000000}'),
     "zero topk": _post(b'{"queries": ["a"], "topk": 0}'),
     "too many passages in all": _post(json.dumps({"queries": ["a"] * 101, "topk": 100}).encode()),
+    "too many queries": _post(json.dumps({"queries": ["a b"] * 257, "topk": 1}).encode()),
+    "10 000 short queries": _post(json.dumps({"queries": ["w"] * 10_000, "topk": 1}).encode()),
+    "a very long query": _post(json.dumps({"queries": ["word " * 200_000], "topk": 1}).encode()),
     "garbage request line": b"POST /retrieve garbage HTTP/1.1\r\n\r\n",
     "over-long header": b"POST /retrieve HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n",
 }

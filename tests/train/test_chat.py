@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trace_train.chat import ChatFormat
@@ -69,3 +70,29 @@ def test_a_tokenizer_without_a_template_is_rejected():
         ChatFormat(tok)
     with pytest.raises(ValueError, match="at least one message"):
         ChatFormat(build_tokenizer()).prompt_ids([])
+
+
+def _marker_by_trial(base, *texts):
+    n = 0
+    while any(f"{base}{n}\x00" in t for t in texts):
+        n += 1
+    return f"{base}{n}\x00"
+
+
+def test_the_marker_search_equals_trial_and_error_and_reads_a_crafted_prompt_once():
+    """Issue 34: ``chat._marker`` finds the counter trial and error would, in one pass (a prompt holding
+    every counter up to 30 000 took quadratic time before)."""
+    from trace_train.chat import _marker
+
+    base = "\x00M"
+    rng = np.random.default_rng(0)
+    cases = [(), ("",), ("plain",), (f"{base}0\x00",), (f"{base}0\x00{base}1\x00", f"{base}2\x00"),
+             (f"{base}00\x00{base}01\x00",), (f"{base}1\x00",), (f"{base}{base}0\x00",), (f"{base}0",),
+             (f"{base}12\x00x", "".join(f"{base}{i}\x00" for i in range(12)))]
+    for _ in range(200):
+        parts = [rng.choice([base, "0", "1", "2", "\x00", "x", "10"]) for _ in range(rng.integers(0, 30))]
+        cases.append(("".join(parts), "".join(reversed(parts))))
+    for texts in cases:
+        assert _marker(base, *texts) == _marker_by_trial(base, *texts), texts
+    crafted = "".join(f"{base}{i}\x00" for i in range(30_000))  # about 300 kB
+    assert _marker(base, crafted) == f"{base}30000\x00"

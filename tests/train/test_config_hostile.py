@@ -71,3 +71,16 @@ def test_safe_load_reads_ordinary_yaml():
     assert safe_load("a: [1, 2.5, {b: null}]", "x") == {"a": [1, 2.5, {"b": None}]}
     with pytest.raises(ValueError, match=r"^x, line 1: not valid YAML"):
         safe_load("a: [", "x")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.token_budget=1000000000000", r"`token_budget` 1000000000000 is more than a step can hold: at 64 bytes "
+                                           r"a token, 1024 GiB holds at most 17179869184 tokens"),
+    ("rollout.roots=1099511627776", r"`roots` 1099511627776 is more than a step can hold: .* at most 8388608 roots"),
+    ("predictor.n_buckets=1099511627776", r"`n_buckets` 1099511627776 is too many: .* at most 2\^30"),
+])
+def test_budgets_and_sizes_past_what_memory_holds_are_one_line(override, message):
+    """Issue 34: 10^12 tokens or 2^40 roots or buckets fail when the config is read, not hours later."""
+    with pytest.raises(ValueError, match=message):
+        load_config(TrainConfig, "cpu_demo", [override])
+    load_config(TrainConfig, "cpu_demo", ["rollout.token_budget=100000", "predictor.n_buckets=1048576"])

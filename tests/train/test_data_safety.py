@@ -80,8 +80,9 @@ def test_steps_and_logging_may_change_between_runs_into_one_directory(tmp_path):
     run_dir.mkdir()
     check_or_write_config(small_config(run_dir), run_dir)
     check_or_write_config(small_config(run_dir, "steps=9", "checkpoint_every=3"), run_dir)
-    with pytest.raises(ValueError, match=r"differs in optim\.lr"):
-        check_or_write_config(small_config(run_dir, "optim.lr=0.5"), run_dir)
+    check_or_write_config(small_config(run_dir, "optim.lr=0.5", "optim.grad_clip=0.1"), run_dir)
+    with pytest.raises(ValueError, match=r"differs in optim\.weight_decay"):
+        check_or_write_config(small_config(run_dir, "optim.weight_decay=0.5"), run_dir)
 
 
 def test_a_run_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys):

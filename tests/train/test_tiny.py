@@ -2,6 +2,7 @@
 loss mask covers the actions only, the tokenizer learns the task's text, and the warm start fits them."""
 
 import numpy as np
+import pytest
 from transformers import AutoTokenizer
 
 from trace_train.configs import TaskConfig
@@ -60,3 +61,33 @@ def test_the_warm_start_never_sees_a_held_out_row(tmp_path, monkeypatch):
     make_env, rows, expert = shown["demonstrations"]
     held_out = {row["id"] for row in task.eval_rows}
     assert len(held_out) == 3 and rows == task.train_rows and not held_out & {row["id"] for row in rows}
+
+
+def test_a_tiny_model_cut_mid_write_is_rebuilt_and_an_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
+    """Issue 34: the model is written to a temporary folder renamed into place; an older cut write (a
+    config.json without the rest) is not taken for a model, and is replaced."""
+    from trace_train import tiny
+    from trace_train.train import TrainConfig, _model_path
+    from trace_train.config_loader import load_config
+
+    cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path / 'run'}", "model.tiny_warm_steps=0"])
+    cut = tmp_path / "run" / "tiny_model"
+    cut.mkdir(parents=True)
+    (cut / "config.json").write_text("{}")  # what a write killed after its first file left
+    assert not tiny.is_complete(cut)
+    path = _model_path(cfg)
+    assert tiny.is_complete(path) and (cut / "model.safetensors").is_file()
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(path)  # loads
+    real = tiny.build_tokenizer
+
+    def failing_tokenizer(*a, **k):
+        tok = real(*a, **k)
+        tok.save_pretrained = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())
+        return tok
+
+    monkeypatch.setattr(tiny, "build_tokenizer", failing_tokenizer)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.save_tiny(tmp_path / "other", warm_steps=0)
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.*"))

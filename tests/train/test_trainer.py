@@ -78,8 +78,8 @@ def _same_run(straight, resumed):
 
 def test_a_changed_config_does_not_resume(tmp_path):
     main(small_config(tmp_path, "steps=2"))
-    with pytest.raises(ValueError, match=r"holds another run \(its config.yaml differs in optim.lr\)"):
-        main(small_config(tmp_path, "steps=2", "optim.lr=0.5"))
+    with pytest.raises(ValueError, match=r"holds another run \(its config.yaml differs in optim.weight_decay\)"):
+        main(small_config(tmp_path, "steps=2", "optim.weight_decay=0.5"))
 
 
 def test_non_finite_loss_stops_with_a_checkpoint(tmp_path):

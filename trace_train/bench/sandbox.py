@@ -3,13 +3,15 @@
 Times ``run_python("pass")`` (start, isolate, run nothing, clean up) and a five-cell
 ``PythonSession`` call (four cells replayed), each ``--calls`` times after one warm-up call, and prints
 the median and the 90th percentile of the wall time in milliseconds, the mean CPU time (user + system)
-of the sandbox's processes per call, the isolation layers obtained and the load average. Wall times
-depend on the machine's load; the CPU time much less so.
+of the sandbox's processes per call, the isolation layers obtained and the load average, and the CPU
+time the caller spends draining a cell that writes without end (``flood_cost``). Wall times depend on
+the machine's load; the CPU time much less so.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import statistics
@@ -52,11 +54,27 @@ def main(calls: int = 20, namespaces: str = "auto") -> dict[str, tuple[float, fl
         samples, cpu = _times(call, calls)
         samples.sort()
         results[name] = (statistics.median(samples), samples[int(0.9 * (len(samples) - 1))], cpu)
+    flood = flood_cost(limits)
     print(f"isolation: {', '.join(run_python('pass', limits=limits).isolation)}")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, euid {os.geteuid()}")
     for name, (median, p90, cpu) in results.items():
         print(f"{name:34s} wall median {median:6.1f} ms, p90 {p90:6.1f} ms; CPU {cpu:6.1f} ms per call")
+    print(f"a cell writing without end for {flood['wall_s']:.1f} s: the caller spent {flood['caller_cpu_s']:.2f} s "
+          f"of CPU draining it ({flood['caller_cpu_s'] / flood['wall_s']:.1%} of a core), "
+          f"{flood['dropped_bytes'] / 1e6:.0f} MB dropped")
     return results
+
+
+def flood_cost(limits: SandboxLimits, seconds: float = 4.0) -> dict[str, float]:
+    """CPU time this process (the caller) spends draining a cell that writes 64 KiB blocks without end
+    until its wall clock (``seconds``), the wall time and the bytes dropped past the output cap."""
+    code = "import os\nblock = b'x' * 65536\nwhile True:\n    os.write(1, block)\n"
+    flood = dataclasses.replace(limits, wall_seconds=seconds)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    result = run_python(code, limits=flood)
+    after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "caller_cpu_s": cpu, "dropped_bytes": float(result.truncated_bytes)}
 
 
 if __name__ == "__main__":

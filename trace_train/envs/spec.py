@@ -219,12 +219,29 @@ def _import(path: str) -> Any:
     except ImportError as error:
         raise ValueError(f"cannot import {module_name!r} for environment {path!r}: {error} (is its folder "
                          "on PYTHONPATH?)") from None
+    except Exception as error:  # noqa: BLE001 - the plugin's own code failed while importing: one line
+        where = ""
+        tb = error.__traceback__
+        while tb is not None:
+            where = f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
+            tb = tb.tb_next
+        if isinstance(error, SyntaxError):
+            where = f" ({error.filename}, line {error.lineno})"
+        raise ValueError(f"environment module {module_name!r} fails to import: {type(error).__name__}: "
+                         f"{_text(error)}{where}") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
     return target
+
+
+def _text(error: BaseException) -> str:
+    try:
+        return str(error).splitlines()[0][:300] if str(error) else ""
+    except Exception:  # noqa: BLE001 - an unprintable message
+        return "<message could not be printed>"
 
 
 def _load_file(path: Path):
@@ -236,7 +253,11 @@ def _load_file(path: Path):
     spec = importlib.util.spec_from_file_location(name, path.resolve())
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)  # a failed import leaves nothing half-made behind
+        raise
     return module
 
 

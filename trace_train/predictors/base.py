@@ -66,6 +66,17 @@ def family_of(history: HistoryLike) -> str:
     return ",".join(parts)
 
 
+def state_digest(state: dict) -> str:
+    """A hash of a predictor's learned state (:meth:`PosteriorPredictor.state_dict`: its model's arrays, the
+    prompts' counts), without the per-step cache of root corrections that each rank fills for its own prompts."""
+    h = hashlib.blake2b(digest_size=16)
+    for key, value in sorted(state.items()):
+        if key not in ("offset_keys", "offsets"):
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
+    return h.hexdigest()
+
+
 class PosteriorPredictor:
     """A fitted model p(history) under per-prompt Beta posteriors (module docstring)."""
 
@@ -201,12 +212,7 @@ class PosteriorPredictor:
     def digest(self) -> str:
         """A hash of the learned state (the model's arrays, the prompts' counts), without the per-step cache
         of root corrections, which each rank fills for its own prompts before reading it."""
-        h = hashlib.blake2b(digest_size=16)
-        for key, value in sorted(self.state_dict().items()):
-            if key not in ("offset_keys", "offsets"):
-                h.update(key.encode())
-                h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
-        return h.hexdigest()
+        return state_digest(self.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: config, the model's arrays, prompt posteriors."""

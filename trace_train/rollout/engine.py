@@ -52,7 +52,8 @@ from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from ..chat import ChatFormat
 from ..envs.base import Environment, Message
-from .scheduler import EnvFailure, Extra, GrowReport, OpeningFailed, Scheduler
+from .env_calls import CallClock, EnvCallPool, EnvFailure, OpeningFailed, describe_error, open_row
+from .scheduler import Extra, GrowReport, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
 __all__ = ["History", "Predictor", "NodePayload", "Trajectory", "RolloutReport", "RolloutBatch",
@@ -207,26 +208,25 @@ class _Run:
         self.start = time.perf_counter()
         self.phase_seconds = dict.fromkeys(("predict", "bare_generation", "expansion_generation"), 0.0)
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
+        self._opening_pool: EnvCallPool | None = None
 
     # ---- openings and predictions -----------------------------------------------------------------
 
     def _opening(self, prompt: int):
         """Opening messages, prompt ids and initial snapshot of a pool row (computed once).
 
-        When ``make_env``, ``reset``, the prompt's formatting or ``snapshot`` raises, the row opens with a
+        When ``make_env``, ``reset``, the prompt's formatting or ``snapshot`` raises (or one of the three runs
+        past ``env_timeout_s``: they run on a worker with a deadline), the row opens with a
         placeholder prompt and an :class:`~.scheduler.OpeningFailed` snapshot: every rollout from it ends
         at its first environment call with ``env_error`` and reward 0, like a failed ``step``."""
         if prompt not in self._openings:
-            try:
-                env = self.engine.make_env()
-                messages = env.reset(self.pool[prompt])
+            try:  # make_env, reset, snapshot on a worker, under env_timeout_s like every environment call
+                messages, snapshot = self._opener().run(CallClock(), open_row, self.engine.make_env, self.pool[prompt])
                 ids = self.chat.prompt_ids(messages)
-                snapshot = env.snapshot()
             except Exception as error:  # noqa: BLE001 - an environment fault ends this row's rollouts only
                 if self.cfg.raise_env_errors:
-                    raise EnvFailure(f"environment of pool row {prompt}: reset: "
-                                     f"{type(error).__name__}: {error}") from error
-                failed = OpeningFailed(f"pool row {prompt}: {type(error).__name__}: {error}", error)
+                    raise EnvFailure(f"environment of pool row {prompt}: reset: {describe_error(error)}") from error
+                failed = OpeningFailed(f"pool row {prompt}: {describe_error(error)}", error)
                 messages = [{"role": "user", "content": failed.PROMPT}]
                 self._openings[prompt] = (messages, self.chat.prompt_ids(messages), failed)
                 return self._openings[prompt]
@@ -235,6 +235,12 @@ class _Run:
                                  f"{self.cfg.limits.max_context_tokens}")
             self._openings[prompt] = (messages, ids, snapshot)
         return self._openings[prompt]
+
+    def _opener(self) -> EnvCallPool:
+        """The one worker that opens pool rows (made at the first opening, shut down with the call)."""
+        if self._opening_pool is None:
+            self._opening_pool = EnvCallPool(1, self.cfg.env_timeout_s, name="trace-env-open")
+        return self._opening_pool
 
     def _opening_history(self, prompt: int) -> History:
         """The history of a pool row's opening (before it has a root)."""
@@ -353,10 +359,14 @@ class _Run:
         share = getattr(self.engine.root_allocator, "dynamic_share", None)
         if policy.dynamic_sampling and share is not None:  # DAPO under torchrun: this rank's part of one budget
             policy, budget = share(policy, budget)
-        record = run_step(self, policy, budget, pool=len(self.pool), rng=self.rng,
-                          expansion_rounds=self.cfg.expansion_rounds,
-                          root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed",
-                          eager=eager)
+        try:
+            record = run_step(self, policy, budget, pool=len(self.pool), rng=self.rng,
+                              expansion_rounds=self.cfg.expansion_rounds,
+                              root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed",
+                              eager=eager)
+        finally:
+            if self._opening_pool is not None:
+                self._opening_pool.shutdown()
         if record.eager_level is not None:  # the next step's threshold (trace_theory.eager.offline_level)
             self.engine.eager_threshold = record.eager_level
         return self._finish(record)

@@ -15,7 +15,8 @@ that alternates two kinds of work:
   step so far (a running mean), the loop waits up to one step for the turns it just handed out, so that
   fast tools rejoin the batch together instead of one step apart;
 * **environment calls** for that turn (``make_env`` and ``restore`` before its first turn, then
-  ``step``, ``snapshot`` and, when the rollout ends, ``verify``), run on a pool of worker threads.
+  ``step``, ``snapshot`` and, when the rollout ends, ``verify``), run on a pool of worker threads
+  (:mod:`.env_calls`: a deadline per call, stuck workers replaced).
 
 ::
 
@@ -49,10 +50,14 @@ its first environment call. So does an observation that cannot be formatted
 or tokenised (not text, or a template that will not frame it) and a reward that is not a finite number:
 what an environment returns is data, checked in the main thread but charged to its own rollout. Its text
 enters once through :func:`~trace_train.chat.clean_text` (lone surrogates replaced), so what is stored is
-what was tokenised. A timed-out call cannot be interrupted (it is a
-thread): its worker stays busy until it returns and its environment is discarded, so environments must
-bound their own tool calls (the sandbox does). ``RolloutConfig.raise_env_errors`` turns both into
-exceptions, for debugging.
+what was tokenised. So does a ``step`` that returns no ``StepResult`` (None), and a message that cannot
+be printed is shown as such. Every call runs on an :class:`~.env_calls.EnvCallPool` with a deadline, the
+lockstep schedule's too (one call at a time, waited for): a timed-out call cannot be interrupted (it is a
+thread), so its worker is abandoned (a daemon thread: it holds neither the batch nor the process's exit)
+and replaced at once, so calls queued behind it start; its environment is discarded. Environments
+should still bound their own tool calls (the sandbox does): an abandoned call keeps its thread and
+whatever it holds until it returns. ``RolloutConfig.raise_env_errors`` turns failures into exceptions,
+for debugging.
 
 **Sizing the pool.** An environment that declares ``concurrency_safe`` runs on ``env_workers`` threads,
 others on one. Calls that wait (a subprocess, a network round trip, a sleep) release the GIL, so up to
@@ -66,20 +71,21 @@ from __future__ import annotations
 import math
 import threading
 import time
-import traceback
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from trace_theory.step import Branch
+from trace_theory.step import Branch as PrefixBranch  # (depth, count): an eager decision
 
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
 from ..chat import ChatFormat, clean_text
 from ..configs import SCHEDULES, ScheduleConfig  # they live with the configs that validate them
-from ..envs.base import EndReason, Environment, Message, StepResult, is_concurrency_safe
+from ..envs.base import EndReason, Environment, Message, is_concurrency_safe
+from .env_calls import (CallClock, EnvCallPool, EnvFailure, EnvTimeout, OpeningFailed, describe_error,
+                        format_failure, reward_value, walker_turn, walker_verify)
 
 __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConfig", "GrowReport", "Scheduler",
            "Prefix", "Branch"]
@@ -87,26 +93,6 @@ __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConf
 BATCH_WINDOW_S = 0.02
 """With a back end that generates in batches, how long to wait after the first environment answer for
 the others of the same wave before generating (one larger batch instead of many small ones)."""
-
-
-class EnvFailure(RuntimeError):
-    """An environment call raised or ran out of time (raised only with ``raise_env_errors``)."""
-
-
-class OpeningFailed:
-    """The snapshot of a pool row whose ``make_env``, ``reset`` or first ``snapshot`` raised.
-
-    The engine opens the row with :attr:`PROMPT` instead of the environment's messages; restoring this
-    snapshot raises, so each rollout from the row ends at its first environment call with ``env_error``
-    and reward 0, counted and masked like any other environment failure, and the batch goes on."""
-
-    PROMPT = "[env_error: the environment could not be reset for this task]"
-
-    def __init__(self, message: str, error: BaseException):
-        self.message, self.error = message, error
-
-    def fail(self):
-        raise RuntimeError(f"reset failed for {self.message}") from self.error
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -270,45 +256,6 @@ class _Walker:
         return bool(self.turns) and self.turns[-1].reward is not None
 
 
-class _Calls:
-    """The environment calls of one turn of one walker, timed call by call for the per-call limit."""
-
-    def __init__(self, walker: _Walker, timeline: Timeline):
-        self.walker, self.timeline = walker, timeline
-        self.since: float | None = None
-        """Start of the call running now (None between calls)."""
-        self.name = ""
-        self.seconds = 0.0
-        """Time the calls took so far."""
-
-    def __call__(self, name: str, fn: Callable, *args):
-        self.name, self.since = name, time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            end = time.perf_counter()
-            self.timeline.add_env(self.since, end)
-            self.seconds += end - self.since
-            self.walker.env_seconds += end - self.since
-            self.since = None
-
-
-def _env_turn(calls: _Calls, make_env, snapshot, text: str | None, verify: bool):
-    """Worker: (build and restore the environment,) step it on ``text`` unless the turn was cut (None),
-    snapshot it, and verify it when ``verify`` or the environment says the episode is done."""
-    w = calls.walker
-    if isinstance(snapshot, OpeningFailed):
-        calls("reset", snapshot.fail)
-    if w.env is None:
-        env = calls("make_env", make_env)
-        calls("restore", env.restore, snapshot)
-        w.env = env
-    result: StepResult | None = None if text is None else calls("step", w.env.step, text)
-    state = calls("snapshot", w.env.snapshot)
-    done = verify or (result is not None and result.done)
-    return result, state, calls("verify", w.env.verify) if done else None
-
-
 @dataclass(frozen=True)
 class _seeds:
     """Seeds of a streamed rollout, the ``j``-th of start ``start`` in pass ``pass_`` (0: as its start
@@ -322,33 +269,6 @@ class _seeds:
 
     def __call__(self, t: int) -> int:
         return int(np.random.SeedSequence([self.seed, self.start, self.j, t, self.pass_]).generate_state(1)[0])
-
-
-def _reward(value) -> float:
-    """``value`` as a finite float (a ValueError naming it otherwise: NaN would poison the batch)."""
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise ValueError(f"verify() returned a non-finite reward {reward}")
-    return reward
-
-
-def _env_verify(calls: _Calls):
-    return calls("verify", calls.walker.env.verify)
-
-
-class _Inline:
-    """An executor that runs each call at once in the calling thread (the lockstep schedule)."""
-
-    def submit(self, fn, *args) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
-            future.set_exception(error)
-        return future
-
-    def shutdown(self, **_):
-        pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -384,13 +304,13 @@ class Extra(NamedTuple):
     count: int
 
 
-Boundary = Callable[..., Sequence[Branch]]
+Boundary = Callable[..., Sequence[PrefixBranch]]
 """``boundary(s, j, depth, prefix) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
 ``s`` went on past a turn boundary at ``depth`` (``prefix``: that :class:`Prefix`, its reward unknown,
 NaN); ``count`` rollouts start at once from that walker's prefix at each ``depth`` returned (0: at the
 start's node, top-ups). ``Branch`` is ``trace_theory.step.Branch``."""
 
-Finished = Callable[..., Sequence[Branch]]
+Finished = Callable[..., Sequence[PrefixBranch]]
 """``finished(s, j, length, reward) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
 ``s`` ended after ``length`` turns; the rollouts to start at once, as for :data:`Boundary`."""
 
@@ -499,7 +419,7 @@ class _Grower:
             return GrowReport()
         stream = request_stream(self.scheduler.backend, batched=self.lockstep)
         self.pool = pool = self._pool()
-        self.running: dict[Future, tuple[_Calls, Callable]] = {}
+        self.running: dict[Future, tuple[CallClock, Callable]] = {}
         sampling = self.scheduler.sampling
         try:
             for s, group in self.first.items():
@@ -526,7 +446,7 @@ class _Grower:
                     if not self.waiting and self.rest is not None:
                         self._add_rest(stream, sampling)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown()  # never waits: a stuck call's worker is a daemon thread, abandoned
             stream.close()  # nothing left in the engine if the loop raised
         return self._commit()
 
@@ -643,11 +563,12 @@ class _Grower:
                                   tuple(w.context[:w.boundaries[t]])))
         return out
 
-    def _pool(self):
+    def _pool(self) -> EnvCallPool:
+        """Workers with a deadline per call (:mod:`.env_calls`); lockstep: one call at a time, waited for."""
         if self.lockstep:
-            return _Inline()
+            return EnvCallPool(1, self.cfg.env_timeout_s, serial=True)
         workers = self.cfg.env_workers if is_concurrency_safe(self.scheduler.make_env) else 1
-        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-env")
+        return EnvCallPool(workers, self.cfg.env_timeout_s)
 
     def _env_faster_than(self, seconds: float) -> bool:
         """Whether environment turns have taken less than ``seconds`` (running mean; True before any)."""
@@ -673,10 +594,10 @@ class _Grower:
             if cut:
                 room = limits.max_context_tokens - len(w.context)
                 turn.end = EndReason.CONTEXT if room <= limits.max_turn_tokens else EndReason.TURN_TOKENS
-            calls = _Calls(w, self.timeline)
-            future = pool.submit(_env_turn, calls, self.scheduler.make_env, w.snapshot,
+            calls = CallClock(w, self.timeline.add_env)
+            future = pool.submit(calls, walker_turn, self.scheduler.make_env, w.snapshot,
                                  None if cut else text, cut or w.depth >= limits.max_turns)
-            self.running[future] = (calls, _env_turn)
+            self.running[future] = (calls, walker_turn)
             launched.append(future)
         return launched
 
@@ -685,9 +606,11 @@ class _Grower:
         if not self.running:
             return []
         if not generating:
-            wait(self.running, timeout=self._next_deadline(), return_when=FIRST_COMPLETED)
+            deadline = self.pool.next_deadline()
+            wait(self.running, timeout=None if deadline is None else deadline + 0.01, return_when=FIRST_COMPLETED)
             if not continuous:  # gather the rest of this wave into one batch
                 wait(self.running, timeout=BATCH_WINDOW_S)
+        self.pool.expire()  # calls past their deadline: their futures fail with EnvTimeout
         ready = []
         for future in [f for f in self.running if f.done()]:
             calls, kind = self.running.pop(future)
@@ -695,42 +618,23 @@ class _Grower:
             self.env_turn_seconds = calls.seconds if mean is None else 0.9 * mean + 0.1 * calls.seconds
             if self._answered(calls.walker, kind, future):
                 ready.append(calls.walker)
-        self._expire()
         return ready
-
-    def _next_deadline(self) -> float | None:
-        limit = self.cfg.env_timeout_s
-        if limit is None:
-            return None
-        now = time.perf_counter()
-        running = [c.since for c, _ in self.running.values() if c.since is not None]
-        return max(0.0, min((s + limit - now for s in running), default=limit))
-
-    def _expire(self) -> None:
-        """End the rollouts whose current environment call has run past the limit."""
-        limit = self.cfg.env_timeout_s
-        if limit is None:
-            return
-        now = time.perf_counter()
-        for future, (calls, _) in list(self.running.items()):
-            since = calls.since
-            if since is not None and now - since > limit:
-                del self.running[future]
-                self._fail(calls.walker, EndReason.ENV_TIMEOUT,
-                           f"{calls.name}() ran past env_timeout_s={limit} s")
 
     def _answered(self, w: _Walker, kind: Callable, future: Future) -> bool:
         """Apply a finished environment call; True when the walker goes on to its next turn."""
         error = future.exception()
+        if isinstance(error, EnvTimeout):  # the pool abandoned its worker (module env_calls)
+            self._fail(w, EndReason.ENV_TIMEOUT, describe_error(error).partition(": ")[2] or "timed out")
+            return False
         if error is not None:
-            self._fail(w, EndReason.ENV_ERROR, f"{type(error).__name__}: {error}", error)
+            self._fail(w, EndReason.ENV_ERROR, describe_error(error), error)
             return False
         turn = w.turns[-1]
-        if kind is _env_verify:
+        if kind is walker_verify:
             try:
-                turn.reward = _reward(future.result())
-            except (TypeError, ValueError) as error:
-                self._fail(w, EndReason.ENV_ERROR, f"verify(): {error}", error)
+                turn.reward = reward_value(future.result())
+            except ValueError as error:
+                self._fail(w, EndReason.ENV_ERROR, describe_error(error), error)
             return False
         result, turn.snapshot, reward = future.result()
         try:  # what the environment returned is data: any fault in it ends this rollout only
@@ -744,17 +648,17 @@ class _Grower:
                 elif w.depth >= self.cfg.limits.max_turns:
                     turn.end = EndReason.MAX_TURNS
             if turn.end is not None:
-                turn.reward = _reward(reward)
+                turn.reward = reward_value(reward)
                 return False
             action_ids = tuple(turn.completion.token_ids)
             obs_ids = tuple(self.chat.observation_ids(action_ids, turn.messages[-1]))
         except Exception as error:  # noqa: BLE001 - formatting or tokenising this observation failed
-            self._fail(w, EndReason.ENV_ERROR, f"observation: {type(error).__name__}: {error}", error)
+            self._fail(w, EndReason.ENV_ERROR, f"observation: {describe_error(error)}", error)
             return False
         if len(w.context) + len(action_ids) + len(obs_ids) >= self.cfg.limits.max_context_tokens:
             turn.end = EndReason.CONTEXT
-            calls = _Calls(w, self.timeline)
-            self.running[self.pool.submit(_env_verify, calls)] = (calls, _env_verify)
+            calls = CallClock(w, self.timeline.add_env)
+            self.running[self.pool.submit(calls, walker_verify)] = (calls, walker_verify)
             return False
         turn.observation_ids = obs_ids
         w.context = w.context + list(action_ids) + list(obs_ids)
@@ -765,7 +669,7 @@ class _Grower:
         if self.cfg.raise_env_errors:
             raise EnvFailure(f"environment of rollout {w.index} (from node {w.start}): {message}") from error
         if self.env_error_sample is None:  # the first failure of the call, for the trainer's report
-            trace = "".join(traceback.format_exception(error)) if error is not None else ""
+            trace = format_failure(error)
             self.env_error_sample = f"{reason.value} in rollout {w.index} (from node {w.start}): {message}\n{trace}"
         turn = w.turns[-1]
         turn.end, turn.reward, turn.snapshot, turn.observation_ids = reason, 0.0, None, ()

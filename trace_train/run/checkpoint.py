@@ -51,7 +51,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from .files import reporting_full_disk
+from ..tools import bounded_json
+from .files import UnsafePathError, reporting_full_disk, subdir
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_latest_checkpoint",
            "latest_checkpoint", "capture_rng", "restore_rng", "clean_partial_checkpoints", "written_by_processes",
@@ -84,6 +85,9 @@ class Checkpoint:
     extra: dict[str, Any]
     rng: dict[str, Any]
     config_fingerprint: str | None
+    trajectory_fingerprint: str | None = None
+    """The config's fingerprint without the settings a resume may change (``run.step_state``); None in
+    checkpoints written before it was recorded."""
 
 
 def written_by_processes(checkpoint: Checkpoint) -> int:
@@ -174,31 +178,41 @@ def save_checkpoint(
     generators: Mapping[str, np.random.Generator] = {},
     config_fingerprint: str | None = None,
     keep: int = 2,
+    rng_state: Mapping[str, Any] | None = None,
+    trajectory_fingerprint: str | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and return its directory; keep the newest ``keep`` ones."""
+    """Write checkpoint ``step`` atomically and return its directory; keep the newest ``keep`` ones.
+
+    ``rng_state`` (from :func:`capture_rng`) is stored instead of the random states of now (a state
+    captured before a step that failed)."""
     if not (isinstance(step, int) and step >= 0):
         raise ValueError(f"`step` must be a non-negative integer, got {step!r}")
     if not (isinstance(keep, int) and keep >= 1):
         raise ValueError(f"`keep` must be a positive integer, got {keep!r}")
-    root = Path(run_dir) / "checkpoints"
-    final = root / f"step_{step:08d}"
+    final = Path(run_dir) / "checkpoints" / f"step_{step:08d}"
     with reporting_full_disk(final, "writing checkpoint"):
-        root.mkdir(parents=True, exist_ok=True)
+        root = subdir(run_dir, "checkpoints")  # a link or a file there: one line
+        clean_partial_checkpoints(run_dir)  # what a killed write left (the caller holds the run's lock)
+        if final.is_symlink() or (final.exists() and not final.is_dir()):
+            raise UnsafePathError(f"{final} is a symbolic link or a file, not a checkpoint; refusing to replace "
+                                  "it (remove it)")
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:08d}."))
     try:
         def save(obj, name):
             with reporting_full_disk(final / name, "writing checkpoint"):
-                torch.save(obj, tmp / name)
+                _torch_save(obj, tmp / name)
 
         save({k: v.detach().cpu() for k, v in policy.items()}, "policy.pt")
         if optimizer is not None:
             save(dict(optimizer), "optimizer.pt")
         save(dict(extra or {}), "extra.pt")
-        save(capture_rng(generators), "rng.pt")
+        save(dict(rng_state) if rng_state is not None else capture_rng(generators), "rng.pt")
         sizes = {name: (tmp / name).stat().st_size for name in _FILES if (tmp / name).exists()}
+        meta = {"step": step, "config_fingerprint": config_fingerprint, "file_bytes": sizes}
+        if trajectory_fingerprint is not None:
+            meta["trajectory_fingerprint"] = trajectory_fingerprint
         with reporting_full_disk(final / "trainer_state.json", "writing checkpoint"):
-            (tmp / "trainer_state.json").write_text(
-                json.dumps({"step": step, "config_fingerprint": config_fingerprint, "file_bytes": sizes}))
+            (tmp / "trainer_state.json").write_text(json.dumps(meta))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -206,9 +220,26 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _write_atomically(root / "latest", final.name + "\n")
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _torch_save(obj, file: Path) -> None:
+    """``torch.save`` into a new file (exclusive, never through a link) whose write errors stay
+    ``OSError`` s: torch turns a failed write into ``RuntimeError: [enforce fail at inline_container.cc]``,
+    which would hide a full disk."""
+    with open(file, "xb") as f:
+        try:
+            torch.save(obj, f)
+            f.flush()
+        except RuntimeError as err:
+            cause = err.__context__
+            while cause is not None and not isinstance(cause, OSError):
+                cause = cause.__context__
+            if cause is not None:
+                raise cause from None
+            raise
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -236,10 +267,11 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
     if not state_file.exists():
         raise CheckpointError(f"{path} is not a checkpoint (no trainer_state.json)")
     try:
-        meta = json.loads(state_file.read_text())
-        step = int(meta["step"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        meta = bounded_json.loads(state_file.read_bytes())
+        _check_meta(meta)
+    except (OSError, ValueError) as err:
         raise CheckpointError(f"{state_file}: cannot be read ({type(err).__name__}: {err})") from None
+    step = meta["step"]
     for name, size in (meta.get("file_bytes") or {}).items():
         file = path / name
         actual = file.stat().st_size if file.exists() else None
@@ -256,10 +288,33 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
         extra=_load(path / "extra.pt"),
         rng=rng,
         config_fingerprint=meta.get("config_fingerprint"),
+        trajectory_fingerprint=meta.get("trajectory_fingerprint"),
     )
     if restore_random_state:
-        restore_rng(rng, generators)
+        try:
+            restore_rng(rng, generators)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+            raise CheckpointError(f"{path / 'rng.pt'}: not the random states a checkpoint holds "
+                                  f"({type(err).__name__}: {_first_line(err)})") from None
     return checkpoint
+
+
+def _check_meta(meta) -> None:
+    """``trainer_state.json`` as written: a step (a non-negative integer), fingerprints (strings or
+    null) and file sizes (names of ``_FILES`` to non-negative integers); a ValueError naming the field."""
+    def integer(value):
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 63
+
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    if not integer(meta.get("step")):
+        raise ValueError(f"`step` must be a non-negative integer, got {str(meta.get('step'))[:40]}")
+    for key in ("config_fingerprint", "trajectory_fingerprint"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise ValueError(f"`{key}` must be a string")
+    sizes = meta.get("file_bytes")
+    if sizes is not None and not (isinstance(sizes, dict) and all(k in _FILES and integer(v) for k, v in sizes.items())):
+        raise ValueError("`file_bytes` must map checkpoint file names to sizes in bytes")
 
 
 def _load(file: Path, *, mmap: bool = False):
@@ -301,11 +356,16 @@ def load_latest_checkpoint(run_dir: str | os.PathLike, *, generators: Mapping[st
     when checkpoints exist but none is intact.
     """
     root = Path(run_dir) / "checkpoints"
-    candidates = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    if root.is_symlink():
+        raise UnsafePathError(f"{root} is a symbolic link; refusing to read or write checkpoints through it (remove it)")
+    ours = re.compile(r"step_\d{8}")  # written by save_checkpoint: a folder, never a link
+    candidates = sorted((p for p in root.glob("step_*") if ours.fullmatch(p.name) and p.is_dir() and not p.is_symlink()),
+                        reverse=True)
     pointer = root / "latest"
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        candidates = [named] + [p for p in candidates if p != named]
+    if pointer.is_file() and not pointer.is_symlink():
+        named = root / pointer.read_text(errors="replace").strip()[:64]
+        if named in candidates:
+            candidates = [named] + [p for p in candidates if p != named]
     problems = []
     for path in candidates:
         try:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from .files import reporting_full_disk
+from ..tools import bounded_json
+from .files import open_no_follow, reporting_full_disk, write_file
 
 __all__ = ["MetricsLogger", "read_metrics"]
 
@@ -42,12 +44,12 @@ class MetricsLogger:
         self.path = self.run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             kept = [row for row in read_metrics(self.path) if row["step"] <= resume_step]
-            with reporting_full_disk(self.path):
-                self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
-        elif resume_step is None and self.path.exists():
+            write_file(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # replaces, never follows
+        elif resume_step is None and (self.path.exists() or self.path.is_symlink()):
             self.path.unlink()  # a fresh run starts a fresh file
         self._start = time.monotonic()
-        self._file = self.path.open("a")
+        fd = open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # a planted link: one line
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             try:
@@ -92,13 +94,14 @@ class MetricsLogger:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a ``metrics.jsonl``: a torn last line (a crash mid-write) is ignored; any other line
-    that is not a JSON object with an integer ``step`` is skipped with a warning naming file and line."""
+    that is not a JSON object with an integer ``step`` (too deep, too many digits included) is skipped with a
+    warning naming file and line."""
     rows = []
     lines = Path(path).read_text(errors="replace").splitlines()
     for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+        try:  # bounded: a line nested 100 000 deep or a 5 000-digit number is a damaged line, not a traceback
+            row = bounded_json.loads(line)
+        except ValueError:
             row = None
         if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
             rows.append(row)

@@ -8,6 +8,7 @@ import torch
 
 from ..configs import ModelConfig
 from .distributed import DistInfo, checkpoint_state_dict
+from .files import subdir
 
 __all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_policy_weights", "checkpoint_activations", "export"]
 
@@ -23,7 +24,7 @@ def model_path(model: ModelConfig, run_dir: str | Path, *, seed: int, task=None)
     from .. import tiny
 
     path = Path(run_dir) / "tiny_model"
-    if not (path / "config.json").exists():
+    if not tiny.is_complete(path):  # written whole or not at all (an older cut write is rebuilt)
         shown = None if task is None or task.demonstration is None else (
             task.make_env, task.train_rows[:DEMONSTRATED_ROWS], task.demonstration)
         tiny.save_tiny(path, seed=seed, warm_steps=model.tiny_warm_steps, demonstrations=shown)
@@ -61,5 +62,6 @@ def export(policy, tokenizer, path: Path, info: DistInfo) -> None:
     """Save the trained policy as a Hugging Face model directory (what trace-eval and vLLM load)."""
     weights = checkpoint_state_dict(policy, info)
     if info.is_main:
+        subdir(path.parent, path.name)  # hf/ planted as a file or a link: one line, not a silent non-export
         policy.save_pretrained(path, state_dict={k: v.detach().cpu() for k, v in weights.items()})
         tokenizer.save_pretrained(path)

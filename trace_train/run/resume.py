@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -20,7 +21,8 @@ from ..config_loader import config_to_dict, drop_removed
 from ..configs import TrainConfig
 from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, DEFAULT_CHANGED_IN_FINGERPRINT, NOT_IN_FINGERPRINT,
                              REMOVED_IN_FINGERPRINT)
-from .files import reporting_full_disk
+from .files import write_file
+from .step_state import RESUME_OVERRIDES, describe_overrides
 
 __all__ = ["resume_fingerprint", "check_or_write_config", "differing_fields"]
 
@@ -46,18 +48,21 @@ def check_or_write_config(cfg: TrainConfig, run_dir: Path, *, write: bool = True
     """Refuse a run directory that holds another run's ``config.yaml``; then write ours (where ``write``:
     rank 0).
 
-    Another run is one whose resume fingerprint differs (only steps, checkpointing and logging may
-    change), whether or not it wrote a checkpoint: its config and metrics are never overwritten.
+    Another run is one whose resume fingerprint differs (only steps, ``optim.lr``, ``optim.grad_clip``,
+    checkpointing and logging may change: ``run.step_state.RESUME_OVERRIDES``, each change printed),
+    whether or not it wrote a checkpoint: its config and metrics are never overwritten.
     """
     stored = run_dir / "config.yaml"
     if stored.exists():
         differs = differing_fields(_stored_config(stored), config_to_dict(cfg))
         if differs:
             raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
-                             "use another run_dir (only steps, checkpointing and logging may change)")
+                             "use another run_dir (only steps, optim.lr, optim.grad_clip, checkpointing and "
+                             "logging may change)")
+        for change in describe_overrides(_stored_config(stored), config_to_dict(cfg)) if write else ():
+            print(f"trace-train: resuming with {change}", file=sys.stderr)
     if write:
-        with reporting_full_disk(stored):
-            stored.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        write_file(stored, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))  # replaces a link, never follows
 
 
 def _stored_config(path: Path) -> dict:
@@ -87,7 +92,7 @@ def differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(a) | set(b)):
         name = prefix + key
-        if not prefix and key in NOT_IN_FINGERPRINT:
+        if (not prefix and key in NOT_IN_FINGERPRINT) or name in RESUME_OVERRIDES:
             continue
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) and isinstance(y, dict):

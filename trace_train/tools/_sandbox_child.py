@@ -31,7 +31,8 @@ Process tree (everything below runs before any model-written code):
   capability (the user namespace gave B all of them inside it), sets ``no_new_privs``, applies a
   Landlock domain (writes only under the working directory and the private temporary directories, no
   signals or ptrace to processes outside the run, no TCP) where the kernel has Landlock, and a seccomp
-  filter (no ``socket(2)``, ``ptrace(2)``, ``process_vm_*`` or io_uring), changes into the working
+  filter (no ``socket(2)``, ``socketpair(2)``, ``ptrace(2)``, ``process_vm_*``, io_uring, nor any other
+  call that makes a socket or unbounded memory; ENOSYS past the reviewed ceiling), changes into the working
   directory, installs the audit-hook guard, writes the isolation report to ``report_fd`` and only then
   runs the cells. Cells before index ``replay`` are replayed with stdout and stderr sent to /dev/null;
   the last cell runs with output on the real pipes. ``sys.exit`` ends the cell that called it only.
@@ -70,15 +71,26 @@ DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the code 
 # keeps the host's pathname Unix sockets out of reach), ptrace, process_vm_readv/writev, io_uring;
 # SysV IPC (shm*, sem*, msg*) and POSIX message queues (mq_*), so no segment or queue is shared with
 # another call or the caller's processes even without an IPC namespace; the kernel keyrings (add_key,
-# request_key, keyctl: the caller's session keyring holds Kerberos/AFS tokens); memfd_create (memory
-# outside RLIMIT_AS and outside the size-capped tmpfs).
+# request_key, keyctl: the caller's session keyring holds Kerberos/AFS tokens); every call that makes
+# memory outside RLIMIT_AS and the size-capped tmpfs or a socket: memfd_create, memfd_secret,
+# socketpair (its buffers were 300-400 MiB of kernel memory per process), accept/accept4 (sockets
+# from an inherited listener), userfaultfd, bpf (maps), perf_event_open (ring buffers), pidfd_getfd
+# (another process's descriptors), and the new mount API (open_tree, move_mount, fsopen, fsconfig,
+# fsmount, fspick, open_tree_attr: a tmpfs of one's own). Every call numbered above
+# SECCOMP_REVIEWED_UP_TO, the last number whose call was reviewed (Linux 6.18), returns ENOSYS, as on
+# an older kernel (the C library then falls back on an older call): a call a later kernel adds is
+# unreachable until it is reviewed and the ceiling raised.
 SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SECCOMP_REVIEWED_UP_TO = 469
+_NEWER_CALLS = (438, 447, 428, 429, 430, 431, 432, 433, 467)  # the same number on both machines
 SECCOMP_DENIED = {"x86_64": (41, 101, 310, 311, 425, 426, 427,
                              29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71,
-                             240, 241, 242, 243, 244, 245, 248, 249, 250, 319),
+                             240, 241, 242, 243, 244, 245, 248, 249, 250, 319,
+                             53, 43, 288, 323, 321, 298, *_NEWER_CALLS),
                   "aarch64": (198, 117, 270, 271, 425, 426, 427,
                               194, 195, 196, 197, 190, 191, 192, 193, 186, 187, 188, 189,
-                              180, 181, 182, 183, 184, 185, 217, 218, 219, 279)}
+                              180, 181, 182, 183, 184, 185, 217, 218, 219, 279,
+                              199, 202, 242, 282, 280, 241, *_NEWER_CALLS)}
 # ioctl(2) requests refused on any descriptor: TIOCSTI (push input into a terminal) and TIOCLINUX.
 SECCOMP_IOCTL = {"x86_64": 16, "aarch64": 29}
 DENIED_IOCTLS = (0x5412, 0x541C)
@@ -419,18 +431,20 @@ def _drop_capabilities():
 
 
 def seccomp_filter(denied, machine=None):
-    """A classic-BPF seccomp program: EPERM for the system calls ``denied`` and for foreign ABIs.
+    """A classic-BPF seccomp program: EPERM for the system calls ``denied`` and for foreign ABIs, ENOSYS
+    for calls numbered above ``SECCOMP_REVIEWED_UP_TO``.
 
     Returns None on machines without a table in ``SECCOMP_ARCH``.
     """
     machine = machine or os.uname().machine
     if machine not in SECCOMP_ARCH:
         return None
-    eperm, allow = 0x00050000 | 1, 0x7FFF0000
-    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    eperm, enosys, allow = 0x00050000 | 1, 0x00050000 | 38, 0x7FFF0000
+    load, jeq, jge, jgt, ret = 0x20, 0x15, 0x35, 0x25, 0x06
     program = [(load, 0, 0, 4), (jeq, 1, 0, SECCOMP_ARCH[machine]), (ret, 0, 0, eperm), (load, 0, 0, 0)]
     if machine == "x86_64":  # the x32 ABI numbers its calls from 0x40000000
         program += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    program += [(jgt, 0, 1, SECCOMP_REVIEWED_UP_TO), (ret, 0, 0, enosys)]  # calls of later kernels
     for number in denied:
         program += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
     # ioctl: refuse the requests in DENIED_IOCTLS (the low 32 bits of args[1], at offset 24)

@@ -6,7 +6,8 @@ Each returned document is ``{"id", "contents", "title", "text"}``. A missing or 
 server's default. Bad requests get HTTP 400 with ``{"error": message}`` (a missing, non-numeric or
 oversized ``Content-Length``, a body shorter than announced or not sent within ``request_timeout``
 seconds, invalid UTF-8 or JSON, nesting deeper than ``bounded_json.MAX_DEPTH``, wrong fields, a ``topk``
-above :data:`MAX_TOPK`, more than :data:`MAX_HITS` passages asked in all); a request
+above :data:`MAX_TOPK`, more than :data:`MAX_HITS` passages asked in all, more than :data:`MAX_QUERIES`
+queries or one longer than :data:`MAX_QUERY_CHARS`: the work of one request is bounded); a request
 line or headers that ``http.server`` cannot parse get its own 400, 414 or 431; other paths get 404; a
 retriever that fails gets 500. Nothing a client sends prints a traceback: an error the handler did not
 foresee is logged as one line.
@@ -34,6 +35,12 @@ MAX_TOPK = 100
 MAX_HITS = 10_000
 """The most passages one request may ask for, ``len(queries) * topk``: bounds the answer's size (a 1 MiB
 request of one-letter queries would otherwise ask for gigabytes)."""
+MAX_QUERIES = 256
+"""The most queries one request may hold: with at most ``search.MAX_QUERY_TERMS`` distinct terms scored
+per query, a request costs at most 256 x 64 term lookups (a 1 MiB request of 10 000 short queries took
+17 s of the server's time)."""
+MAX_QUERY_CHARS = 4096
+"""The longest query, in characters (tokenising is linear in it; a model's search query is a line)."""
 
 
 def make_server(
@@ -126,6 +133,11 @@ def _validate(request, default_topk: int) -> tuple[list[str], int, bool]:
     queries = request.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise ValueError('"queries" must be a list of strings')
+    if len(queries) > MAX_QUERIES:
+        raise ValueError(f'{len(queries)} queries in one request; at most {MAX_QUERIES}')
+    longest = max((len(q) for q in queries), default=0)
+    if longest > MAX_QUERY_CHARS:
+        raise ValueError(f'a query of {longest} characters; at most {MAX_QUERY_CHARS}')
     topk = request.get("topk")
     topk = default_topk if topk is None else topk
     if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:

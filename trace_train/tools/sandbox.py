@@ -348,6 +348,11 @@ def _child_environment(limits: SandboxLimits, workdir: str) -> dict[str, str]:
     }
 
 
+FLOOD_PAUSE_S = 0.01
+"""Pause between reads of a stream already past ``max_output_bytes``: draining a cell that writes
+without end cost the caller half a core; paced, a pipe's worth (64 KiB to 1 MiB) per pause."""
+
+
 def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, start: float):
     """Read stdout, stderr and the isolation report until all close or the wall clock runs out."""
     keep = {"stdout": limits.max_output_bytes, "stderr": limits.max_output_bytes, "report": 1 << 16}
@@ -368,14 +373,18 @@ def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, s
             _kill_group(process)
             deadline = time.monotonic() + 1.0
             continue
+        flooding = False
         for key, _ in selector.select(remaining):
-            data = os.read(key.fd, 65536)
+            data = os.read(key.fd, 1 << 20)
             if not data:
                 selector.unregister(key.fileobj)
                 continue
             room = keep[key.data] - len(streams[key.data])
             streams[key.data] += data[: max(room, 0)]
             dropped += max(len(data) - max(room, 0), 0) if key.data != "report" else 0
+            flooding = flooding or room <= 0
+        if flooding:  # output past the cap is dropped: read it at a pace (the pipe makes the writer wait)
+            time.sleep(FLOOD_PAUSE_S)
     selector.close()
     process.stdout.close()
     process.stderr.close()

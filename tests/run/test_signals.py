@@ -1,0 +1,102 @@
+"""A second signal stops a run at once, even with a stuck environment call and a stuck thread (issue 34)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.train.test_run_safety import REPO, _args
+
+STUCK_ENV = '''
+import threading
+from pathlib import Path
+
+
+class Stuck:
+    """Rows of any shape; ``step`` leaves a thread that is not a daemon behind and never returns
+    (not concurrency-safe: one worker, the documented plugin path)."""
+
+    def __init__(self, marker=""):
+        self.marker = marker
+
+    def reset(self, row):
+        return [{"role": "user", "content": "Say a number."}]
+
+    def step(self, action):
+        threading.Thread(target=threading.Event().wait, name="leftover", daemon=False).start()
+        Path(self.marker).write_text("stuck")
+        threading.Event().wait()
+
+    def verify(self):
+        return 0.0
+
+    def snapshot(self):
+        return None
+
+    def restore(self, snapshot):
+        pass
+'''
+
+
+def test_a_second_signal_ends_a_run_held_by_a_stuck_call_within_a_minute(tmp_path):
+    env_file, marker = tmp_path / "stuck_env.py", tmp_path / "stuck.txt"
+    env_file.write_text(STUCK_ENV)
+    (tmp_path / "rows.jsonl").write_text("".join('{"w": %d}\n' % i for i in range(16)))
+    args = _args(tmp_path / "run", f"task.name={env_file}:Stuck", f"task.train={tmp_path / 'rows.jsonl'}",
+                 "task.rows={}", "task.eval_size=4", f"task.env={{marker: {marker}}}", "steps=3",
+                 "rollout.env_timeout_s=3600", "--quiet")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "trace_train.train", *args], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert marker.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "no step in 300 s"
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("trace-train: stopped by SIGTERM; nothing saved since the start"), last
+
+
+WATCHED = textwrap.dedent('''
+    import os, signal, sys, time
+    from trace_train.run.signals import RunInterrupted, StopOnSignal
+    stop = StopOnSignal(lambda: 7, grace_s=1.0)
+    print("ready", flush=True)
+    while True:  # a main thread that never ends, whatever the handler raises (held in cleanup, say)
+        try:
+            time.sleep(1000)
+        except RunInterrupted:
+            pass
+''')
+
+
+def test_the_watchdog_ends_a_process_whose_main_thread_does_not_end_after_a_second_signal(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", WATCHED], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "stopping after this step" in err
+    assert "stopped at once by a second signal" in err and "nothing saved since step 7" in err
