@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import numpy as np
 import pytest
 
 from trace_theory import Prediction, RolloutBudget, compute_advantages, get_policy
+from tests.integrations.verl.test_allocation_on_cpu import trees
 from trace_train.envs import GuessNumberEnv, make_rows
 from trace_train.integrations.verl.coordinator import StepCoordinator
 from trace_train.integrations.verl.tree_growth import grow_tree
@@ -203,3 +205,99 @@ def test_the_predictor_is_fitted_on_the_steps_trees_and_saved_with_verls_checkpo
     probe = [h for h in histories if h is not None][:4]
     np.testing.assert_array_equal(loaded(probe), predictor(probe))
 
+
+
+GUESS_TOOL_FILE = '''
+from verl.tools.function_tool import function_tool
+
+
+@function_tool
+def guess(text: str) -> str:
+    """Judge a guess of the number (it is 3).
+
+    Args:
+        text: The guess.
+    """
+    digits = "".join(ch for ch in text if ch.isdigit())
+    if not digits:
+        return "That is not a number."
+    return "Correct!" if int(digits) == 3 else ("Higher." if int(digits) < 3 else "Lower.")
+'''
+
+
+def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_queue(stack, tiny_dir, tmp_path):
+    """verl's AgentLoopWorkerTQ with our _run_prompt, on a local Ray with TransferQueue, a threaded coordinator
+    actor and a reward actor standing in for verl's reward loop (the game's verdict on the decoded response)."""
+    import ray
+    import transfer_queue as tq
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from trace_train.integrations.verl.trees import forest_from_trajectories
+    from trace_train.integrations.verl.worker import PROMPT_KEY, STEP_KEY, TraceAgentLoopWorker
+
+    (tmp_path / "guess_tool.py").write_text(GUESS_TOOL_FILE)
+    import verl.trainer.config as verl_config
+
+    with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={tiny_dir}", "actor_rollout_ref.rollout.prompt_length=512",
+            "actor_rollout_ref.rollout.response_length=256", "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
+            f"actor_rollout_ref.rollout.multi_turn.max_user_turns={MAX_TURNS}",
+            "actor_rollout_ref.rollout.multi_turn.format=trace_guess_cpu",
+            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'guess_tool.py'}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=trace_tool_agent", "actor_rollout_ref.rollout.name=vllm"])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+
+        @ray.remote
+        class Verdict:
+            """The reward loop's place: 1 when the decoded response holds the judge's "Correct!"."""
+
+            def __init__(self, path):
+                from transformers import AutoTokenizer
+
+                self.tokenizer = AutoTokenizer.from_pretrained(path)
+
+            def compute_score(self, data):
+                text = self.tokenizer.decode(data.batch["responses"][-1].tolist())
+                return {"reward_score": 1.0 if "Correct!" in text else 0.0, "reward_extra_info": {}}
+
+        predictor = build_predictor(PredictorConfig(kind="running_mean"))
+        openings = [History(i, row, 0, tuple(GuessNumberEnv().reset(row)), ()) for i, row in enumerate(ROWS)]
+        from trace_train.integrations.verl.trainer import PredictorAtHistories
+
+        name = "trace_step_test"
+        coordinator = ray.remote(StepCoordinator).options(name=name, max_concurrency=64).remote(
+            get_policy("trace"), RolloutBudget(6, 2), len(ROWS), PredictorAtHistories(predictor), openings,
+            seed=0, timeout=300)
+        m = ray.get(coordinator.start.remote())
+        _, _, server = stack
+        worker = TraceAgentLoopWorker(config, server, reward_loop_worker_handles=[Verdict.remote(tiny_dir)])
+        uids = {int(p): f"prompt{int(p)}" for p in np.flatnonzero(m)}
+        prompts = [{"uid": uids[p], "raw_prompt": list(openings[p].messages), "agent_name": "trace_tool_agent",
+                    "global_steps": 1, "index": p, "__rollout_n__": int(m[p]), STEP_KEY: name, PROMPT_KEY: p}
+                   for p in uids]
+        trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
+        params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+        async def every_prompt():
+            await asyncio.gather(*(worker._run_prompt(dict(p), params, trajectory) for p in prompts))
+
+        asyncio.run(every_prompt())
+        record = ray.get(coordinator.record.remote())
+        listed = tq.kv_list("train")["train"]
+        assert {listed[u]["status"] for u in uids.values()} == {"finished"}
+        keys = sorted(k for k in listed if k.count("_") == 2)  # {uid}_{session_id}_{index}, as verl's sessions
+        assert len(keys) == record.rollouts == 6 * 3
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields", "rm_scores"])
+        fields = data["extra_fields"].tolist()
+        rewards = [float(r.sum()) for r in data["rm_scores"].unbind(0)]
+        rebuilt, _ = forest_from_trajectories(fields, rewards)
+        assert sorted(trees(rebuilt).values()) == sorted(trees(record.forest).values())  # same trees, by prompt uid
+        assert all(f["trace_tree"] in uids.values() for f in fields)
+    finally:
+        tq.close()
+        ray.shutdown()
