@@ -293,8 +293,8 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
         keys = sorted(k for k in listed if k.count("_") == 2)  # {uid}_{session_id}_{index}, as verl's sessions
         assert len(keys) == record.rollouts == 6 * 3
         data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields", "rm_scores"])
-        fields = data["extra_fields"].tolist()
-        rewards = [float(r.sum()) for r in data["rm_scores"].unbind(0)]
+        fields = data.pop("extra_fields").tolist()  # read back as verl's trainer reads them
+        rewards = [float(r.sum()) for r in data.pop("rm_scores").unbind(0)]
         rebuilt, _ = forest_from_trajectories(fields, rewards)
         assert sorted(trees(rebuilt).values()) == sorted(trees(record.forest).values())  # same trees, by prompt uid
         assert all(f["trace_tree"] in uids.values() for f in fields)

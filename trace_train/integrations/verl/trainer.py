@@ -151,7 +151,7 @@ class TracePPOTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        fields = list(data["extra_fields"].tolist() if hasattr(data["extra_fields"], "tolist") else data["extra_fields"])
+        fields = data.pop("extra_fields").tolist()  # in batch.keys order, as verl's own fetch below
         token = CURRENT_TRACE_FIELDS.set(fields)
         try:
             return super()._compute_advantage(batch, metrics)

@@ -25,7 +25,7 @@ import transfer_queue as tq
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-from .agent_loop import AGENT_LOOP, run_trace_session
+from .agent_loop import AGENT_LOOP, TraceToolAgentLoop, run_trace_session
 from .tree_growth import grow_tree
 
 __all__ = ["TraceAgentLoopWorker", "TraceAgentLoopManager", "RemoteCoordinator"]
@@ -99,7 +99,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
                 trainer_config=DictConfigWrap(config=self.config), server_manager=self.llm_client,
                 tokenizer=self.tokenizer, processor=self.processor, hf_model_type=self.hf_model_type,
                 dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data), tools=ToolListWrap(self.tools))
-            if not hasattr(loop, "trace_prefixes"):
+            if not isinstance(loop, TraceToolAgentLoop):
                 raise ValueError(f"agent loop {prompt.get('agent_name')!r} cannot branch: TRACE needs {AGENT_LOOP!r}")
 
             async def score(output):
