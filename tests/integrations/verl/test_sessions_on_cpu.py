@@ -265,26 +265,35 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
                 text = self.tokenizer.decode(data.batch["responses"][-1].tolist())
                 return {"reward_score": 1.0 if "Correct!" in text else 0.0, "reward_extra_info": {}}
 
-        predictor = build_predictor(PredictorConfig(kind="running_mean"))
-        openings = [History(i, row, 0, tuple(GuessNumberEnv().reset(row)), ()) for i, row in enumerate(ROWS)]
-        from trace_train.integrations.verl.trainer import PredictorAtHistories
+        from verl.utils import tensordict_utils as tu
 
+        from trace_train.integrations.verl.trainer import PredictorAtHistories, openings_of, submitted_batch
+
+        # The dataloader's batch, as verl's V1 trainer fetches it; the trace trainer's batch hook; verl's own
+        # dispatch (AgentLoopWorkerTQ.generate_sequences: one _run_prompt task per row).
+        raw = np.empty(len(ROWS), dtype=object)
+        raw[:] = [GuessNumberEnv().reset(row) for row in ROWS]
+        batch = tu.get_tensordict({"raw_prompt": raw, "uid": np.array([f"prompt{i}" for i in range(len(ROWS))],
+                                                                       dtype=object),
+                                   "index": np.arange(len(ROWS))})
+        tu.assign_non_tensor_data(batch, "global_steps", 1)
+        openings = openings_of(batch)
+        assert [h.messages for h in openings] == [tuple(r) for r in raw]
+        predictor = build_predictor(PredictorConfig(kind="running_mean"))
         name = "trace_step_test"
         coordinator = ray.remote(StepCoordinator).options(name=name, max_concurrency=64).remote(
             get_policy("trace"), RolloutBudget(6, 2), len(ROWS), PredictorAtHistories(predictor), openings,
             seed=0, timeout=300)
-        m = ray.get(coordinator.start.remote())
+        m = np.asarray(ray.get(coordinator.start.remote()))
+        submitted = submitted_batch(batch, m, name)
+        assert len(submitted) == int((m > 0).sum())
         _, _, server = stack
         worker = TraceAgentLoopWorker(config, server, reward_loop_worker_handles=[Verdict.remote(tiny_dir)])
         uids = {int(p): f"prompt{int(p)}" for p in np.flatnonzero(m)}
-        prompts = [{"uid": uids[p], "raw_prompt": list(openings[p].messages), "agent_name": "trace_tool_agent",
-                    "global_steps": 1, "index": p, "__rollout_n__": int(m[p]), STEP_KEY: name, PROMPT_KEY: p}
-                   for p in uids]
-        trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
-        params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
         async def every_prompt():
-            await asyncio.gather(*(worker._run_prompt(dict(p), params, trajectory) for p in prompts))
+            await worker.generate_sequences(submitted)
+            await asyncio.gather(*list(worker.background_tasks))
 
         asyncio.run(every_prompt())
         record = ray.get(coordinator.record.remote())

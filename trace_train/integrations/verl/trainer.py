@@ -42,7 +42,8 @@ from .coordinator import StepCoordinator, fit_predictor_on_step
 from .estimator import CURRENT_TRACE_FIELDS
 from .worker import PROMPT_KEY, STEP_KEY
 
-__all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE", "save_predictor", "load_predictor"]
+__all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE", "save_predictor", "load_predictor", "submitted_batch",
+           "openings_of"]
 
 PREDICTOR_FILE = "trace_predictor.pkl"
 
@@ -101,6 +102,22 @@ def openings_of(batch) -> list:
     return out
 
 
+def submitted_batch(batch, m, step_name: str):
+    """The batch hook's output: the rows with m > 0, each with ``__rollout_n__`` = m, the step coordinator's
+    name and its pool index (what :class:`~.worker.TraceAgentLoopWorker` reads)."""
+    from verl.utils import tensordict_utils as tu
+
+    m = np.asarray(m, dtype=np.int64)
+    if m.shape != (len(batch),):
+        raise ValueError(f"{len(batch)} prompts but {m.size} group sizes")
+    keep = np.flatnonzero(m > 0)
+    if keep.size < len(batch):
+        batch = tu.index_select_tensor_dict(batch, keep.tolist())
+    tu.assign_non_tensor_data(batch, STEP_KEY, step_name)
+    tu.assign_non_tensor(batch, **{"__rollout_n__": m[keep].tolist(), PROMPT_KEY: keep.tolist()})
+    return batch
+
+
 @register_trainer("trace")
 class TracePPOTrainer(PPOTrainerSync):
     """The sync V1 trainer with TRACE (module docstring)."""
@@ -123,8 +140,6 @@ class TracePPOTrainer(PPOTrainerSync):
     # ---- root allocation: the batch hook --------------------------------------------------------------
 
     def _submit_batch_to_rollout(self, batch) -> int:
-        from verl.utils import tensordict_utils as tu
-
         pool = len(batch)
         openings = openings_of(batch)
         name = f"trace_step_{self.global_steps}_{uuid.uuid4().hex[:8]}"
@@ -132,11 +147,8 @@ class TracePPOTrainer(PPOTrainerSync):
         coordinator = actor.remote(self.trace_policy, self.trace_budget, pool, PredictorAtHistories(self.predictor),
                                    openings, seed=self.trace.seed + self.global_steps)
         m = np.asarray(ray.get(coordinator.start.remote()), dtype=np.int64)
+        batch = submitted_batch(batch, m, name)
         keep = np.flatnonzero(m > 0)
-        if keep.size < pool:
-            batch = tu.index_select_tensor_dict(batch, keep.tolist())
-        tu.assign_non_tensor_data(batch, STEP_KEY, name)
-        tu.assign_non_tensor(batch, **{"__rollout_n__": m[keep].tolist(), PROMPT_KEY: keep.tolist()})
         if not self._coordinators:  # the step's batch (a refill of failed groups replaces some of it)
             self._submitted = int(keep.size)
         self._coordinators.append((coordinator, openings))
