@@ -164,6 +164,8 @@ class TracePPOTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch, metrics: dict):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         fields = data.pop("extra_fields").tolist()  # in batch.keys order, as verl's own fetch below
+        # verl's padding rows copy a real row's extra fields: they are not part of any tree
+        fields = [None if tag.get("is_padding", False) else f for f, tag in zip(fields, batch.tags)]
         token = CURRENT_TRACE_FIELDS.set(fields)
         try:
             return super()._compute_advantage(batch, metrics)
