@@ -17,7 +17,9 @@ What it adds to ``PPOTrainerSync`` (the ``trace:`` block of the config, :class:`
   prompts' posteriors); its ``state_dict`` is saved with verl's checkpoint as ``trace_predictor.pkl`` in the
   ``global_step_<n>`` folder and loaded on resume.
 
-Sync mode only, ``parameter_sync_step`` 1: the allocation decides one step's rollouts for one update.
+Sync mode only, ``parameter_sync_step`` 1: the allocation decides one step's rollouts for one update. Past
+its construction the trainer reports ``trainer_mode == "sync"`` to verl's code, which branches on it
+(replay buffer, prompt persistence).
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ class TracePPOTrainer(PPOTrainerSync):
         self._submitted = 0
         if self.parameter_sync_step != 1:
             raise ValueError("the trace trainer allocates one step's rollouts for one update: parameter_sync_step 1")
+
+    def _build_replay_buffer(self):
+        # verl picks its buffer (and more) by trainer_mode == "sync": this trainer is the sync one, so it
+        # says so from here on (PPOTrainer.__init__ has just read `parameter_sync_step` under "trace": 1).
+        self.trainer_mode = "sync"
+        return super()._build_replay_buffer()
 
     # ---- root allocation: the batch hook --------------------------------------------------------------
 
