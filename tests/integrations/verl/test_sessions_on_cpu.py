@@ -225,6 +225,12 @@ def guess(text: str) -> str:
 '''
 
 
+def worker_tools(tmp_path):
+    from verl.tools.tool_registry import load_all_tools
+
+    return load_all_tools(tool_config_path=None, function_tool_path=str(tmp_path / "guess_tool.py"))
+
+
 def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_queue(stack, tiny_dir, tmp_path):
     """verl's AgentLoopWorkerTQ with our _run_prompt, on a local Ray with TransferQueue, a threaded coordinator
     actor and a reward actor standing in for verl's reward loop (the game's verdict on the decoded response)."""
@@ -267,6 +273,7 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
 
         from verl.utils import tensordict_utils as tu
 
+        from trace_train.integrations.verl.agent_loop import opening_tokens
         from trace_train.integrations.verl.trainer import PredictorAtHistories, openings_of, submitted_batch
 
         # The dataloader's batch, as verl's V1 trainer fetches it; the trace trainer's batch hook; verl's own
@@ -277,7 +284,8 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
                                                                        dtype=object),
                                    "index": np.arange(len(ROWS))})
         tu.assign_non_tensor_data(batch, "global_steps", 1)
-        openings = openings_of(batch)
+        tokens = opening_tokens(stack[1], tools=worker_tools(tmp_path))
+        openings = openings_of(batch, tokens)
         assert [h.messages for h in openings] == [tuple(r) for r in raw]
         predictor = build_predictor(PredictorConfig(kind="running_mean"))
         name = "trace_step_test"
@@ -307,6 +315,10 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
         rebuilt, _ = forest_from_trajectories(fields, rewards)
         assert sorted(trees(rebuilt).values()) == sorted(trees(record.forest).values())  # same trees, by prompt uid
         assert all(f["trace_tree"] in uids.values() for f in fields)
+        # The roots' predictions read the openings' tokens exactly as the agent loop rendered them.
+        prompts = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "uid"])
+        by_uid = dict(zip(prompts.pop("uid").tolist(), [p.tolist() for p in prompts.pop("prompts").unbind(0)]))
+        assert all(by_uid[uids[p]] == list(openings[p].token_ids) for p in uids)
     finally:
         tq.close()
         ray.shutdown()

@@ -91,16 +91,20 @@ class PredictorAtHistories:
         return Prediction(v, kappa)
 
 
-def openings_of(batch) -> list:
-    """The history of each prompt's opening (depth 0): its chat messages, as our predictors read them."""
+def openings_of(batch, tokens=None) -> list:
+    """The history of each prompt's opening (depth 0), as our predictors read it: its chat messages, the
+    token ids ``tokens(messages)`` gives (:func:`~.agent_loop.opening_tokens`: as the agent loop renders them;
+    none without it) and its ``data_source`` as the row's family."""
     from trace_train.rollout.batch import History
 
     prompts = batch["raw_prompt"]
+    sources = batch["data_source"] if "data_source" in batch.keys() else None
     out = []
     for i in range(len(prompts)):
         messages = prompts[i]
-        messages = messages.tolist() if hasattr(messages, "tolist") else list(messages)
-        out.append(History(i, {}, 0, tuple(dict(m) for m in messages), ()))
+        messages = tuple(dict(m) for m in (messages.tolist() if hasattr(messages, "tolist") else messages))
+        row = {} if sources is None else {"family": str(sources[i])}
+        out.append(History(i, row, 0, messages, tuple(tokens(messages)) if tokens else ()))
     return out
 
 
@@ -149,7 +153,7 @@ class TracePPOTrainer(PPOTrainerSync):
 
     def _submit_batch_to_rollout(self, batch) -> int:
         pool = len(batch)
-        openings = openings_of(batch)
+        openings = openings_of(batch, self._opening_tokens())
         name = f"trace_step_{self.global_steps}_{uuid.uuid4().hex[:8]}"
         actor = ray.remote(StepCoordinator).options(name=name, max_concurrency=max(64, 4 * pool))
         coordinator = actor.remote(self.trace_policy, self.trace_budget, pool, PredictorAtHistories(self.predictor),
@@ -161,6 +165,20 @@ class TracePPOTrainer(PPOTrainerSync):
             self._submitted = int(keep.size)
         self._coordinators.append((coordinator, openings))
         return super()._submit_batch_to_rollout(batch)
+
+    def _opening_tokens(self):
+        """The agent loop's rendering of openings (its tools' schemas included), built once."""
+        if getattr(self, "_tokens", None) is None:
+            from verl.tools.tool_registry import load_all_tools
+
+            from .agent_loop import opening_tokens
+
+            turn = self.config.actor_rollout_ref.rollout.multi_turn
+            tools = load_all_tools(tool_config_path=turn.get("tool_config_path"),
+                                   function_tool_path=turn.get("function_tool_path"))
+            self._tokens = opening_tokens(self.tokenizer, tools=tools,
+                                          chat_template_kwargs=self.config.data.get("apply_chat_template_kwargs", {}))
+        return self._tokens
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
         batch = super()._step_once(metrics, timing_raw, self._submitted or sample_batch_size)
