@@ -5,8 +5,9 @@ session goes on (the tool responses tokenised into the context, ready for the ne
 prefix. At each one the loop keeps a snapshot of verl's own token-level state -- ``prompt_ids`` (the whole
 context), ``response_mask``, ``response_logprobs``, the messages, the turn counters and ``extra_fields``
 (where a tool keeps its session, e.g. :mod:`.python_tool`) -- so a continuation session started with
-``__trace_start__=<snapshot>`` resumes at that state exactly: the same token ids, never re-rendered from text (verl's Continuous-Token path produced them; this loop only copies them). After
-:meth:`run`, ``loop.trace_prefixes`` holds the session's snapshots, ``loop.trace_turn_starts`` the
+``__trace_start__=<snapshot>`` resumes at that state exactly: the same token ids, never re-rendered from
+text (verl's Continuous-Token path produced them; this loop only copies them). After :meth:`run`,
+``loop.trace_prefixes`` holds the session's snapshots, ``loop.trace_turn_starts`` the
 response-token offset where each turn it generated begins and ``loop.trace_turn_tokens`` the tokens each
 generated; ``loop.trace_start_depth`` is the depth it started from. Multimodal prompts are not supported.
 """

@@ -5,8 +5,9 @@ any estimator of ``trace_theory.ADVANTAGES`` under ``trace_<name>``, ``trace`` i
 verl calls an estimator with ``token_level_rewards`` (B, T), ``response_mask`` (B, T), ``index`` (the uid of
 each trajectory's prompt) and ``config``; the ``trace`` trainer (:mod:`.trainer`) adds each trajectory's
 extra fields (``trace_fields``, through :data:`CURRENT_TRACE_FIELDS`), from which
-:func:`~.trees.forest_from_trajectories` rebuilds the step's trees. Node advantages are ``trace_theory.compute_advantages(forest, name)``, spread over each turn's
-tokens (:func:`~.trees.token_advantages`); returns = advantages, as for verl's GRPO.
+:func:`~.trees.forest_from_trajectories` rebuilds the step's trees. Node advantages are
+``trace_theory.compute_advantages(forest, name)``, spread over each turn's tokens
+(:func:`~.trees.token_advantages`); returns = advantages, as for verl's GRPO.
 
 A row whose fields are None is one of verl's synthetic padding rows (``upsample_batch_to_divisible_size``
 copies a real row's fields into them): it is left out of the trees and gets advantage 0.
