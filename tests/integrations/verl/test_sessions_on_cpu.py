@@ -45,13 +45,16 @@ def stack(verl, tiny_dir):
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     class TinyServer:
-        """verl's LLM client call, answered by the tiny model (sampling, seeded per call)."""
+        """verl's LLM client call, answered by the tiny model. Sampling is seeded by the context and by how many
+        times that context was asked before, so a step's outcomes do not depend on the order sessions run in
+        (only which of several identical requests gets which draw does)."""
 
-        calls = 0
+        asked: dict = {}
 
         async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
-            TinyServer.calls += 1
-            torch.manual_seed(TinyServer.calls)
+            key = tuple(prompt_ids)
+            TinyServer.asked[key] = TinyServer.asked.get(key, 0) + 1
+            torch.manual_seed(hash(key) % 2**31 + 7919 * TinyServer.asked[key])
             ids = torch.tensor([prompt_ids])
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
@@ -107,6 +110,7 @@ def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
     from trace_train.integrations.verl.agent_loop import TraceToolAgentLoop, run_trace_session
 
     config, tokenizer, server = stack
+    server.asked.clear()  # every step draws the same outcomes
     predictor = build_predictor(PredictorConfig(kind="running_mean"))
     openings = [History(i, row, 0, tuple(GuessNumberEnv().reset(row)), ()) for i, row in enumerate(ROWS)]
 
@@ -260,7 +264,8 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
 
         @ray.remote
         class Verdict:
-            """The reward loop's place: 1 when the decoded response holds the judge's "Correct!"."""
+            """The reward loop's place, a graded verdict on the decoded response: 1 for the judge's "Correct!",
+            1/2 for a guess it called too low (``Higher.``), else 0 (graded, so that groups mix)."""
 
             def __init__(self, path):
                 from transformers import AutoTokenizer
@@ -269,7 +274,8 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
 
             def compute_score(self, data):
                 text = self.tokenizer.decode(data.batch["responses"][-1].tolist())
-                return {"reward_score": 1.0 if "Correct!" in text else 0.0, "reward_extra_info": {}}
+                score = 1.0 if "Correct!" in text else 0.5 if "Higher." in text else 0.0
+                return {"reward_score": score, "reward_extra_info": {}}
 
         from verl.utils import tensordict_utils as tu
 
@@ -296,6 +302,7 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
         submitted = submitted_batch(batch, m, name)
         assert len(submitted) == int((m > 0).sum())
         _, _, server = stack
+        server.asked.clear()
         worker = TraceAgentLoopWorker(config, server, reward_loop_worker_handles=[Verdict.remote(tiny_dir)])
         uids = {int(p): f"prompt{int(p)}" for p in np.flatnonzero(m)}
 
@@ -319,6 +326,33 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
         prompts = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "uid"])
         by_uid = dict(zip(prompts.pop("uid").tolist(), [p.tolist() for p in prompts.pop("prompts").unbind(0)]))
         assert all(by_uid[uids[p]] == list(openings[p].token_ids) for p in uids)
+        # The trace trainer's advantage step (verl's, with the tree fields read from TransferQueue) writes
+        # trace_theory's advantage of each turn's node onto that turn's tokens.
+        from transfer_queue.metadata import KVBatchMeta
+
+        from trace_train.integrations.verl.trainer import TracePPOTrainer
+
+        with initialize_config_dir(config_dir=os.path.abspath(os.path.join(
+                os.path.dirname(__file__), "..", "..", "..", "trace_train", "integrations", "verl")), version_base=None):
+            # verl's rollout correction reads the actor's recomputed log-probs (the GPU step before): bypassed
+            recipe = compose(config_name="recipe_math_qwen3_8b",
+                             overrides=["algorithm.rollout_correction.bypass_mode=true"])
+        trainer = TracePPOTrainer(recipe)
+        meta = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+        trainer._compute_advantage(meta, metrics={})
+        written = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "response_mask"])
+        advantages = [a.tolist() for a in written.pop("advantages").unbind(0)]
+        masks = [m_.tolist() for m_ in written.pop("response_mask").unbind(0)]
+        node_adv = compute_advantages(rebuilt, "trace")
+        _, turns = forest_from_trajectories(fields, rewards)
+        checked = 0
+        for b, f in enumerate(fields):
+            bounds = list(f["trace_turn_starts"]) + [len(masks[b])]
+            for j, node in enumerate(turns[b]):
+                for t in range(bounds[j], bounds[j + 1]):
+                    assert advantages[b][t] == pytest.approx(node_adv[node] * masks[b][t], abs=1e-5)
+                    checked += 1
+        assert checked > 0 and np.abs(node_adv).sum() > 0
     finally:
         tq.close()
         ray.shutdown()
