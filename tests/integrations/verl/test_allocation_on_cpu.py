@@ -147,3 +147,36 @@ def test_a_wrong_decision_is_caught(hf_backend):
 def test_a_policy_the_streamed_sessions_cannot_run_is_refused():
     with pytest.raises(ValueError, match="needs the barrier"):
         StepCoordinator(get_policy("random_prefix"), RolloutBudget(4, 2), 2, None, [None, None], seed=0)
+
+
+def test_a_failed_tree_fails_the_step_at_once(hf_backend):
+    """The pooled pass needs every tree: one that cannot be grown fails the others' waits, naming it."""
+    batch, policy, budget = engine_batch(hf_backend, "trace")
+    openings = [History(i, row, 0, (), ()) for i, row in enumerate(POOL)]
+    coordinator = StepCoordinator(policy, budget, len(POOL), predict_with(TurnPredictor()), openings, seed=3,
+                                  timeout=60)
+    m = coordinator.start()
+    replay = Replay(batch.forest)
+    root_of = {int(batch.forest.prompt[r]): int(r) for r in batch.forest.roots}
+    active = [int(p) for p in np.flatnonzero(m)]
+
+    async def broken(start, session_id):
+        raise RuntimeError("the sandbox died")
+
+    async def worker(p):  # what TraceAgentLoopWorker._run_prompt does around grow_tree
+        tree = coordinator.tree_of(p)
+        run = broken if p == active[0] else replay.runner(root_of[p], p)
+        try:
+            await grow_tree(run, coordinator, tree, int(m[p]))
+        except Exception as error:
+            coordinator.fail(tree, str(error))
+            raise
+
+    async def every_tree():
+        return await asyncio.gather(*(worker(p) for p in active), return_exceptions=True)
+
+    results = asyncio.run(every_tree())
+    assert all(isinstance(r, Exception) for r in results)
+    assert any("tree 0 failed: the sandbox died" in str(r) for r in results[1:])
+    with pytest.raises(RuntimeError, match="tree 0 failed: the sandbox died"):
+        coordinator.record()

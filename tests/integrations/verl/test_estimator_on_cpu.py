@@ -47,8 +47,9 @@ def verl_advantages(fields, scores, mask, name="trace"):
     from trace_train.integrations.verl.estimator import CURRENT_TRACE_FIELDS
 
     data = DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": mask},
-                               non_tensors={"uid": np.array([str(f["trace_tree"]) for f in fields], dtype=object)})
-    keys = [f"{f['trace_tree']}_{b}_0" for b, f in enumerate(fields)]
+                               non_tensors={"uid": np.array([str(f["trace_tree"]) if f else "pad" for f in fields],
+                                                            dtype=object)})
+    keys = [f"{f['trace_tree'] if f else 'pad'}_{b}_0" for b, f in enumerate(fields)]
     token = CURRENT_TRACE_FIELDS.set(fields)
     try:
         out = compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator=name)
@@ -121,3 +122,17 @@ def test_without_tree_fields_trace_is_grpo_on_flat_groups():
     adv, _ = get_adv_estimator_fn("trace")(token_level_rewards=scores, response_mask=mask, index=index)
     assert mismatches(flat, spans, adv.numpy(), mask, "grpo") == []
     assert mismatches(flat, spans, adv.numpy(), mask, "trace") == []
+
+
+def test_verls_padding_rows_are_left_out_of_the_trees():
+    import torch
+
+    tokens = np.arange(len(BRANCHED)) % 3 + 1
+    fields, scores, mask, spans = verl_batch(BRANCHED, tokens)
+    # verl pads a batch with copies of its first row, reward 0 and a one-token response (padding_utils).
+    pad_scores = torch.cat([scores, torch.zeros(2, scores.shape[1])])
+    pad_mask = torch.cat([mask, torch.zeros(2, mask.shape[1])])
+    pad_mask[-2:, 0] = 1.0
+    advantages, _ = verl_advantages(fields + [None, None], pad_scores, pad_mask)
+    assert mismatches(BRANCHED, spans, advantages[:len(fields)], mask) == []
+    assert np.all(advantages[len(fields):] == 0)

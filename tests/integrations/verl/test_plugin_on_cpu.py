@@ -67,4 +67,4 @@ def test_verl_missing_is_one_warning(plugin, monkeypatch, caplog):
         plugin.register()
     records = [r for r in caplog.records if r.name == "trace_train.integrations.verl"]
     assert len(records) == 1 and records[0].levelno >= logging.WARNING
-    assert "`import verl` failed" in records[0].getMessage() and "trace-rl[verl]" in records[0].getMessage()
+    assert "`import verl` failed" in records[0].getMessage() and "[verl]" in records[0].getMessage()

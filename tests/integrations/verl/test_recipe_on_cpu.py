@@ -82,3 +82,14 @@ def test_the_reward_and_the_data_files(tmp_path):
     assert len(out) == 3 and out[1]["reward_model"] == {"style": "rule", "ground_truth": "2"}
     assert [m["role"] for m in out[0]["prompt"]] == ["system", "user"] and out[0]["agent_name"] == "trace_tool_agent"
     assert VERL_VERSION == "0.9.1"
+
+
+def test_the_trace_trainer_is_verls_sync_trainer_with_the_recipes_budget(recipe):
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from trace_train.integrations.verl.trainer import TracePPOTrainer
+
+    trainer = TracePPOTrainer(recipe)  # the constructor only: the workers need the GPU node
+    assert type(trainer.replay_buffer) is ReplayBuffer and trainer.trainer_mode == "sync"
+    assert (trainer.trace_budget.roots, trainer.trace_budget.continuations_per_root) == (1024, 2)
+    assert trainer.trace_policy.name == "trace" and trainer.predictor.kind == "ngram"

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import numpy as np
 import pytest
 
 from trace_theory import Prediction, RolloutBudget, compute_advantages, get_policy
+from tests.integrations.verl.test_allocation_on_cpu import trees
 from trace_train.envs import GuessNumberEnv, make_rows
 from trace_train.integrations.verl.coordinator import StepCoordinator
 from trace_train.integrations.verl.tree_growth import grow_tree
@@ -43,13 +45,16 @@ def stack(verl, tiny_dir):
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     class TinyServer:
-        """verl's LLM client call, answered by the tiny model (sampling, seeded per call)."""
+        """verl's LLM client call, answered by the tiny model. Sampling is seeded by the context and by how many
+        times that context was asked before, so a step's outcomes do not depend on the order sessions run in
+        (only which of several identical requests gets which draw does)."""
 
-        calls = 0
+        asked: dict = {}
 
         async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
-            TinyServer.calls += 1
-            torch.manual_seed(TinyServer.calls)
+            key = tuple(prompt_ids)
+            TinyServer.asked[key] = TinyServer.asked.get(key, 0) + 1
+            torch.manual_seed(hash(key) % 2**31 + 7919 * TinyServer.asked[key])
             ids = torch.tensor([prompt_ids])
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
@@ -105,6 +110,7 @@ def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
     from trace_train.integrations.verl.agent_loop import TraceToolAgentLoop, run_trace_session
 
     config, tokenizer, server = stack
+    server.asked.clear()  # every step draws the same outcomes
     predictor = build_predictor(PredictorConfig(kind="running_mean"))
     openings = [History(i, row, 0, tuple(GuessNumberEnv().reset(row)), ()) for i, row in enumerate(ROWS)]
 
@@ -203,3 +209,150 @@ def test_the_predictor_is_fitted_on_the_steps_trees_and_saved_with_verls_checkpo
     probe = [h for h in histories if h is not None][:4]
     np.testing.assert_array_equal(loaded(probe), predictor(probe))
 
+
+
+GUESS_TOOL_FILE = '''
+from verl.tools.function_tool import function_tool
+
+
+@function_tool
+def guess(text: str) -> str:
+    """Judge a guess of the number (it is 3).
+
+    Args:
+        text: The guess.
+    """
+    digits = "".join(ch for ch in text if ch.isdigit())
+    if not digits:
+        return "That is not a number."
+    return "Correct!" if int(digits) == 3 else ("Higher." if int(digits) < 3 else "Lower.")
+'''
+
+
+def worker_tools(tmp_path):
+    from verl.tools.tool_registry import load_all_tools
+
+    return load_all_tools(tool_config_path=None, function_tool_path=str(tmp_path / "guess_tool.py"))
+
+
+def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_queue(stack, tiny_dir, tmp_path):
+    """verl's AgentLoopWorkerTQ with our _run_prompt, on a local Ray with TransferQueue, a threaded coordinator
+    actor and a reward actor standing in for verl's reward loop (the game's verdict on the decoded response)."""
+    import ray
+    import transfer_queue as tq
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from trace_train.integrations.verl.trees import forest_from_trajectories
+    from trace_train.integrations.verl.worker import PROMPT_KEY, STEP_KEY, TraceAgentLoopWorker
+
+    (tmp_path / "guess_tool.py").write_text(GUESS_TOOL_FILE)
+    import verl.trainer.config as verl_config
+
+    with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={tiny_dir}", "actor_rollout_ref.rollout.prompt_length=512",
+            "actor_rollout_ref.rollout.response_length=256", "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
+            f"actor_rollout_ref.rollout.multi_turn.max_user_turns={MAX_TURNS}",
+            "actor_rollout_ref.rollout.multi_turn.format=trace_guess_cpu",
+            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'guess_tool.py'}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=trace_tool_agent", "actor_rollout_ref.rollout.name=vllm"])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+
+        @ray.remote
+        class Verdict:
+            """The reward loop's place, a graded verdict on the decoded response: 1 for the judge's "Correct!",
+            1/2 for a guess it called too low (``Higher.``), else 0 (graded, so that groups mix)."""
+
+            def __init__(self, path):
+                from transformers import AutoTokenizer
+
+                self.tokenizer = AutoTokenizer.from_pretrained(path)
+
+            def compute_score(self, data):
+                text = self.tokenizer.decode(data.batch["responses"][-1].tolist())
+                score = 1.0 if "Correct!" in text else 0.5 if "Higher." in text else 0.0
+                return {"reward_score": score, "reward_extra_info": {}}
+
+        from verl.utils import tensordict_utils as tu
+
+        from trace_train.integrations.verl.agent_loop import opening_tokens
+        from trace_train.integrations.verl.trainer import PredictorAtHistories, openings_of, submitted_batch
+
+        # The dataloader's batch, as verl's V1 trainer fetches it; the trace trainer's batch hook; verl's own
+        # dispatch (AgentLoopWorkerTQ.generate_sequences: one _run_prompt task per row).
+        raw = np.empty(len(ROWS), dtype=object)
+        raw[:] = [GuessNumberEnv().reset(row) for row in ROWS]
+        batch = tu.get_tensordict({"raw_prompt": raw, "uid": np.array([f"prompt{i}" for i in range(len(ROWS))],
+                                                                       dtype=object),
+                                   "index": np.arange(len(ROWS))})
+        tu.assign_non_tensor_data(batch, "global_steps", 1)
+        tokens = opening_tokens(stack[1], tools=worker_tools(tmp_path))
+        openings = openings_of(batch, tokens)
+        assert [h.messages for h in openings] == [tuple(r) for r in raw]
+        predictor = build_predictor(PredictorConfig(kind="running_mean"))
+        name = "trace_step_test"
+        coordinator = ray.remote(StepCoordinator).options(name=name, max_concurrency=64).remote(
+            get_policy("trace"), RolloutBudget(6, 2), len(ROWS), PredictorAtHistories(predictor), openings,
+            seed=0, timeout=300)
+        m = np.asarray(ray.get(coordinator.start.remote()))
+        submitted = submitted_batch(batch, m, name)
+        assert len(submitted) == int((m > 0).sum())
+        _, _, server = stack
+        server.asked.clear()
+        worker = TraceAgentLoopWorker(config, server, reward_loop_worker_handles=[Verdict.remote(tiny_dir)])
+        uids = {int(p): f"prompt{int(p)}" for p in np.flatnonzero(m)}
+
+        async def every_prompt():
+            await worker.generate_sequences(submitted)
+            await asyncio.gather(*list(worker.background_tasks))
+
+        asyncio.run(every_prompt())
+        record = ray.get(coordinator.record.remote())
+        listed = tq.kv_list("train")["train"]
+        assert {listed[u]["status"] for u in uids.values()} == {"finished"}
+        keys = sorted(k for k in listed if k.count("_") == 2)  # {uid}_{session_id}_{index}, as verl's sessions
+        assert len(keys) == record.rollouts == 6 * 3
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields", "rm_scores"])
+        fields = data.pop("extra_fields").tolist()  # read back as verl's trainer reads them
+        rewards = [float(r.sum()) for r in data.pop("rm_scores").unbind(0)]
+        rebuilt, _ = forest_from_trajectories(fields, rewards)
+        assert sorted(trees(rebuilt).values()) == sorted(trees(record.forest).values())  # same trees, by prompt uid
+        assert all(f["trace_tree"] in uids.values() for f in fields)
+        # The roots' predictions read the openings' tokens exactly as the agent loop rendered them.
+        prompts = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "uid"])
+        by_uid = dict(zip(prompts.pop("uid").tolist(), [p.tolist() for p in prompts.pop("prompts").unbind(0)]))
+        assert all(by_uid[uids[p]] == list(openings[p].token_ids) for p in uids)
+        # The trace trainer's advantage step (verl's, with the tree fields read from TransferQueue) writes
+        # trace_theory's advantage of each turn's node onto that turn's tokens.
+        from transfer_queue.metadata import KVBatchMeta
+
+        from trace_train.integrations.verl.trainer import TracePPOTrainer
+
+        with initialize_config_dir(config_dir=os.path.abspath(os.path.join(
+                os.path.dirname(__file__), "..", "..", "..", "trace_train", "integrations", "verl")), version_base=None):
+            # verl's rollout correction reads the actor's recomputed log-probs (the GPU step before): bypassed
+            recipe = compose(config_name="recipe_math_qwen3_8b",
+                             overrides=["algorithm.rollout_correction.bypass_mode=true"])
+        trainer = TracePPOTrainer(recipe)
+        meta = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+        trainer._compute_advantage(meta, metrics={})
+        written = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "response_mask"])
+        advantages = [a.tolist() for a in written.pop("advantages").unbind(0)]
+        masks = [m_.tolist() for m_ in written.pop("response_mask").unbind(0)]
+        node_adv = compute_advantages(rebuilt, "trace")
+        _, turns = forest_from_trajectories(fields, rewards)
+        checked = 0
+        for b, f in enumerate(fields):
+            bounds = list(f["trace_turn_starts"]) + [len(masks[b])]
+            for j, node in enumerate(turns[b]):
+                for t in range(bounds[j], bounds[j + 1]):
+                    assert advantages[b][t] == pytest.approx(node_adv[node] * masks[b][t], abs=1e-5)
+                    checked += 1
+        assert checked > 0 and np.abs(node_adv).sum() > 0
+    finally:
+        tq.close()
+        ray.shutdown()

@@ -23,7 +23,7 @@ any venv). ``recipe_math_qwen3_8b.yaml`` next to this file is the math preset as
 """
 
 VERL_VERSION = "0.9.1"
-"""The verl release this plugin is written and tested against (``pip install 'trace-rl[verl]'``)."""
+"""The verl release this plugin is written and tested against (``pip install -e '.[verl]'`` in the TRACE repository)."""
 
 TRAJECTORY_FIELDS = ("trace_tree", "trace_parent", "trace_depth", "trace_nodes", "trace_turn_starts")
 """Extra fields every TRACE trajectory carries (``AgentLoopOutput.extra_fields``): its tree (the prompt's

@@ -5,8 +5,9 @@ session goes on (the tool responses tokenised into the context, ready for the ne
 prefix. At each one the loop keeps a snapshot of verl's own token-level state -- ``prompt_ids`` (the whole
 context), ``response_mask``, ``response_logprobs``, the messages, the turn counters and ``extra_fields``
 (where a tool keeps its session, e.g. :mod:`.python_tool`) -- so a continuation session started with
-``__trace_start__=<snapshot>`` resumes at that state exactly: the same token ids, never re-rendered from text (verl's Continuous-Token path produced them; this loop only copies them). After
-:meth:`run`, ``loop.trace_prefixes`` holds the session's snapshots, ``loop.trace_turn_starts`` the
+``__trace_start__=<snapshot>`` resumes at that state exactly: the same token ids, never re-rendered from
+text (verl's Continuous-Token path produced them; this loop only copies them). After :meth:`run`,
+``loop.trace_prefixes`` holds the session's snapshots, ``loop.trace_turn_starts`` the
 response-token offset where each turn it generated begins and ``loop.trace_turn_tokens`` the tokens each
 generated; ``loop.trace_start_depth`` is the depth it started from. Multimodal prompts are not supported.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
-__all__ = ["TraceToolAgentLoop", "AGENT_LOOP"]
+__all__ = ["TraceToolAgentLoop", "AGENT_LOOP", "opening_tokens", "prefix_history", "run_trace_session"]
 
 AGENT_LOOP = "trace_tool_agent"
 """The name this loop is registered under (``actor_rollout_ref.rollout.agent.default_agent_loop``)."""
@@ -68,6 +69,18 @@ class TraceToolAgentLoop(ToolAgentLoop):
             snapshot["messages"] = copy.deepcopy(agent_data.messages)
             self.trace_prefixes.append(snapshot)
         return state
+
+
+def opening_tokens(tokenizer, *, tools=(), chat_template_kwargs=None, hf_model_type=None):
+    """``tokens(messages) -> ids``: a prompt's opening as this loop renders it (verl's Continuous-Token
+    builder with the tools' schemas, as ``ToolAgentLoop``'s first state does), what the predictor reads at
+    the roots; the prefixes' token ids continue it. ``tools``: verl tool objects (``tool_schema``)."""
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    builder = create_continuous_token_builder(tokenizer, hf_model_type=hf_model_type,
+                                              chat_template_kwargs=dict(chat_template_kwargs or {}))
+    schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools]
+    return lambda messages: list(builder.build_initial_tokens(list(messages), tools=schemas))
 
 
 def prefix_history(snapshot: dict, *, prompt: int, row) -> Any:

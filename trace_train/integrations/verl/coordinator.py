@@ -14,7 +14,8 @@ our engine (``trace_train.rollout.engine``) and the simulator call, so the decis
    (budget some trees could not place) and its root top-ups.
 4. :meth:`finish` takes each tree's final shape; once every tree has reported, the driver completes and
    :meth:`record` returns its :class:`~trace_theory.step.StepRecord` (the step's forest, predictions and
-   counts: what the predictor is fitted on).
+   counts: what the predictor is fitted on). A tree that cannot be grown calls :meth:`fail`: the pooled
+   pass needs every tree, so the whole step fails at once (each waiting call raises, naming the tree).
 
 Tree j is the j-th prompt with m > 0, in pool order. Methods are thread-safe and block only where stated,
 so one coordinator serves the sessions of every agent-loop worker: in verl it is a threaded Ray actor
@@ -163,6 +164,14 @@ class StepCoordinator:
             self._histories[int(tree)] = histories
             self._lock.notify_all()
 
+    def fail(self, tree: int, reason: str) -> None:
+        """Tree ``tree`` could not be grown: the step's pooled decisions cannot be made, so the step fails,
+        and every waiting call (other trees' :meth:`rest`, :meth:`record`) raises naming the tree at once."""
+        with self._lock:
+            if self._error is None:
+                self._error = RuntimeError(f"tree {tree} failed: {reason}")
+            self._lock.notify_all()
+
     # ---- the driver's world (trace_theory.step.StreamingWorld) ------------------------------------
 
     def predict_prompts(self, prompts: np.ndarray, *, concentration: bool) -> Prediction:
@@ -228,10 +237,10 @@ class StepCoordinator:
 
     def _wait(self, ready: Callable[[], bool], what: str, *, driver: bool = False) -> None:
         with self._lock:
-            if not self._lock.wait_for(lambda: ready() or (self._error is not None and not driver), self.timeout):
+            if not self._lock.wait_for(lambda: ready() or self._error is not None, self.timeout):
                 raise TimeoutError(f"the TRACE step waited {self.timeout:.0f} s for {what}")
-            if self._error is not None and not driver and not ready():
-                raise RuntimeError(f"the TRACE step driver failed: {type(self._error).__name__}: "
+            if self._error is not None and not ready():
+                raise RuntimeError(f"the TRACE step failed: {type(self._error).__name__}: "
                                    f"{self._error}") from self._error
 
 

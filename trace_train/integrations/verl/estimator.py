@@ -5,8 +5,12 @@ any estimator of ``trace_theory.ADVANTAGES`` under ``trace_<name>``, ``trace`` i
 verl calls an estimator with ``token_level_rewards`` (B, T), ``response_mask`` (B, T), ``index`` (the uid of
 each trajectory's prompt) and ``config``; the ``trace`` trainer (:mod:`.trainer`) adds each trajectory's
 extra fields (``trace_fields``, through :data:`CURRENT_TRACE_FIELDS`), from which
-:func:`~.trees.forest_from_trajectories` rebuilds the step's trees. Node advantages are ``trace_theory.compute_advantages(forest, name)``, spread over each turn's
-tokens (:func:`~.trees.token_advantages`); returns = advantages, as for verl's GRPO.
+:func:`~.trees.forest_from_trajectories` rebuilds the step's trees. Node advantages are
+``trace_theory.compute_advantages(forest, name)``, spread over each turn's tokens
+(:func:`~.trees.token_advantages`); returns = advantages, as for verl's GRPO.
+
+A row whose fields are None is one of verl's synthetic padding rows (``upsample_batch_to_divisible_size``
+copies a real row's fields into them): it is left out of the trees and gets advantage 0.
 
 Without ``trace_fields`` (verl's stock trainers) every trajectory is one bare rollout of its ``index``
 group: a flat forest, on which ``trace`` equals ``grpo`` -- ours, which gives a group of one (or without
@@ -53,10 +57,13 @@ def trace_token_advantages(token_level_rewards, response_mask, *, estimator: str
         if index is None:
             raise ValueError("TRACE's advantages need either `trace_fields` (the trace trainer) or `index` (uids)")
         trace_fields = _flat_fields(index, mask)
-    forest, turns = forest_from_trajectories(list(trace_fields), reward)
-    node = compute_advantages(forest, estimator, eps=epsilon)
-    starts = [f["trace_turn_starts"] for f in trace_fields]
-    out = token_advantages(node, turns, starts, mask)
+    rows = [b for b, f in enumerate(trace_fields) if f is not None]  # None: verl's padding rows (advantage 0)
+    out = np.zeros_like(mask, dtype=float)
+    if rows:
+        kept = [trace_fields[b] for b in rows]
+        forest, turns = forest_from_trajectories(kept, reward[rows])
+        node = compute_advantages(forest, estimator, eps=epsilon)
+        out[rows] = token_advantages(node, turns, [f["trace_turn_starts"] for f in kept], mask[rows])
     return torch.as_tensor(out, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
 
 

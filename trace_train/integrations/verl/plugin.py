@@ -42,12 +42,12 @@ def register() -> dict[str, list[str]]:
         import verl
     except Exception as error:  # noqa: BLE001 - reported in one line, never raised (verl would hide it)
         _fail(f"TRACE's verl plugin is not registered: `import verl` failed ({type(error).__name__}: {error}); "
-              f"install it with `pip install 'trace-rl[verl]'` (verl=={VERL_VERSION})")
+              f"install it with `pip install -e '.[verl]'` in the TRACE repository (verl=={VERL_VERSION})")
         return REGISTERED
     found = getattr(verl, "__version__", "unknown")
     if found != VERL_VERSION:
         _fail(f"TRACE's verl plugin is not registered: it needs verl=={VERL_VERSION}, found verl {found} "
-              f"(`pip install 'trace-rl[verl]'`)")
+              f"(`pip install -e '.[verl]'` in the TRACE repository)")
         return REGISTERED
     step = "the advantage estimators"
     try:

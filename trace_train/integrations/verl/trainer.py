@@ -17,7 +17,9 @@ What it adds to ``PPOTrainerSync`` (the ``trace:`` block of the config, :class:`
   prompts' posteriors); its ``state_dict`` is saved with verl's checkpoint as ``trace_predictor.pkl`` in the
   ``global_step_<n>`` folder and loaded on resume.
 
-Sync mode only, ``parameter_sync_step`` 1: the allocation decides one step's rollouts for one update.
+Sync mode only, ``parameter_sync_step`` 1: the allocation decides one step's rollouts for one update. Past
+its construction the trainer reports ``trainer_mode == "sync"`` to verl's code, which branches on it
+(replay buffer, prompt persistence).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from .coordinator import StepCoordinator, fit_predictor_on_step
 from .estimator import CURRENT_TRACE_FIELDS
 from .worker import PROMPT_KEY, STEP_KEY
 
-__all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE", "save_predictor", "load_predictor"]
+__all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE", "save_predictor", "load_predictor", "submitted_batch",
+           "openings_of"]
 
 PREDICTOR_FILE = "trace_predictor.pkl"
 
@@ -88,17 +91,37 @@ class PredictorAtHistories:
         return Prediction(v, kappa)
 
 
-def openings_of(batch) -> list:
-    """The history of each prompt's opening (depth 0): its chat messages, as our predictors read them."""
+def openings_of(batch, tokens=None) -> list:
+    """The history of each prompt's opening (depth 0), as our predictors read it: its chat messages, the
+    token ids ``tokens(messages)`` gives (:func:`~.agent_loop.opening_tokens`: as the agent loop renders them;
+    none without it) and its ``data_source`` as the row's family."""
     from trace_train.rollout.batch import History
 
     prompts = batch["raw_prompt"]
+    sources = batch["data_source"] if "data_source" in batch.keys() else None
     out = []
     for i in range(len(prompts)):
         messages = prompts[i]
-        messages = messages.tolist() if hasattr(messages, "tolist") else list(messages)
-        out.append(History(i, {}, 0, tuple(dict(m) for m in messages), ()))
+        messages = tuple(dict(m) for m in (messages.tolist() if hasattr(messages, "tolist") else messages))
+        row = {} if sources is None else {"family": str(sources[i])}
+        out.append(History(i, row, 0, messages, tuple(tokens(messages)) if tokens else ()))
     return out
+
+
+def submitted_batch(batch, m, step_name: str):
+    """The batch hook's output: the rows with m > 0, each with ``__rollout_n__`` = m, the step coordinator's
+    name and its pool index (what :class:`~.worker.TraceAgentLoopWorker` reads)."""
+    from verl.utils import tensordict_utils as tu
+
+    m = np.asarray(m, dtype=np.int64)
+    if m.shape != (len(batch),):
+        raise ValueError(f"{len(batch)} prompts but {m.size} group sizes")
+    keep = np.flatnonzero(m > 0)
+    if keep.size < len(batch):
+        batch = tu.index_select_tensor_dict(batch, keep.tolist())
+    tu.assign_non_tensor_data(batch, STEP_KEY, step_name)
+    tu.assign_non_tensor(batch, **{"__rollout_n__": m[keep].tolist(), PROMPT_KEY: keep.tolist()})
+    return batch
 
 
 @register_trainer("trace")
@@ -120,27 +143,42 @@ class TracePPOTrainer(PPOTrainerSync):
         if self.parameter_sync_step != 1:
             raise ValueError("the trace trainer allocates one step's rollouts for one update: parameter_sync_step 1")
 
+    def _build_replay_buffer(self):
+        # verl picks its buffer (and more) by trainer_mode == "sync": this trainer is the sync one, so it
+        # says so from here on (PPOTrainer.__init__ has just read `parameter_sync_step` under "trace": 1).
+        self.trainer_mode = "sync"
+        return super()._build_replay_buffer()
+
     # ---- root allocation: the batch hook --------------------------------------------------------------
 
     def _submit_batch_to_rollout(self, batch) -> int:
-        from verl.utils import tensordict_utils as tu
-
         pool = len(batch)
-        openings = openings_of(batch)
+        openings = openings_of(batch, self._opening_tokens())
         name = f"trace_step_{self.global_steps}_{uuid.uuid4().hex[:8]}"
         actor = ray.remote(StepCoordinator).options(name=name, max_concurrency=max(64, 4 * pool))
         coordinator = actor.remote(self.trace_policy, self.trace_budget, pool, PredictorAtHistories(self.predictor),
                                    openings, seed=self.trace.seed + self.global_steps)
         m = np.asarray(ray.get(coordinator.start.remote()), dtype=np.int64)
+        batch = submitted_batch(batch, m, name)
         keep = np.flatnonzero(m > 0)
-        if keep.size < pool:
-            batch = tu.index_select_tensor_dict(batch, keep.tolist())
-        tu.assign_non_tensor_data(batch, STEP_KEY, name)
-        tu.assign_non_tensor(batch, **{"__rollout_n__": m[keep].tolist(), PROMPT_KEY: keep.tolist()})
         if not self._coordinators:  # the step's batch (a refill of failed groups replaces some of it)
             self._submitted = int(keep.size)
         self._coordinators.append((coordinator, openings))
         return super()._submit_batch_to_rollout(batch)
+
+    def _opening_tokens(self):
+        """The agent loop's rendering of openings (its tools' schemas included), built once."""
+        if getattr(self, "_tokens", None) is None:
+            from verl.tools.tool_registry import load_all_tools
+
+            from .agent_loop import opening_tokens
+
+            turn = self.config.actor_rollout_ref.rollout.multi_turn
+            tools = load_all_tools(tool_config_path=turn.get("tool_config_path"),
+                                   function_tool_path=turn.get("function_tool_path"))
+            self._tokens = opening_tokens(self.tokenizer, tools=tools,
+                                          chat_template_kwargs=self.config.data.get("apply_chat_template_kwargs", {}))
+        return self._tokens
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
         batch = super()._step_once(metrics, timing_raw, self._submitted or sample_batch_size)
@@ -151,7 +189,9 @@ class TracePPOTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        fields = list(data["extra_fields"].tolist() if hasattr(data["extra_fields"], "tolist") else data["extra_fields"])
+        fields = data.pop("extra_fields").tolist()  # in batch.keys order, as verl's own fetch below
+        # verl's padding rows copy a real row's extra fields: they are not part of any tree
+        fields = [None if tag.get("is_padding", False) else f for f, tag in zip(fields, batch.tags)]
         token = CURRENT_TRACE_FIELDS.set(fields)
         try:
             return super()._compute_advantage(batch, metrics)

@@ -112,24 +112,29 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
                 next_id += 1
         return out
 
-    k = await asyncio.to_thread(coordinator.expand, tree, np.asarray(rewards, dtype=float),
-                                [p.history for _, p in anchors])
-    if len(k) != len(anchors):
-        raise ValueError(f"tree {tree}: the coordinator placed {len(k)} counts on {len(anchors)} prefixes")
-    first = launch(k)
-    top_ups, more = await asyncio.to_thread(coordinator.rest, tree)
-    extra = []
-    for _ in range(int(top_ups)):
-        extra.append((next_id, 0, asyncio.ensure_future(run_session(None, next_id))))
-        next_id += 1
-    later = launch(more) if len(more) else []
-    depth_of = {0: 0}
-    for _, _, ids, s in placed:
-        depth_of.update({n: d + 1 for d, n in enumerate(ids)})
-    for session_id, start, task in first + extra + later:
-        s = await task
-        ids = number(start, depth_of[start], s, Origin.BARE if start == 0 else Origin.CONTINUATION)
-        placed.append((session_id, start, ids, s))
+    launched: list[tuple[int, int, asyncio.Task]] = []
+    try:
+        k = await asyncio.to_thread(coordinator.expand, tree, np.asarray(rewards, dtype=float),
+                                    [p.history for _, p in anchors])
+        if len(k) != len(anchors):
+            raise ValueError(f"tree {tree}: the coordinator placed {len(k)} counts on {len(anchors)} prefixes")
+        launched += launch(k)
+        top_ups, more = await asyncio.to_thread(coordinator.rest, tree)
+        for _ in range(int(top_ups)):
+            launched.append((next_id, 0, asyncio.ensure_future(run_session(None, next_id))))
+            next_id += 1
+        launched += launch(more) if len(more) else []
+        depth_of = {0: 0}
+        for _, _, ids, s in placed:
+            depth_of.update({n: d + 1 for d, n in enumerate(ids)})
+        for session_id, start, task in launched:
+            s = await task
+            ids = number(start, depth_of[start], s, Origin.BARE if start == 0 else Origin.CONTINUATION)
+            placed.append((session_id, start, ids, s))
+    except BaseException:
+        for _, _, task in launched:  # the step failed (here or in another tree): stop this tree's sessions
+            task.cancel()
+        raise
     await asyncio.to_thread(coordinator.finish, tree, parent, reward, origin, cost, histories)
     leaves = []
     for session_id, start, ids, s in placed:

@@ -25,7 +25,7 @@ import transfer_queue as tq
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-from .agent_loop import AGENT_LOOP, run_trace_session
+from .agent_loop import AGENT_LOOP, TraceToolAgentLoop, run_trace_session
 from .tree_growth import grow_tree
 
 __all__ = ["TraceAgentLoopWorker", "TraceAgentLoopManager", "RemoteCoordinator"]
@@ -52,6 +52,9 @@ class RemoteCoordinator:
     def finish(self, tree, parent, reward, origin, cost=None, histories=None):
         return ray.get(self.handle.finish.remote(tree, parent, reward, origin, cost, histories))
 
+    def fail(self, tree, reason):
+        return ray.get(self.handle.fail.remote(tree, reason))
+
     def tree_of(self, prompt):
         return ray.get(self.handle.tree_of.remote(prompt))
 
@@ -66,6 +69,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
         uid = prompt["uid"]
         await tq.async_kv_put(key=uid, partition_id="train", tag={"status": "running"})
+        coordinator, tree = None, None
         try:
             n = int(prompt.pop("__rollout_n__"))
             prompt.pop("__do_sample__", None)
@@ -81,6 +85,8 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         except Exception as error:  # noqa: BLE001 - verl's contract: a failed group is tagged, not raised
             logger.exception(f"TRACE tree of prompt {uid} failed: {error}")
             status = "failure"
+            if coordinator is not None and tree is not None:  # the step's other trees stop waiting for this one
+                await _in_thread(coordinator.fail, tree, f"prompt {uid}: {type(error).__name__}: {error}")
         await tq.async_kv_put(key=uid, partition_id="train", tag={"status": status})
 
     def _session_runner(self, prompt: dict, sampling_params: dict, trajectory: dict, pool_index: int):
@@ -93,7 +99,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
                 trainer_config=DictConfigWrap(config=self.config), server_manager=self.llm_client,
                 tokenizer=self.tokenizer, processor=self.processor, hf_model_type=self.hf_model_type,
                 dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data), tools=ToolListWrap(self.tools))
-            if not hasattr(loop, "trace_prefixes"):
+            if not isinstance(loop, TraceToolAgentLoop):
                 raise ValueError(f"agent loop {prompt.get('agent_name')!r} cannot branch: TRACE needs {AGENT_LOOP!r}")
 
             async def score(output):
