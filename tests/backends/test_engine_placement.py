@@ -30,7 +30,7 @@ def _build_on_rank(monkeypatch, rank: int, world: int, device: str):
     from trace_train.configs import TrainConfig
     from trace_train.config_loader import load_config
     from trace_train.run.distributed import DistInfo
-    from trace_train.train import _build_backend
+    from trace_train.backends import training_backend
 
     for name, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world}.items():
         monkeypatch.setenv(name, str(value))
@@ -38,7 +38,7 @@ def _build_on_rank(monkeypatch, rank: int, world: int, device: str):
     RecordedLLM.built = []
     cfg = load_config(TrainConfig, "math_qwen3_8b", [])
     info = DistInfo(rank=rank, world_size=world, local_rank=rank, device=device)
-    _build_backend(cfg, "Qwen/Qwen3-8B", None, None, info)
+    training_backend(cfg, "Qwen/Qwen3-8B", device=info.device, policy=None, tokenizer=None, sharded=info.enabled)
     (built,) = RecordedLLM.built
     return built
 

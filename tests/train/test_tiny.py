@@ -67,7 +67,8 @@ def test_a_tiny_model_cut_mid_write_is_rebuilt_and_an_interrupted_save_leaves_no
     """Issue 34: the model is written to a temporary folder renamed into place; an older cut write (a
     config.json without the rest) is not taken for a model, and is replaced."""
     from trace_train import tiny
-    from trace_train.train import TrainConfig, _model_path
+    from trace_train.run.policy import model_path
+    from trace_train.train import TrainConfig
     from trace_train.config_loader import load_config
 
     cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path / 'run'}", "model.tiny_warm_steps=0"])
@@ -75,7 +76,7 @@ def test_a_tiny_model_cut_mid_write_is_rebuilt_and_an_interrupted_save_leaves_no
     cut.mkdir(parents=True)
     (cut / "config.json").write_text("{}")  # what a write killed after its first file left
     assert not tiny.is_complete(cut)
-    path = _model_path(cfg)
+    path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed)
     assert tiny.is_complete(path) and (cut / "model.safetensors").is_file()
     from transformers import AutoModelForCausalLM
 
