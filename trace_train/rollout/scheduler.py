@@ -508,12 +508,7 @@ class _Grower:
             group = [_Walker(len(self.walkers) + i, node, depth, list(context), snapshot=snapshot,
                              seeds=_seeds(self.seed, s, (j * 4096 + depth) * 65536 + done + i, 3), anchor=anchor)
                      for i in range(count)]
-            self.walkers += group
-            key = len(self.starts)
-            self.starts.append((node, kind, count))
-            self.first[key] = group
-            stream.submit(("start", key), self._request(group[0], count), sampling)
-            self.in_flight += count
+            self._launch(stream, sampling, group, node, kind)
 
     def _add_rest(self, stream, sampling) -> None:
         """Streamed expansion, after the last start ended: the rollouts ``rest`` adds (top-ups, a = -1)."""
@@ -544,12 +539,16 @@ class _Grower:
             group = [_Walker(len(self.walkers) + i, node, depth, list(context), snapshot=snapshot,
                              seeds=_seeds(self.seed, s, j + i, pass_), anchor=anchor) for i in range(count)]
             j += count
-            self.walkers += group
-            key = len(self.starts)
-            self.starts.append((node, kind, count))
-            self.first[key] = group
-            stream.submit(("start", key), self._request(group[0], count), sampling)
-            self.in_flight += count
+            self._launch(stream, sampling, group, node, kind)
+
+    def _launch(self, stream, sampling, group: list[_Walker], node: int, kind: str) -> None:
+        """Register ``group`` (walkers sharing one context) as a new start and request its first turns."""
+        self.walkers += group
+        key = len(self.starts)
+        self.starts.append((node, kind, len(group)))
+        self.first[key] = group
+        stream.submit(("start", key), self._request(group[0], len(group)), sampling)
+        self.in_flight += len(group)
 
     def _prefixes(self, walkers: list[_Walker]) -> list[Prefix]:
         """The anchors of ended walkers: every turn but the last, walker by walker, by depth."""

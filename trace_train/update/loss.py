@@ -55,7 +55,7 @@ import torch
 
 from ..configs import KL_ESTIMATORS, SHARED_TURN_WEIGHTS, PolicyLossConfig  # every config lives in configs
 
-__all__ = ["PolicyLossConfig", "LossInputs", "LOSS_METRICS", "node_values", "policy_loss", "kl_penalty"]
+__all__ = ["PolicyLossConfig", "LossInputs", "ReadsLossInputs", "LOSS_METRICS", "node_values", "policy_loss", "kl_penalty"]
 
 LOSS_METRICS = ("pg_loss", "kl", "clip_fraction", "ratio_mean")
 """The metrics :func:`policy_loss` returns (the trainer logs each, 0 on a step with nothing to train)."""
@@ -100,6 +100,33 @@ class LossInputs:
         on = lambda t: None if t is None else t.to(logprobs.device)  # noqa: E731
         return policy_loss(logprobs, on(self.old_logprobs), on(self.advantages), on(self.loss_mask), config,
                            ref_logprobs=ref_logprobs, token_weights=on(self.weights), sequence_ids=on(self.sequence_ids))
+
+
+class ReadsLossInputs:
+    """The loss inputs of a layout's ``inputs`` record, read as the layout's own fields (both layouts)."""
+
+    inputs: LossInputs
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return self.inputs.loss_mask
+
+    @property
+    def old_logprobs(self) -> torch.Tensor:
+        return self.inputs.old_logprobs
+
+    @property
+    def advantages(self) -> torch.Tensor:
+        return self.inputs.advantages
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.inputs.weights
+
+    @property
+    def sequence_ids(self) -> torch.Tensor | None:
+        """The rollout each token is trained for where a row holds several (packed trees); None: one per row."""
+        return self.inputs.sequence_ids
 
 
 def node_values(forest, advantages, shared_turn_weight: str) -> dict[str, np.ndarray]:

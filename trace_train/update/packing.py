@@ -53,7 +53,7 @@ import torch
 from ..configs import PACKINGS
 from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
-from .loss import LossInputs, node_values
+from .loss import LossInputs, ReadsLossInputs, node_values
 from .sequences import TrainingSequences, build_sequences, nodes_on_paths, path_tokens
 
 __all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
@@ -63,7 +63,7 @@ ATTENTIONS = ("auto", "dense", "flex")
 
 
 @dataclass(frozen=True)
-class PackedTrees:
+class PackedTrees(ReadsLossInputs):
     """Padded (rows, width) tensors holding packed trees; see the module docstring."""
 
     input_ids: torch.Tensor
@@ -87,25 +87,6 @@ class PackedTrees:
     unique_tokens: int
     """Tokens of the nodes on some trained path, counted once."""
 
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        return self.inputs.loss_mask
-
-    @property
-    def old_logprobs(self) -> torch.Tensor:
-        return self.inputs.old_logprobs
-
-    @property
-    def advantages(self) -> torch.Tensor:
-        return self.inputs.advantages
-
-    @property
-    def weights(self) -> torch.Tensor:
-        return self.inputs.weights
-
-    @property
-    def sequence_ids(self) -> torch.Tensor:
-        return self.inputs.sequence_ids
 
     @property
     def forward_tokens(self) -> int:

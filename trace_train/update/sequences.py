@@ -30,14 +30,14 @@ import torch
 from ..configs import SHARED_TURN_WEIGHTS
 from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
-from .loss import LossInputs, node_values
+from .loss import LossInputs, ReadsLossInputs, node_values
 
 __all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens",
            "nodes_on_paths", "token_logprobs"]
 
 
 @dataclass(frozen=True)
-class TrainingSequences:
+class TrainingSequences(ReadsLossInputs):
     """Padded (batch, length) tensors, one row per leaf that owns at least one generated token."""
 
     input_ids: torch.Tensor
@@ -52,24 +52,6 @@ class TrainingSequences:
     unique_tokens: int = 0
     """Tokens of the nodes on the rows' paths, counted once (what tree packing forwards)."""
 
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        return self.inputs.loss_mask
-
-    @property
-    def old_logprobs(self) -> torch.Tensor:
-        return self.inputs.old_logprobs
-
-    @property
-    def advantages(self) -> torch.Tensor:
-        return self.inputs.advantages
-
-    @property
-    def weights(self) -> torch.Tensor:
-        return self.inputs.weights
-
-    sequence_ids = None
-    """Every row is one sequence (the loss aggregates sequence means per row)."""
 
     def __len__(self) -> int:
         return len(self.leaves)
