@@ -183,9 +183,9 @@ def test_two_ranks_each_train_with_their_own_vllm_engine(tmp_path):
     CUDA placement's path), generates its share, updates FSDP2 and takes the streamed weight sync, in which
     every parameter is gathered inside vLLM's loading loop (a collective both ranks must walk in step)."""
     pytest.importorskip("vllm")
-    from .test_trainer import _free_port as port
+    from tests.train.test_trainer import _free_port as port
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "INFO"}  # vLLM's engine-arguments line
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={port()}",
            "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={tmp_path}", "steps=1", "device=cpu",
            "tensorboard=false", "checkpoint_every=1", "eval.every=0", "rollout.pool_size=4", "rollout.roots=8",

@@ -97,7 +97,8 @@ def load_rows(
     else:
         from ..preflight import require_hub
 
-        require_hub(str(source), "dataset", "data")  # the cache or a reachable Hub, else one line
+        if not Path(str(source)).is_dir():  # a local Hub-style folder (one file per split) loads as it is
+            require_hub(str(source), "dataset", "data")  # the cache or a reachable Hub, else one line
         dataset = datasets.load_dataset(
             str(source), subset, split=split, cache_dir=None if cache_dir is None else str(cache_dir)
         )
