@@ -126,17 +126,29 @@ def _timed(policy, seed, seconds_per_step, successes):
     return dict(_result(policy, 1e-3, seed, 0.0), **bench.run_result(rows), seed=seed)
 
 
-def test_at_equal_time_reads_each_run_at_its_seeds_shortest_run():
-    # trace's steps cost 2 s, grpo's 1 s: after grpo's 4 s trace has done 2 steps, its first evaluation
+def test_at_equal_time_reads_each_run_over_its_seeds_shortest_runs_last_two_evaluations():
+    # trace's steps cost 2 s, grpo's 1 s: grpo evaluates at 0, 2 and 4 s; by then trace has done 1 and 2
+    # steps: halfway to its first evaluation (0.3) and at it (0.5)
     results = [_timed("trace", 0, 2.0, [0.1, 0.5, 0.7]), _timed("grpo", 0, 1.0, [0.1, 0.2, 0.3])]
     assert [r["train_seconds"] for r in results] == [8.0, 4.0]
     timed = bench.at_equal_time(results)
     assert [r["equal_time_seconds"] for r in timed] == [4.0, 4.0]
-    assert timed[0]["gain_at_equal_time"] == pytest.approx(0.4)  # trace at 4 s: 0.5, its eval after 2 steps
-    assert timed[1]["gain_at_equal_time"] == pytest.approx(0.2)  # grpo's whole run
+    assert timed[0]["equal_time_window"] == [2.0, 4.0]
+    assert timed[0]["gain_at_equal_time"] == pytest.approx(0.3)  # mean(0.3, 0.5) - 0.1
+    assert timed[1]["gain_at_equal_time"] == pytest.approx(timed[1]["gain"]) == pytest.approx(0.15)  # its own gain
     assert timed[0]["gain"] == pytest.approx(0.5)  # at equal tokens: the mean of the last two, 0.6, minus 0.1
     halfway = bench.at_equal_time([_timed("trace", 1, 2.0, [0.1, 0.5, 0.7]), _timed("grpo", 1, 1.0, [0.1, 0.3])])
-    assert halfway[0]["gain_at_equal_time"] == pytest.approx(0.2)  # 2 s of trace: halfway to its first eval
+    assert halfway[0]["gain_at_equal_time"] == pytest.approx(0.1)  # trace at 0 and 2 s: mean(0.1, 0.3) - 0.1
+
+
+def test_the_arms_of_a_seed_run_next_to_each_other(tmp_path, monkeypatch):
+    """Jobs are seed-major, so a load change on the shared machine hits every arm of a seed alike."""
+    order = []
+    monkeypatch.setattr(bench, "run_one", lambda out, p, s, lr, **kw: order.append((p, s)) or dict(
+        _timed(p, s, 1.0, [0.1, 0.2, 0.3]), policy=p, lr=lr))
+    bench.cli(["--policies", "trace", "grpo", "--lrs", "1e-3", "--shared-lr", "none", "--seeds", "0", "1",
+               "--steps", "4", "--out", str(tmp_path)])
+    assert order == [("trace", 0), ("grpo", 0), ("trace", 1), ("grpo", 1)]
 
 
 def test_rates_chosen_earlier_skip_the_sweep(tmp_path):
@@ -165,7 +177,12 @@ def test_a_trace_arm_with_another_predictor_kind_is_paired_against_every_arm(tmp
             folder = bench.run_dir(tmp_path, "mixed", policy, 1e-3, seed)
             folder.mkdir(parents=True)
             (folder / "result.json").write_text(json.dumps(dict(_result(policy, 1e-3, seed, gain), steps=5)))
-    assert bench.arm("trace+probe") == ("trace", "probe") and bench.arm("grpo") == ("grpo", None)
+    assert bench.arm("trace+probe") == ("trace", "probe", None) and bench.arm("grpo") == ("grpo", None, None)
+    assert bench.arm("trace@eager") == ("trace", None, "eager")
+    assert bench.arm_overrides("trace+probe@eager") == ["rollout.policy=trace", "predictor.kind=probe",
+                                                         "rollout.expansion=eager"]
+    with pytest.raises(ValueError, match="POLICY"):
+        bench.arm("trace@")
     assert bench.cli(["--policies", "trace", "trace+probe", "grpo", "--lrs", "1e-3", "--shared-lr", "none",
                       "--seeds", "0", "1", "--steps", "5", "--out", str(tmp_path)]) == 0
     best = json.loads((tmp_path / "mixed" / "summary.json").read_text())["best"]
@@ -177,3 +194,19 @@ def test_a_trace_arm_with_another_predictor_kind_is_paired_against_every_arm(tmp
         with pytest.raises(SystemExit):
             bench.cli(["--policies", bad, "--out", str(tmp_path)])
     assert "--policies trace+oracle" in capsys.readouterr().err
+
+
+def test_an_expansion_arm_is_a_variant_and_a_bad_one_is_refused(tmp_path, capsys):
+    """``trace@eager`` is paired against every arm; ``trace@sideways`` is refused before anything runs."""
+    for policy, by_seed in {"trace": (0.3, 0.32), "trace@eager": (0.25, 0.3), "grpo": (0.1, 0.14)}.items():
+        for seed, gain in enumerate(by_seed):
+            folder = bench.run_dir(tmp_path, "mixed", policy, 1e-3, seed)
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(dict(_result(policy, 1e-3, seed, gain), steps=5)))
+    assert bench.cli(["--policies", "trace", "trace@eager", "grpo", "--lrs", "1e-3", "--shared-lr", "none",
+                      "--seeds", "0", "1", "--steps", "5", "--out", str(tmp_path)]) == 0
+    best = json.loads((tmp_path / "mixed" / "summary.json").read_text())["best"]
+    assert best["variants_minus"]["trace@eager"]["grpo"]["mean"] == pytest.approx(0.155)
+    with pytest.raises(SystemExit):
+        bench.cli(["--policies", "trace@sideways", "--out", str(tmp_path)])
+    assert "trace@sideways" in capsys.readouterr().err

@@ -18,8 +18,9 @@ many tokens, whatever the policy) and the same held-out prompts. Two stages:
    policy, so differences are paired by seed.
 
 Reported per policy: held-out success at the start and at the end (mean of the last two evaluations),
-the gain, the gain at equal training time (each seed's runs read at the training seconds of its shortest
-run, interpolated between evaluations: wall clock as the budget, not only tokens), the batches' contrast yield (mixed prompts per 1,000 rollouts and per 1,000 generated tokens,
+the gain, the gain at equal training time (each seed's runs read over the same two-evaluation window as the
+gain, placed at the training seconds of the seed's shortest run's last two evaluations, interpolated:
+wall clock as the budget, not only tokens), the batches' contrast yield (mixed prompts per 1,000 rollouts and per 1,000 generated tokens,
 which filtering cannot inflate) and effective ratio, tokens and minutes; then TRACE minus each other
 policy, paired by seed, with a 95% confidence interval (Student t) and a paired t-test, and one line
 each saying whether TRACE's lead is significant at equal tokens and at equal training time.
@@ -57,12 +58,28 @@ TASKS = {
 of the prompts almost always solved, a third almost never, as in real RL data sets)."""
 
 
-def arm(policy: str) -> tuple[str, str | None]:
-    """``POLICY`` or ``POLICY+KIND`` (a predictor kind, e.g. ``trace+probe``) -> (policy, kind or None)."""
-    name, plus, kind = policy.partition("+")
-    if plus and not kind:
-        raise ValueError(f"an arm is POLICY or POLICY+PREDICTOR_KIND, got {policy!r}")
-    return name, kind or None
+def arm(policy: str) -> tuple[str, str | None, str | None]:
+    """``POLICY[+KIND][@EXPANSION]`` -> (policy, predictor kind or None, expansion or None).
+
+    ``trace+probe`` runs TRACE with ``predictor.kind=probe``; ``trace@eager`` runs it with
+    ``rollout.expansion=eager`` (continuations committed at turn boundaries, a step one episode deep)."""
+    head, at, expansion = policy.partition("@")
+    name, plus, kind = head.partition("+")
+    if (plus and not kind) or (at and not expansion) or not name:
+        raise ValueError(f"an arm is POLICY[+PREDICTOR_KIND][@EXPANSION], got {policy!r}")
+    return name, kind or None, expansion or None
+
+
+def arm_overrides(policy: str) -> list[str]:
+    """The config overrides of an arm (:func:`arm`)."""
+    name, kind, expansion = arm(policy)
+    return [f"rollout.policy={name}", *([f"predictor.kind={kind}"] if kind else []),
+            *([f"rollout.expansion={expansion}"] if expansion else [])]
+
+
+def is_variant(policy: str) -> bool:
+    """A TRACE arm other than plain ``trace`` (another predictor kind or expansion): paired against every arm."""
+    return policy != "trace" and arm(policy)[0] == "trace"
 
 
 def run_dir(out: Path, task: str, policy: str, lr: float, seed: int) -> Path:
@@ -84,10 +101,8 @@ def run_one(
                 result.update({k: v for k, v in run_result(read_metrics(folder / "metrics.jsonl")).items()
                                if k in ("curve", "train_seconds")})
             return result
-    name, kind = arm(policy)
     cfg = load_config(TrainConfig, "cpu_demo", [
-        f"run_dir={folder}", f"seed={seed}", f"steps={steps}", f"rollout.policy={name}",
-        *([f"predictor.kind={kind}"] if kind else []),
+        f"run_dir={folder}", f"seed={seed}", f"steps={steps}", *arm_overrides(policy),
         f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={min(steps, 10)}",
         f"task.rows={TASKS[task]}", f"optim.lr={lr}", f"eval.every={eval_every}",
         *([f"backend.threads={threads}"] if threads else []),
@@ -136,19 +151,31 @@ def success_at(curve: list, seconds: float) -> float:
 
 
 def at_equal_time(results: list[dict]) -> list[dict]:
-    """Each result with ``gain_at_equal_time``: its success after as many training seconds as the shortest
-    run of its seed took (``equal_time_seconds``), minus its start.
+    """Each result with ``gain_at_equal_time``: its success read at the training seconds of the last two
+    evaluations of its seed's shortest run (``equal_time_window``), averaged, minus its start.
 
-    Runs of one seed share games, model and held-out prompts; a policy whose steps cost more has done fewer
-    of them by that time. Wall clock is load-dependent: the runs of a comparison should share a machine.
+    The same two-evaluation window as ``gain`` (the mean of a run's last two evaluations), placed on the
+    clock of the run that finished first: for that run the two numbers coincide, and a policy whose steps
+    cost more is read after fewer steps. Runs of one seed share games, model and held-out prompts. Wall
+    clock is load-dependent: the runs of a comparison should share a machine (the benchmark runs the arms
+    of a seed next to each other).
     """
-    shortest: dict[int, float] = {}
+    shortest: dict[int, dict] = {}
     timed = [r for r in results if "curve" in r]  # results of earlier versions without their metrics: left out
     for r in timed:
-        shortest[r["seed"]] = min(shortest.get(r["seed"], np.inf), r["train_seconds"])
-    return [dict(r, equal_time_seconds=shortest[r["seed"]],
-                 gain_at_equal_time=success_at(r["curve"], shortest[r["seed"]]) - r["success_start"])
-            if "curve" in r else dict(r, equal_time_seconds=np.nan, gain_at_equal_time=np.nan) for r in results]
+        if r["seed"] not in shortest or r["train_seconds"] < shortest[r["seed"]]["train_seconds"]:
+            shortest[r["seed"]] = r
+    out = []
+    for r in results:
+        if "curve" not in r:
+            out.append(dict(r, equal_time_seconds=np.nan, gain_at_equal_time=np.nan))
+            continue
+        first = shortest[r["seed"]]
+        window = [t for t, _ in first["curve"][-2:]]
+        success = float(np.mean([success_at(r["curve"], t) for t in window]))
+        out.append(dict(r, equal_time_seconds=first["train_seconds"], equal_time_window=window,
+                        gain_at_equal_time=success - r["success_start"]))
+    return out
 
 
 def best_rates(results: list[dict]) -> dict[str, float]:
@@ -257,7 +284,7 @@ def benchmark(args) -> dict:
     if getattr(args, "rates", None):  # rates chosen by an earlier sweep: no sweep here
         rates = {p: args.rates.get(p, args.lrs[0]) for p in args.policies}
     elif len(args.lrs) > 1:  # one rate needs no sweep
-        tuning = run_all(args.out, [(p, s, lr) for p in args.policies for lr in args.lrs for s in args.tuning_seeds],
+        tuning = run_all(args.out, [(p, s, lr) for s in args.tuning_seeds for lr in args.lrs for p in args.policies],
                          **one)
         rates = best_rates(tuning)
     else:
@@ -270,13 +297,13 @@ def benchmark(args) -> dict:
     for name, lr_of in (("best", rates), ("shared", {p: args.shared_lr for p in args.policies})):
         if name == "shared" and args.shared_lr is None:
             continue
-        results = at_equal_time(run_all(args.out, [(p, s, lr_of[p]) for p in args.policies for s in args.seeds],
+        results = at_equal_time(run_all(args.out, [(p, s, lr_of[p]) for s in args.seeds for p in args.policies],
                                         **one))
         gaps, timed = paired(results), paired(results, metric="gain_at_equal_time")
         summary[name] = {"policies": per_policy(results), "trace_minus": gaps, "conclusion": conclusion(gaps),
                          "trace_minus_at_equal_time": timed,
                          "conclusion_at_equal_time": conclusion(timed, budget=" at equal training time")}
-        variants = [p for p in args.policies if p.startswith("trace+")]  # TRACE with another predictor kind
+        variants = [p for p in args.policies if is_variant(p)]  # TRACE with another predictor kind or expansion
         if variants:
             summary[name]["variants_minus"] = {v: paired(results, reference=v) for v in variants}
             summary[name]["variants_minus_at_equal_time"] = {
@@ -317,7 +344,8 @@ def cli(argv=None) -> int:
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES),
                         help="policies to run (without trace: each policy's own numbers, no paired differences); "
                              "POLICY+KIND runs POLICY with predictor.kind=KIND (trace+probe, trace+running_mean), "
-                             "and each trace+KIND arm is also paired against every other arm")
+                             "POLICY@EXPANSION with rollout.expansion=EXPANSION (trace@eager), and each such "
+                             "TRACE arm is also paired against every other arm")
     parser.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
                         help="learning-rate grid")
     parser.add_argument("--shared-lr", type=_rate_or_none, default=1e-3,
@@ -341,8 +369,7 @@ def cli(argv=None) -> int:
     args.rates = dict(args.rates) if args.rates else None
     for policy in args.policies:
         try:
-            name, kind = arm(policy)
-            load_config(TrainConfig, "cpu_demo", [f"rollout.policy={name}", *([f"predictor.kind={kind}"] if kind else [])])
+            load_config(TrainConfig, "cpu_demo", arm_overrides(policy))
         except ValueError as err:
             parser.error(f"--policies {policy}: {err}")
     if set(args.tuning_seeds) & set(args.seeds):
