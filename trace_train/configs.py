@@ -146,6 +146,12 @@ class RolloutConfig:
     """``expansion="eager"``: share of each tree's continuation budget kept for the outcome-aware rule
     once the tree has ended (``trace_theory.EagerPlan.reserve``; 1 places what streamed places). Default
     0, the simulator's choice for a step as deep as GRPO's (``trace-sim run eager_expansion``)."""
+    eager_lag: int = 1
+    """``expansion="eager"``: turns between a prefix forming and its decision (``trace_theory.EagerPlan.lag``).
+    1 (default): decided once the factual branch's next prediction (or its outcome) is known, the
+    simulator's choice; the step is one turn deeper than GRPO's. 0: decided as the prefix forms, on its own
+    prediction only: the step is exactly as deep as GRPO's, at the cost of the contrast one turn of
+    information buys (``trace-sim run eager_expansion``, arms ``eager_now_*``)."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     top_p: float = 1.0
@@ -190,6 +196,9 @@ class RolloutConfig:
         if isinstance(self.eager_reserve, bool) or not isinstance(self.eager_reserve, (int, float)) \
                 or not 0.0 <= self.eager_reserve <= 1.0:
             raise ValueError(f"`eager_reserve` must be a share in [0, 1], got {self.eager_reserve!r}")
+        if self.eager_lag not in (0, 1) or isinstance(self.eager_lag, bool):
+            raise ValueError(f"`eager_lag` must be 0 or 1 (turns between a prefix and its decision), "
+                             f"got {self.eager_lag!r}")
         Sampling(temperature=self.temperature, top_p=self.top_p)  # validates both
         if not isinstance(self.limits, EpisodeLimits):
             raise ValueError(f"`limits` must be an EpisodeLimits, got {type(self.limits).__name__}")

@@ -22,6 +22,7 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
     assert gpu_check.main(["--cpu-smoke", "--out", str(out), "--sections", *sections]) == 0
     result = json.loads(out.read_text())
     assert result["cpu_smoke"] and result["ok"] and result["ran"] == sections and not result["failed"]
+    assert result["finished"]
     assert all(row["ok"] for name in sections for row in result[name])  # the verdict reads every section
     packing = result["tree_packing"]
     assert {r["width"] for r in packing} == {299, 713} and not any(r["width_multiple_of_128"] for r in packing)
@@ -34,6 +35,22 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
     assert {r["packing"] for r in result["update_throughput"]} == {"leaf", "tree"}
     [ckpt] = result["activation_checkpointing"]
     assert ckpt["grad_difference"] <= 1e-4
+
+
+def test_a_check_cut_off_keeps_the_sections_it_finished(tmp_path, monkeypatch):
+    """The file is rewritten after every section: an interrupt in the second leaves the first's rows,
+    marked unfinished."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(check, "update_throughput", interrupted)
+    out = tmp_path / "gpu_check.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--cpu-smoke", "--out", str(out), "--sections", "activation_checkpointing",
+                        "update_throughput"])
+    result = json.loads(out.read_text())
+    assert result["ran"] == ["activation_checkpointing"] and result["activation_checkpointing"][0]["ok"]
+    assert not result["finished"] and "update_throughput" not in result
 
 
 def test_a_trainer_that_never_steps_fails_the_check(tmp_path):

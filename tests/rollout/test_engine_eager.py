@@ -32,10 +32,10 @@ def test_reserve_one_is_streamed_node_for_node(backend, name):
     assert np.array_equal(streamed.predictions, eager.predictions, equal_nan=True)
 
 
-@pytest.mark.parametrize("reserve", [0.0, 0.5])
-def test_eager_commits_at_turn_boundaries_and_extends_exact_tokens(backend, reserve):
+@pytest.mark.parametrize("reserve, lag", [(0.0, 1), (0.5, 1), (0.0, 0)])
+def test_eager_commits_at_turn_boundaries_and_extends_exact_tokens(backend, reserve, lag):
     kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
-    engine = make_engine(backend, expansion="eager", eager_reserve=reserve, **kw)
+    engine = make_engine(backend, expansion="eager", eager_reserve=reserve, eager_lag=lag, **kw)
     eager = engine.rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
     barrier = make_engine(backend, expansion="barrier", **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
     f = eager.forest.validate()
@@ -74,6 +74,26 @@ def test_eager_decisions_do_not_depend_on_environment_timing(hf_backend):
     _same(a, b)
     assert a.report.continuations > 0
     _same(a, run(GuessNumberEnv, schedule="lockstep"))
+
+
+@pytest.mark.parametrize("lag", [-1, 2, True, 0.5])
+def test_eager_lag_is_zero_or_one(lag):
+    with pytest.raises(ValueError, match=r"`eager_lag` must be 0 or 1 \(turns between a prefix and its decision\)"):
+        RolloutConfig(expansion="eager", eager_lag=lag)
+
+
+def test_eager_lag_zero_decides_without_the_next_prediction(hf_backend):
+    """lag 0 decides each prefix on its own prediction as it forms, lag 1 once the next one is known: with
+    predictions that change along a rollout the two place different continuations (the knob is live), and
+    lag 0 needs no generation poll more than lag 1."""
+    kw = dict(policy="trace", roots=8, continuations_per_root=4, pool_size=len(UNEVEN), env_workers=4,
+              expansion="eager")
+    now = make_engine(hf_backend, eager_lag=0, **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    later = make_engine(hf_backend, eager_lag=1, **kw).rollout(UNEVEN, predictor=TurnPredictor(), seed=4)
+    assert now.report.continuations > 0 and later.report.continuations > 0
+    anchors = lambda b: sorted(int(b.forest.parent[s]) for s in branch_starts(b.forest))  # noqa: E731
+    assert anchors(now) != anchors(later)
+    assert now.report.generation_polls <= later.report.generation_polls
 
 
 def test_calibration_by_depth_reaches_the_step_metrics(hf_backend):

@@ -18,7 +18,9 @@ its M derived from the arm's running token estimates after one untimed warm-up c
   (``rollout.expansion=streamed``, the default);
 * ``trace_barrier``: TRACE, continuations started after every bare rollout has ended;
 * ``trace_eager``: TRACE, continuations committed at the bare rollouts' turn boundaries
-  (``rollout.expansion=eager``, reserve 0: the step is one episode deep).
+  (``rollout.expansion=eager``, reserve 0), each decided one turn after its prefix forms
+  (``rollout.eager_lag=1``): one turn deeper than GRPO's step;
+* ``trace_eager_now``: the same, decided as each prefix forms (``rollout.eager_lag=0``): as deep as GRPO's.
 
 The TRACE arms use one fixed predictor (0.5 everywhere): this measures scheduling, not allocation;
 with equal predictions streamed and barrier place the same continuations (``tests/rollout/test_engine.py``). The arms run
@@ -45,8 +47,9 @@ from . import BACKEND_NAMES, backend_choices, check_fields, chosen_backends, wri
 
 __all__ = ["BenchConfig", "main"]
 
-ARMS = {"grpo": ("grpo", "barrier"), "trace_streamed": ("trace", "streamed"), "trace_barrier": ("trace", "barrier"),
-        "trace_eager": ("trace", "eager")}
+ARMS = {"grpo": ("grpo", "barrier", {}), "trace_streamed": ("trace", "streamed", {}),
+        "trace_barrier": ("trace", "barrier", {}), "trace_eager": ("trace", "eager", {}),
+        "trace_eager_now": ("trace", "eager", {"eager_lag": 0})}
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,9 @@ def _engine(backend, env, config: BenchConfig, arm: str):
     from ..envs.base import EpisodeLimits
     from ..rollout.engine import RolloutEngine
 
-    policy, expansion = ARMS[arm]
+    policy, expansion, extra = ARMS[arm]
     rollout = RolloutConfig(
-        policy=policy, expansion=expansion, pool_size=config.pool, token_budget=config.token_budget,
+        policy=policy, expansion=expansion, **extra, pool_size=config.pool, token_budget=config.token_budget,
         continuations_per_root=config.continuations_per_root, group_size=config.group_size,
         limits=EpisodeLimits(max_turns=max(config.max_guesses), max_turn_tokens=8, max_context_tokens=4096))
     return RolloutEngine(backend, env, rollout)

@@ -3,7 +3,8 @@
 Needs torch and transformers on a CUDA machine, nothing else of the project's optional dependencies (no vLLM,
 math-verify, bm25s or datasets: every model is built from a config, as the tests do) and no network. Writes one
 JSON (``--out``, default ``results/gpu_check.json``) with a section per check, each with its own ``ok``; the
-verdict (``ok``, exit status 0) needs every section that ran to pass, and names the sections skipped:
+verdict (``ok``, exit status 0) needs every section that ran to pass, and names the sections skipped; the file is
+rewritten after every section (``finished`` false until the last), so a run cut off keeps what it measured:
 
 * ``tree_packing``: FlexAttention tree packing against the dense 4-D mask and against per-leaf rows,
   forward (the update's loss, sum of weight x advantage x log pi over trained tokens) and backward (every
@@ -397,6 +398,17 @@ def main(argv=None) -> int:
         "two_gpus": lambda: two_ranks(device),
     }
     ran = []
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(final: bool) -> None:
+        """The results so far, after every section: a run cut off by a timeout keeps what it measured."""
+        out.update(ran=ran, failed=[name for name in ran if not verdict(out, [name])], ok=verdict(out, ran),
+                   seconds=time.perf_counter() - started, finished=final)
+        part = out_path.with_name(out_path.name + ".part")
+        part.write_text(json.dumps(out, indent=1, default=float))
+        part.replace(out_path)
+
     for name in args.sections:
         if name == "vllm" and not has_vllm:
             out["skipped"][name] = "vllm is not importable"
@@ -410,12 +422,8 @@ def main(argv=None) -> int:
             out[name] = [{"ok": False, "error": f"{type(err).__name__}: {err}"}]
             print(f"gpu_check: section {name} raised {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         ran.append(name)
-    out["ran"] = ran
-    out["failed"] = [name for name in ran if not verdict(out, [name])]
-    out["ok"] = verdict(out, ran)
-    out["seconds"] = time.perf_counter() - started
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+        write(final=False)
+    write(final=True)
     skipped = "; ".join(f"{k} skipped ({v})" for k, v in out["skipped"].items())
     print(f"gpu_check: {'ok' if out['ok'] else 'FAILED ' + ', '.join(out['failed'])} in {out['seconds']:.0f} s"
           f"{'; ' + skipped if skipped else ''}; results in {args.out}")

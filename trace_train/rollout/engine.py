@@ -354,7 +354,8 @@ class _Run:
     def execute(self, budget: RolloutBudget) -> RolloutBatch:
         eager = None
         if self.cfg.expansion == "eager":
-            eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold)
+            eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold,
+                              lag=self.cfg.eager_lag)
         policy = self.engine.policy
         share = getattr(self.engine.root_allocator, "dynamic_share", None)
         if policy.dynamic_sampling and share is not None:  # DAPO under torchrun: this rank's part of one budget

@@ -21,7 +21,8 @@ NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorbo
 REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 """Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume."""
 
-ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0},
+ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0,
+                                                                             "eager_lag": 1},
                         "model": {"activation_checkpointing": False}, "optim": {"mini_batches": 1},
                         "algorithm": {"recompute_old_logprobs": None}}
 """Fields added after checkpoints existed: left out of the hash while they hold the default every older run
