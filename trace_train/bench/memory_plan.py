@@ -94,18 +94,21 @@ def parameter_sizes(config) -> Sizes:
     return Sizes(total=config.num_hidden_layers * layer + root, layer=layer, root=root, largest=embed)
 
 
-def measure_layer_activations(config, dtype: str = "bfloat16", tokens: tuple[int, ...] = (64, 128)) -> dict:
+def measure_layer_activations(config, dtype: str = "bfloat16", tokens: tuple[int, ...] = (64, 128),
+                              device: str = "cpu") -> dict:
     """Bytes per token one decoder layer saves for its backward, measured at each of ``tokens`` (see the
-    module docstring): {"bytes_per_token": ..., "by_length": {T: bytes / T}}."""
+    module docstring): {"bytes_per_token": ..., "by_length": {T: bytes / T}}. On CUDA (``device="cuda"``)
+    also ``allocated_by_length``: what the allocator holds after the forward beyond its input and weights,
+    per token (the saved tensors plus the layer's output), a reading that needs no hook."""
     import torch
     from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RotaryEmbedding
 
     torch.manual_seed(0)
     config._attn_implementation = "sdpa"
-    layer = Qwen3DecoderLayer(config, 0).to(getattr(torch, dtype))
-    rope = Qwen3RotaryEmbedding(config)
+    layer = Qwen3DecoderLayer(config, 0).to(device=device, dtype=getattr(torch, dtype))
+    rope = Qwen3RotaryEmbedding(config).to(device)
     weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    by_length = {}
+    by_length, allocated = {}, {}
     for t in tokens:
         saved: dict[int, int] = {}
 
@@ -115,12 +118,22 @@ def measure_layer_activations(config, dtype: str = "bfloat16", tokens: tuple[int
                 saved[storage.data_ptr()] = storage.nbytes()
             return x
 
-        x = torch.randn(1, t, config.hidden_size, dtype=getattr(torch, dtype), requires_grad=True)
-        position = torch.arange(t)[None]
+        x = torch.randn(1, t, config.hidden_size, dtype=getattr(torch, dtype), device=device, requires_grad=True)
+        position = torch.arange(t, device=device)[None]
+        if device == "cuda":
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-            layer(x, attention_mask=None, position_ids=position, position_embeddings=rope(x, position))
+            out = layer(x, attention_mask=None, position_ids=position, position_embeddings=rope(x, position))
+        if device == "cuda":
+            torch.cuda.synchronize()
+            allocated[t] = (torch.cuda.memory_allocated() - before) / t
         by_length[t] = sum(saved.values()) / t
-    return {"bytes_per_token": max(by_length.values()), "by_length": by_length}
+        del out, x
+    result = {"bytes_per_token": max(by_length.values()), "by_length": by_length, "device": device}
+    if allocated:
+        result["allocated_by_length"] = allocated
+    return result
 
 
 def plan(cfg, *, world: int, gpu_bytes: int, layer_bytes_per_token: float, checkpointing: bool | None = None,
@@ -189,6 +202,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-activation-checkpointing", action="store_true")
     parser.add_argument("--awake", action="store_true", help="vLLM stays awake during the update")
     parser.add_argument("--json", action="store_true", help="one JSON line per preset instead of tables")
+    parser.add_argument("--device", default="cpu", help="where the decoder layer is measured (cuda on a GPU node)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[64, 128], help="sequence lengths measured")
     args = parser.parse_args(argv)
     import torch
 
@@ -198,14 +213,17 @@ def main(argv=None) -> int:
         cfg = load_config(TrainConfig, name)
         model = cfg.model.name_or_path
         if model not in measured:
-            measured[model] = measure_layer_activations(model_config(model), cfg.model.dtype)
+            measured[model] = measure_layer_activations(model_config(model), cfg.model.dtype,
+                                                        tuple(args.tokens), args.device)
         result = plan(cfg, world=args.gpus, gpu_bytes=GPUS[args.gpu],
                       layer_bytes_per_token=measured[model]["bytes_per_token"],
                       checkpointing=False if args.no_activation_checkpointing else None,
                       sleeps=False if args.awake else None)
         if args.json:
             print(json.dumps({"preset": name, "gpu": args.gpu, **result,
-                              "measured_by_length": measured[model]["by_length"]}, default=float))
+                              "measured_by_length": measured[model]["by_length"], "measured_on": args.device,
+                              "allocated_by_length": measured[model].get("allocated_by_length")},
+                             default=float))
         else:
             print(table(name, result, args.gpu) + "\n")
     return 0
