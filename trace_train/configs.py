@@ -479,9 +479,11 @@ class AlgorithmConfig:
     """How the update forwards the trees (``trace_train.update.packing``): "tree" forwards every tree token once
     with a tree attention mask; "leaf" forwards one row per root-to-leaf path (shared prefixes repeated)."""
     pack_tokens: int | None = None
-    """Tree packing: tokens per micro-batch (rows x width, padding included), which sets the update's peak
-    memory; a tree larger than this is split, its ancestors repeated as context. Default: the largest
-    micro-batch of "leaf" (optim.micro_batch_size x rollout.limits.max_context_tokens), which holds any path."""
+    """Tokens per micro-batch (rows x width, padding included), which sets the update's peak memory, in both
+    layouts. "tree": a tree larger than this is split, its ancestors repeated as context. "leaf": rows join a
+    micro-batch while it stays within this and ``optim.micro_batch_size`` rows (a path longer than this goes
+    alone). Default: the largest micro-batch of "leaf" (optim.micro_batch_size x
+    rollout.limits.max_context_tokens), which holds any path."""
     logprob_chunk_tokens: int = 1024
     """Positions whose log-probabilities are computed together in the update (``trace_train.update.logprobs``): the
     output layer's peak memory is about chunk x vocab x (s + 4) bytes (s: 2 in bf16, 4 in fp32) instead of

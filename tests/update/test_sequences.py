@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from trace_theory import compute_advantages
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
 from trace_train.update.loss import policy_loss
-from trace_train.update.sequences import build_sequences
+from trace_train.update.sequences import build_sequences, micro_batch_bounds
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +85,35 @@ def test_sequence_errors(tree_batch):
         build_sequences(batch, np.zeros(3), pad_token_id=0)
     with pytest.raises(ValueError, match=r"`shared_turn_weight` must be one of \('leaves', 'once'\), got 'twice'"):
         build_sequences(batch, np.zeros(len(batch.forest)), pad_token_id=0, shared_turn_weight="twice")
+    with pytest.raises(ValueError, match=r"`token_budget` must be a positive integer or None, got 0"):
+        build_sequences(batch, np.zeros(len(batch.forest)), pad_token_id=0, token_budget=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 50), max_size=30), max_rows=st.integers(1, 8),
+       budget=st.one_of(st.none(), st.integers(1, 200)))
+def test_micro_batch_bounds_cover_the_rows_in_order_within_both_bounds(lengths, max_rows, budget):
+    bounds = micro_batch_bounds(lengths, max_rows, budget)
+    assert [i for a, b in bounds for i in range(a, b)] == list(range(len(lengths)))  # every row once, in order
+    for j, (a, b) in enumerate(bounds):
+        assert 1 <= b - a <= max_rows
+        size = (b - a) * max(lengths[a:b])
+        if budget is not None and b - a > 1:
+            assert size <= budget
+        if j + 1 < len(bounds):  # greedy: the next row would have broken a bound
+            grown = (b - a + 1) * max(lengths[a:b + 1])
+            assert b - a + 1 > max_rows or (budget is not None and grown > budget)
+
+
+def test_leaf_micro_batches_keep_to_the_token_budget_and_train_the_same_tokens(tree_batch):
+    backend, batch = tree_batch
+    adv = compute_advantages(batch.forest, "trace")
+    rows_only = build_sequences(batch, adv, pad_token_id=backend.pad_id, micro_batch_size=64)
+    longest = int(rows_only.attention_mask.sum(1).max())
+    bounded = build_sequences(batch, adv, pad_token_id=backend.pad_id, micro_batch_size=64, token_budget=2 * longest)
+    parts = bounded.micro_batches()
+    assert len(rows_only.micro_batches()) == 1 and len(parts) >= len(rows_only) // 2 > 1
+    assert all(p.input_ids.numel() <= 2 * longest for p in parts)
+    assert sum(float(p.weights.sum()) for p in parts) == pytest.approx(float(rows_only.weights.sum()))
+    assert torch.equal(torch.cat([torch.as_tensor(p.leaves) for p in parts]),
+                       torch.as_tensor(rows_only.leaves))

@@ -146,8 +146,9 @@ def plan(cfg, *, world: int, gpu_bytes: int, layer_bytes_per_token: float, check
     checkpointing = cfg.model.activation_checkpointing if checkpointing is None else checkpointing
     sleeps = cfg.backend.sleeps_on(cfg.device) if sleeps is None else sleeps
     tokens = cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.limits.max_context_tokens
-    if cfg.algorithm.packing == "leaf":
-        tokens = cfg.optim.micro_batch_size * cfg.rollout.limits.max_context_tokens
+    if cfg.algorithm.packing == "leaf":  # rows of one path each: a row longer than the budget goes alone
+        tokens = max(min(tokens, cfg.optim.micro_batch_size * cfg.rollout.limits.max_context_tokens),
+                     cfg.rollout.limits.max_context_tokens)
     layers = config.num_hidden_layers
     if checkpointing:
         decoder = layers * config.hidden_size * s * tokens + layer_bytes_per_token * tokens

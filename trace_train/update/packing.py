@@ -127,25 +127,30 @@ class PackedTrees(ReadsLossInputs):
 
 def build_training_batch(batch: RolloutBatch, advantages: np.ndarray, *, packing: str, pad_token_id: int,
                          shared_turn_weight: str = "leaves", micro_batch_size: int = 16,
-                         token_budget: int = 8192, train_env_failures: bool = False) -> PackedTrees | TrainingSequences:
-    """The update's input: packed trees (``packing="tree"``) or one row per leaf (``"leaf"``, in
-    micro-batches of ``micro_batch_size`` rows). Both have ``micro_batches()``, ``normaliser()``,
+                         token_budget: int | None = None,
+                         train_env_failures: bool = False) -> PackedTrees | TrainingSequences:
+    """The update's input: packed trees (``packing="tree"``, micro-batches of at most ``token_budget``
+    tokens, 8192 if None) or one row per leaf (``"leaf"``, micro-batches of at most ``micro_batch_size`` rows
+    and, if given, ``token_budget`` tokens). Both have ``micro_batches()``, ``normaliser()``,
     ``logprobs(model)``, ``forward_tokens`` and ``unique_tokens``. Both train only the turns of
     ``batch.trained_nodes(train_env_failures=...)``: DAPO's kept groups, no environment faults."""
     if packing not in PACKINGS:
         raise ValueError(f"`packing` must be one of {PACKINGS}, got {packing!r}")
     if packing == "leaf":
         return build_sequences(batch, advantages, pad_token_id=pad_token_id, shared_turn_weight=shared_turn_weight,
-                               micro_batch_size=micro_batch_size, train_env_failures=train_env_failures)
+                               micro_batch_size=micro_batch_size, token_budget=token_budget,
+                               train_env_failures=train_env_failures)
     return pack_trees(batch, advantages, pad_token_id=pad_token_id, shared_turn_weight=shared_turn_weight,
-                      token_budget=token_budget, train_env_failures=train_env_failures)
+                      token_budget=8192 if token_budget is None else token_budget,
+                      train_env_failures=train_env_failures)
 
 
 def training_batch_for(batch: RolloutBatch, advantages: np.ndarray, cfg, *, pad_token_id: int):
     """:func:`build_training_batch` with a ``TrainConfig``'s settings: ``algorithm.packing``,
     ``algorithm.shared_turn_weight``, ``optim.micro_batch_size`` and the token budget
     ``algorithm.pack_tokens`` (default: ``optim.micro_batch_size x rollout.max_context_tokens``, the
-    largest micro-batch of the leaf layout, which holds any path) and ``algorithm.train_env_failures``."""
+    largest micro-batch of the leaf layout, which holds any path; both layouts keep to it) and
+    ``algorithm.train_env_failures``."""
     budget = cfg.algorithm.pack_tokens or cfg.optim.micro_batch_size * cfg.rollout.limits.max_context_tokens
     return build_training_batch(batch, advantages, packing=cfg.algorithm.packing, pad_token_id=pad_token_id,
                                 shared_turn_weight=cfg.algorithm.shared_turn_weight,

@@ -33,7 +33,7 @@ from .logprobs import sampled_logprobs
 from .loss import LossInputs, ReadsLossInputs, node_values
 
 __all__ = ["TrainingSequences", "build_sequences", "SHARED_TURN_WEIGHTS", "NodeTokens", "path_tokens",
-           "nodes_on_paths", "token_logprobs"]
+           "nodes_on_paths", "token_logprobs", "micro_batch_bounds"]
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,12 @@ class TrainingSequences(ReadsLossInputs):
     leaves: np.ndarray
     """Leaf node id of each row."""
     micro_batch_size: int = 16
-    """Rows per forward pass in :meth:`micro_batches`."""
+    """Rows per forward pass in :meth:`micro_batches` (at most)."""
     unique_tokens: int = 0
     """Tokens of the nodes on the rows' paths, counted once (what tree packing forwards)."""
+    token_budget: int | None = None
+    """Tokens per forward pass (rows x width of the micro-batch, padding included), at most; None: no bound
+    beyond ``micro_batch_size``. A row longer than the budget is a micro-batch of its own."""
 
 
     def __len__(self) -> int:
@@ -66,12 +69,14 @@ class TrainingSequences(ReadsLossInputs):
         width = int(self.attention_mask[rows].sum(dim=1).max())
         pick = lambda t: t[rows, :width]  # noqa: E731
         return TrainingSequences(pick(self.input_ids), pick(self.attention_mask), self.inputs.select(rows, width),
-                                 self.leaves[rows.numpy()], self.micro_batch_size)
+                                 self.leaves[rows.numpy()], self.micro_batch_size, token_budget=self.token_budget)
 
     def micro_batches(self) -> list["TrainingSequences"]:
-        """Consecutive rows, ``micro_batch_size`` at a time."""
-        size = self.micro_batch_size
-        return [self.select(range(i, min(len(self), i + size))) for i in range(0, len(self), size)]
+        """Consecutive rows, at most ``micro_batch_size`` of them and, with a ``token_budget``, at most that
+        many tokens (rows x the longest row) per micro-batch: :func:`micro_batch_bounds`."""
+        lengths = self.attention_mask.sum(dim=1).tolist()
+        return [self.select(range(a, b)) for a, b in micro_batch_bounds(lengths, self.micro_batch_size,
+                                                                         self.token_budget)]
 
     def normaliser(self, per_token: bool) -> float:
         """Total token weight (``token_mean``) or number of rows with a trained token (sequence means)."""
@@ -111,6 +116,23 @@ class NodeTokens:
         return np.array([int(a.sum()) for a in self.action], dtype=np.int64)
 
 
+def micro_batch_bounds(lengths, max_rows: int, token_budget: int | None = None) -> list[tuple[int, int]]:
+    """Split rows of the given lengths, in order, into ranges [a, b) of at most ``max_rows`` rows whose
+    padded size (b - a) x max(lengths[a:b]) is at most ``token_budget`` (greedy: a range grows until the
+    next row would break a bound). A row longer than the budget alone is a range of its own, since the
+    leaf layout cannot split a row."""
+    bounds, start, width = [], 0, 0
+    for i, length in enumerate(lengths):
+        rows, wide = i - start + 1, max(width, int(length))
+        if i > start and (rows > max_rows or (token_budget is not None and rows * wide > token_budget)):
+            bounds.append((start, i))
+            start, wide = i, int(length)
+        width = wide
+    if lengths:
+        bounds.append((start, len(lengths)))
+    return bounds
+
+
 def path_tokens(batch: RolloutBatch) -> NodeTokens:
     """The tokens of every node of ``batch`` and where on its path each node starts."""
     ids, action, logp = [], [], []
@@ -136,7 +158,7 @@ def nodes_on_paths(batch: RolloutBatch, leaves: np.ndarray) -> np.ndarray:
 
 def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id: int,
                     shared_turn_weight: str = "leaves", micro_batch_size: int = 16,
-                    train_env_failures: bool = False) -> TrainingSequences:
+                    token_budget: int | None = None, train_env_failures: bool = False) -> TrainingSequences:
     """One padded sequence per leaf; see the module docstring for which tokens each one trains.
 
     Parameters
@@ -147,7 +169,9 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
     pad_token_id : int
     shared_turn_weight : {"leaves", "once"}
     micro_batch_size : int
-        Rows per forward pass.
+        Rows per forward pass, at most.
+    token_budget : int or None
+        Tokens per forward pass (rows x width), at most (None: rows bound only).
     train_env_failures : bool
         Train the turns of rollouts ended by an environment fault too (default: left out, as are DAPO's
         uniform groups; :meth:`~trace_train.rollout.batch.RolloutBatch.trained_nodes`).
@@ -156,6 +180,9 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
     per_node = node_values(forest, advantages, shared_turn_weight)
     if micro_batch_size < 1:
         raise ValueError(f"`micro_batch_size` must be at least 1, got {micro_batch_size}")
+    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer))
+                                     or token_budget < 1):
+        raise ValueError(f"`token_budget` must be a positive integer or None, got {token_budget!r}")
     rows = []
     trained = batch.trained_nodes(train_env_failures=train_env_failures)
     for leaf in forest.leaves.tolist():
@@ -181,7 +208,7 @@ def build_sequences(batch: RolloutBatch, advantages: np.ndarray, *, pad_token_id
             getattr(inputs, name)[i, :length] = torch.from_numpy(values[node].astype(np.float32)) * mask
     leaves = np.array([r[0] for r in rows], dtype=np.int64)
     unique = sum(len(batch.nodes[n].token_ids) for n in np.flatnonzero(nodes_on_paths(batch, leaves)).tolist())
-    return TrainingSequences(input_ids, attention, inputs, leaves, micro_batch_size, unique)
+    return TrainingSequences(input_ids, attention, inputs, leaves, micro_batch_size, unique, token_budget)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
