@@ -153,8 +153,15 @@ class Run:
         if not same:
             raise ValueError(f"checkpoint {ckpt.path} was written under another config; use another run_dir "
                              "(only steps, optim.lr, optim.grad_clip, checkpointing and logging may change)")
-        load_policy_weights(self.policy, ckpt.policy, self.info)
-        load_full_optimizer_state_dict(self.policy, self.optimizer, ckpt.optimizer, self.info)
+        try:
+            load_policy_weights(self.policy, ckpt.policy, self.info)
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{ckpt.path / 'policy.pt'}: does not fit this model ({(str(err).splitlines() or [type(err).__name__])[0][:300]})") from None
+        try:
+            load_full_optimizer_state_dict(self.policy, self.optimizer, ckpt.optimizer, self.info)
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{ckpt.path / 'optimizer.pt'}: does not fit this model's optimizer "
+                                  f"({(str(err).splitlines() or [type(err).__name__])[0][:300]})") from None
         apply_optimizer_overrides(self.optimizer, self.cfg)  # a lowered optim.lr holds after the state is loaded
         try:
             self.predictor = predictor_from_state_dict(ckpt.extra["predictor"])

@@ -120,6 +120,19 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_resuming_rank_reads_only_its_own_shards_of_the_checkpoint(tmp_path):
+    """A real checkpoint of an FSDP2 model with uneven shards (67 embedding rows: 34 and 33), loaded with
+    every row outside the rank's shards set to NaN: the weights and AdamW moments come back exactly (so no
+    other row was read), as sharded tensors, equal to torch's own full-state-dict loading, and the next
+    step equals the uninterrupted model's."""
+    logs = _two_ranks_of("shard_resume.py", tmp_path)
+    assert [log["local_rows"] for log in logs] == [[34], [33]]
+    for log in logs:
+        assert log["poisoned_equal"] and log["finite"] and log["reference_equal"], log
+        assert log["moments_are_dtensors"] and log["next_step_equal"], log
+
+
+@pytest.mark.slow
 def test_every_rank_generates_its_share_of_every_step(tmp_path):
     """The global allocation joins the pools in interleaved order, so a rule that takes the first prompts
     (GRPO's uniform groups, TRACE's water-filling on the ties of an untrained predictor) spreads them over

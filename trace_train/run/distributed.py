@@ -13,6 +13,9 @@ The layout, following verl and TRL's multi-process GRPO:
 * **Policy.** The model is sharded with PyTorch FSDP (``fully_shard`` on every decoder layer, then the
   whole model); gradients are averaged across ranks by FSDP, and :func:`global_normaliser` makes the
   token-mean loss a mean over the *global* batch.
+* **Resume.** A checkpoint holds the full fp32 weights and optimiser state (gathered to rank 0, one
+  tensor at a time); a resuming rank maps the files and copies only the rows its shards hold
+  (:func:`shard_like`), so no rank reads, or holds, the whole optimiser state.
 * **Weight sync.** After each update every rank streams the full weights into its own generation engine,
   one parameter gathered at a time (:func:`iter_full_tensors`), so no rank holds a second full copy.
 
@@ -31,7 +34,8 @@ import torch.distributed as dist
 __all__ = ["DistInfo", "init_distributed", "GlobalRootAllocator", "allocate_interleaved", "interleaved_order",
            "rank_share", "shard_policy", "full_state_dict",
            "checkpoint_state_dict", "iter_full_tensors",
-           "full_optimizer_state_dict", "load_full_optimizer_state_dict", "gather_objects",
+           "full_optimizer_state_dict", "load_full_optimizer_state_dict", "load_full_weights", "shard_like",
+           "gather_objects",
            "global_normaliser", "max_over_ranks", "merge_metrics"]
 
 
@@ -234,15 +238,68 @@ def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Opt
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``full`` laid out as ``like`` (a parameter's DTensor): the slice of the global
+    tensor that ``like``'s placements give this rank, copied to its device. Only that slice is read, so a
+    memory-mapped ``full`` (``torch.load(mmap=True)``) pages in this rank's bytes alone, where torch's
+    full-state-dict loading copies every whole tensor to every rank's device first. A plain ``like`` (not
+    sharded) gets all of ``full``."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(like, DTensor):
+        return full.detach().to(like.device)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if tuple(full.shape) != tuple(like.shape):
+        raise ValueError(f"a tensor of shape {tuple(full.shape)} cannot fill a parameter of shape {tuple(like.shape)}")
+    shape, offset = compute_local_shape_and_global_offset(like.shape, like.device_mesh, like.placements)
+    piece = full.detach()[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    local = piece.to(like.device, copy=True).contiguous()
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                              stride=like.stride())
+
+
+def load_full_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], info: DistInfo) -> None:
+    """Load :func:`checkpoint_state_dict`'s output: one process, ``load_state_dict``; under FSDP every
+    parameter (and persistent buffer) copies its own shard's rows of the full tensor (:func:`shard_like`).
+    A ValueError names the keys the state lacks."""
+    if not info.enabled:
+        model.load_state_dict(state)
+        return
+    from torch.distributed.tensor import DTensor
+
+    tensors = dict(model.named_parameters())
+    persistent = {k for k in model.state_dict() if k not in tensors}
+    tensors.update((k, b) for k, b in model.named_buffers() if k in persistent)
+    missing = sorted(set(tensors) - set(state))
+    if missing:
+        raise ValueError(f"the checkpoint's weights lack {len(missing)} of the model's tensors: {missing[:3]}")
+    with torch.no_grad():
+        for name, target in tensors.items():
+            value = shard_like(state[name], target)
+            local = target.to_local() if isinstance(target, DTensor) else target
+            local.copy_(value.to_local() if isinstance(value, DTensor) else value)
+
+
 def load_full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
                                    info: DistInfo) -> None:
-    """Load :func:`full_optimizer_state_dict`'s output; under FSDP each rank keeps its own shard of it."""
+    """Load :func:`full_optimizer_state_dict`'s output; under FSDP each rank builds its own shard of every
+    moment (:func:`shard_like`, reading only those rows) and loads that sharded state."""
     if not info.enabled:
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    params = dict(model.named_parameters())
+    unknown = sorted(set(state["state"]) - set(params))
+    if unknown:
+        raise ValueError(f"the checkpoint's optimizer state names parameters this model lacks: {unknown[:3]}")
+    sharded = {"param_groups": state["param_groups"],
+               "state": {name: {k: (v.detach().cpu().clone() if v.dim() == 0 else shard_like(v, params[name]))
+                                if isinstance(v, torch.Tensor) else v for k, v in moments.items()}
+                         for name, moments in state["state"].items()}}
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=sharded,
+                             options=StateDictOptions(full_state_dict=False))
 
 
 def gather_objects(obj, info: DistInfo) -> list:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..configs import ModelConfig
-from .distributed import DistInfo, checkpoint_state_dict
+from .distributed import DistInfo, checkpoint_state_dict, load_full_weights
 from .files import subdir
 
 __all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_policy_weights", "checkpoint_activations", "export"]
@@ -49,13 +49,9 @@ def checkpoint_activations(model) -> None:
 
 
 def load_policy_weights(policy, state: dict, info: DistInfo) -> None:
-    """Load a checkpoint's full state dict into the policy (into its shards under FSDP)."""
-    if not info.enabled:
-        policy.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True))
+    """Load a checkpoint's full state dict into the policy (under FSDP each rank reads only its shards'
+    rows: ``distributed.load_full_weights``)."""
+    load_full_weights(policy, state, info)
 
 
 def export(policy, tokenizer, path: Path, info: DistInfo) -> None:
