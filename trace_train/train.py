@@ -60,10 +60,11 @@ from .run.checkpoint import (Checkpoint, CheckpointError, check_world_size, clea
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                               gather_objects, init_distributed, iter_full_tensors, load_full_optimizer_state_dict,
-                              max_over_ranks, shard_policy)
+                              max_over_ranks)
 from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_dir
 from .run.metrics_log import MetricsLogger, read_metrics
-from .run.policy import checkpoint_activations, export, load_policy, load_policy_weights, model_path
+from .run.policy import (checkpoint_activations, export, load_policy, load_policy_weights, load_sharded_policy,
+                         model_path)
 from .run.resume import check_or_write_config, resume_fingerprint
 from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.step_metrics import step_metrics
@@ -226,21 +227,25 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         paths = [path]
         torch.distributed.broadcast_object_list(paths, src=0)
         path = paths[0]
-    # fp32 master weights; under FSDP loaded on the CPU and sharded there, so that each GPU only ever holds
-    # its shard (a whole fp32 8B policy is 32 GB) and vLLM, built next, sizes its cache on a GPU without it
-    policy, tokenizer = load_policy(path, "cpu" if info.enabled else info.device, torch.float32)
-    if cfg.model.activation_checkpointing:
-        checkpoint_activations(policy)
+    # fp32 master weights; under FSDP built on the meta device and sharded, rank 0 broadcasting the weights,
+    # so that each GPU only ever holds its shard (a whole fp32 8B policy is 32 GB), no rank but rank 0 holds a
+    # full copy in host memory, and vLLM, built next, sizes its cache on a GPU without it
     compute = getattr(torch, cfg.model.dtype)
     if info.enabled:
-        shard_policy(policy, compute_dtype=compute).to(info.device)
+        policy, tokenizer = load_sharded_policy(path, torch.float32, info, compute_dtype=compute,
+                                                activation_checkpointing=cfg.model.activation_checkpointing)
+    else:
+        policy, tokenizer = load_policy(path, info.device, torch.float32)
+        if cfg.model.activation_checkpointing:
+            checkpoint_activations(policy)
     backend = training_backend(cfg, path, device=info.device, policy=policy, tokenizer=tokenizer, sharded=info.enabled)
     ref = None
     if cfg.algorithm.loss.kl_coef > 0:  # frozen, in model.dtype; under FSDP sharded like the policy
-        ref, _ = load_policy(path, "cpu" if info.enabled else info.device, compute)
-        ref.requires_grad_(False).eval()
         if info.enabled:
-            shard_policy(ref, compute_dtype=compute).to(info.device)
+            ref, _ = load_sharded_policy(path, compute, info, compute_dtype=compute)
+        else:
+            ref, _ = load_policy(path, info.device, compute)
+        ref.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)

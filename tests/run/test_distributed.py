@@ -120,6 +120,18 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_sharded_policy_is_loaded_without_a_full_copy_on_other_ranks(tmp_path):
+    """``load_sharded_policy``: rank 1 never calls ``from_pretrained`` (its model is built on the meta device
+    and filled by rank 0's broadcast), and both ranks end with the shards, rotary buffers (a non-default
+    rope_theta, which a state dict leaves out) and logits of ``from_pretrained`` then ``shard_policy``."""
+    logs = _two_ranks_of("meta_loading.py", tmp_path)
+    assert [log["from_pretrained_calls"] for log in logs] == [1, 0]
+    for log in logs:
+        assert log["meta_left"] == 0 and log["dtype"] == "torch.float32", log
+        assert log["shards_equal"] and log["buffers_equal"] and log["logits_equal"], log
+
+
+@pytest.mark.slow
 def test_a_resuming_rank_reads_only_its_own_shards_of_the_checkpoint(tmp_path):
     """A real checkpoint of an FSDP2 model with uneven shards (67 embedding rows: 34 and 33), loaded with
     every row outside the rank's shards set to NaN: the weights and AdamW moments come back exactly (so no

@@ -10,7 +10,8 @@ from ..configs import ModelConfig
 from .distributed import DistInfo, checkpoint_state_dict, load_full_weights
 from .files import subdir
 
-__all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_policy_weights", "checkpoint_activations", "export"]
+__all__ = ["DEMONSTRATED_ROWS", "model_path", "load_policy", "load_sharded_policy", "load_policy_weights",
+           "checkpoint_activations", "export"]
 
 DEMONSTRATED_ROWS = 256
 """The tiny model's warm start plays the scripted expert on at most this many (the first) training rows."""
@@ -39,6 +40,50 @@ def load_policy(path: str, device: str, dtype: torch.dtype):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+def load_sharded_policy(path: str, dtype: torch.dtype, info: DistInfo, *, compute_dtype: torch.dtype,
+                        activation_checkpointing: bool = False):
+    """The model of :func:`load_policy` sharded over the ranks (FSDP2, ``distributed.shard_policy``) on
+    ``info.device``, without a full copy on any rank but rank 0's host.
+
+    Every rank builds the model's structure on the meta device (no memory), shards it and allocates only its
+    shards on its device (``to_empty``); rank 0 reads the weights (one full copy in host memory) and
+    broadcasts them, each rank keeping its shard (``set_model_state_dict`` with ``broadcast_from_rank0``);
+    the buffers a state dict leaves out (rotary frequencies) are sent the same way. Loading the whole
+    model on every rank, as ``from_pretrained`` would, needs world x 32 GB of host memory for an fp32 8B
+    policy. Returns (model, tokenizer)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .distributed import shard_policy
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if activation_checkpointing:
+        checkpoint_activations(model)
+    shard_policy(model, compute_dtype=compute_dtype)
+    model.to_empty(device=info.device)
+    full, buffers = {}, {}
+    if info.is_main:
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        full, buffers = loaded.state_dict(), dict(loaded.named_buffers())
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    persistent = set(model.state_dict())
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name not in persistent:
+                if info.is_main:
+                    buffer.copy_(buffers[name])
+                torch.distributed.broadcast(buffer, src=0)
+        if info.is_main:
+            model.generation_config = loaded.generation_config  # its end-of-turn tokens, which the back end reads
+    del full, buffers
+    generation = [model.generation_config]
+    torch.distributed.broadcast_object_list(generation, src=0)
+    model.generation_config = generation[0]
+    return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
 def checkpoint_activations(model) -> None:
