@@ -58,7 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python -m simulations.benchmark --scaling --json results/benchmarks/simulator.json
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) results .pytest_cache .hypothesis
 
 # TRACE as a plugin of verl 0.9.1 (trace_train/integrations/verl) gets its own venv: verl pins
 # transformers<5.11, the main venv runs 5.16+. CPU torch first (as above), then verl and its V1 stack
