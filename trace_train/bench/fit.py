@@ -119,9 +119,14 @@ def main(argv=None):
     parser.add_argument("--backend", default="hf", choices=BACKEND_NAMES)
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=sorted(ARMS),
                         help="arms of --compare (GRPO always runs)")
+    parser.add_argument("--json", type=Path, default=None, help="also write --compare's summary to this file")
     args = parser.parse_args(argv)
     if args.compare:
-        return compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms)
+        summary = compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        return summary
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for fit in (True, False):
