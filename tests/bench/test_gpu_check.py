@@ -111,7 +111,7 @@ def test_the_check_runs_without_vllm_math_verify_bm25s_or_datasets(tmp_path):
     done = subprocess.run([sys.executable, "-m", "trace_train.gpu_check", "--cpu-smoke", "--out", str(out),
                            "--sections", "tree_packing", "training_steps", "two_gpus", "vllm"],
                           capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])  # the verdict is on stdout
     result = json.loads(out.read_text())
     assert result["ran"] == ["tree_packing", "training_steps", "two_gpus"]
     assert result["skipped"] == {"vllm": "vllm is not importable"}

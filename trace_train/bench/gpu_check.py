@@ -336,6 +336,8 @@ def two_ranks(device: str, timeout: int = 600) -> list[dict]:
                         {"rank": rank, "ok": False, "error": done.stderr[-2000:]})
     for row in rows:
         row["ok"] = bool(row.get("ok") and done.returncode == 0)
+        if done.returncode != 0:  # the ranks' checks passed but torchrun did not: say why
+            row.setdefault("error", f"torchrun exited {done.returncode}: {done.stderr[-2000:]}")
         row["seconds"] = time.perf_counter() - t0
         print(f"two ranks ({device}): {row}", flush=True)
     return rows
