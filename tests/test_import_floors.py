@@ -39,7 +39,7 @@ THEORY_STOREYS = (
                 "trace_theory.targets", "trace_theory.metrics")),
     ("decisions", ("trace_theory.allocate", "trace_theory.policies", "trace_theory.advantages", "trace_theory.eager",
                    "trace_theory.benchmark")),
-    ("driver", ("trace_theory.step", "trace_theory.selfcheck", "trace_theory")),
+    ("driver", ("trace_theory.step", "trace_theory.pipelined", "trace_theory.selfcheck", "trace_theory")),
 )
 
 PACKAGES = {"trace_train": TRAIN_STOREYS, "trace_theory": THEORY_STOREYS}

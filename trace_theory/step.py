@@ -66,7 +66,7 @@ from .policies import AllocationPolicy, RolloutBudget, RootAllocator, top_up_roo
 __all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "EagerWorld", "TreeExpander",
            "PrefixCommitter", "Branch", "StepRecord",
            "RootAllocator", "run_step",
-           "round_shares", "in_rollout_order", "place_continuations"]
+           "round_shares", "in_rollout_order", "place_continuations", "plan_roots"]
 
 KINDS = ("bare", "top_up", "continuation")
 """Kinds of rollouts a world grows: bare (from a new root), top-up (extra bare rollouts from an existing
@@ -353,22 +353,8 @@ def run_step(
     planned = RolloutBudget(*policy.split(budget))
     if policy.dynamic_sampling:
         return _dynamic_sampling(world, policy, planned, pool)
-    n_roots, per_root = planned.roots, planned.continuations_per_root
-    prompts = np.arange(pool)
-    record: dict = {}
-    root_cost, priced = None, {}
-    if policy.predicts_roots:
-        guess = _checked(world.predict_prompts(prompts, concentration=policy.posterior), pool, policy)
-        v, kappa, root_cost = guess.v, guess.concentration, guess.cost
-        record.update(prompt_ids=prompts, prompt_v=v, prompt_concentration=kappa)
-        if root_cost is not None and pool and not np.all(root_cost == root_cost[0]):
-            priced = {"cost": root_cost / root_cost.mean()}  # equal prices: the rollout-priced roots
-    else:  # the rule ignores values: none are asked for
-        v, kappa = np.full(pool, 0.5), None
-    allocate = root_allocator or _allocate_roots_locally
-    m = np.asarray(allocate(policy, v, n_roots, rng=rng, concentration=kappa, **priced), dtype=np.int64)
-    if m.shape != (pool,) or (m < 0).any():  # a distributed allocator returns this rank's share of the budget
-        raise ValueError(f"the root allocator must return {pool} non-negative counts, got {m!r}")
+    per_root = planned.continuations_per_root
+    m, v, root_cost, record = plan_roots(world, policy, planned, pool=pool, rng=rng, root_allocator=root_allocator)
     active = np.flatnonzero(m > 0)
     counts = dict.fromkeys(KINDS, 0)
     counts["bare"] = int(m.sum())
@@ -391,6 +377,29 @@ def run_step(
     expansion = "eager" if eagerly else "streamed" if streams else "barrier"
     return StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,
                       streamed=bool(streams or eagerly), expansion=expansion, **record)
+
+
+def plan_roots(world: World, policy: AllocationPolicy, planned: RolloutBudget, *, pool: int,
+               rng: np.random.Generator, root_allocator: RootAllocator | None = None):
+    """Stage 1 of a step: predict the candidate pool (if the root rule reads predictions) and allocate the
+    ``planned.roots`` root rollouts. Returns (group size per candidate m, predictions v (1/2 where none was
+    asked), the world's root costs or None, the record's prompt fields)."""
+    n_roots, prompts = planned.roots, np.arange(pool)
+    record: dict = {}
+    root_cost, priced = None, {}
+    if policy.predicts_roots:
+        guess = _checked(world.predict_prompts(prompts, concentration=policy.posterior), pool, policy)
+        v, kappa, root_cost = guess.v, guess.concentration, guess.cost
+        record.update(prompt_ids=prompts, prompt_v=v, prompt_concentration=kappa)
+        if root_cost is not None and pool and not np.all(root_cost == root_cost[0]):
+            priced = {"cost": root_cost / root_cost.mean()}  # equal prices: the rollout-priced roots
+    else:  # the rule ignores values: none are asked for
+        v, kappa = np.full(pool, 0.5), None
+    allocate = root_allocator or _allocate_roots_locally
+    m = np.asarray(allocate(policy, v, n_roots, rng=rng, concentration=kappa, **priced), dtype=np.int64)
+    if m.shape != (pool,) or (m < 0).any():  # a distributed allocator returns this rank's share of the budget
+        raise ValueError(f"the root allocator must return {pool} non-negative counts, got {m!r}")
+    return m, v, root_cost, record
 
 
 def _allocate_roots_locally(policy, v, budget, *, rng, concentration, cost=None):
