@@ -145,7 +145,9 @@ class MDPWorld:
     """The tasks under one policy: the world protocol of :mod:`simulations.runner`.
 
     Payload per node: ``task``, ``state`` (global id), ``action`` (-1 at roots), ``v`` (exact V under the
-    current policy; the reward at a leaf) and ``signal`` (logit V + the state's fixed noise).
+    current policy; the reward at a leaf), ``signal`` (logit V + the state's fixed noise) and ``mu`` (the
+    probability the sampling policy gave the turn's action: the behaviour policy of
+    :func:`policy_gradient_step`'s importance ratio; 1 at roots).
     """
 
     tasks: Tasks
@@ -159,10 +161,11 @@ class MDPWorld:
     def v(self) -> np.ndarray:
         return self.tasks.values(self.theta)
 
-    def _payload(self, task, state, action) -> dict[str, np.ndarray]:
+    def _payload(self, task, state, action, mu=None) -> dict[str, np.ndarray]:
         v = self.v[task, state]
         z = logit(np.clip(v, _SIGNAL_CLIP, 1 - _SIGNAL_CLIP)) + self.tasks.signal_noise[task, state]
-        return {"task": task, "state": state, "action": action, "v": v, "signal": z}
+        mu = np.ones(len(task)) if mu is None else mu
+        return {"task": task, "state": state, "action": action, "v": v, "signal": z, "mu": mu}
 
     def expected_turns(self, depth) -> np.ndarray:
         """Turns of a rollout sampled from a node at ``depth``: H - d (every episode runs to the horizon)."""
@@ -188,16 +191,18 @@ class MDPWorld:
         length = mdp.horizon - depth
         states = np.zeros((n, max(width, 0)), dtype=np.int64)
         actions = np.zeros_like(states)
+        probs = np.ones(states.shape)
         for t in range(width):
             go = np.flatnonzero(depth + t < mdp.horizon)
             h = depth[go] + t
-            cdf = np.cumsum(self.pi[task[go], state[go]], axis=-1)
-            a = np.minimum((rng.random(go.size)[:, None] > cdf).sum(axis=-1), mdp.n_actions - 1)
+            pi = self.pi[task[go], state[go]]
+            a = np.minimum((rng.random(go.size)[:, None] > np.cumsum(pi, axis=-1)).sum(axis=-1), mdp.n_actions - 1)
+            probs[go, t] = pi[np.arange(go.size), a]
             state[go] = off[h + 1] + (state[go] - off[h]) * mdp.n_actions + a
             states[go, t], actions[go, t] = state[go], a
         taken = np.arange(max(width, 0)) < length[:, None]
         turn_task = np.repeat(task, length)
-        turns = self._payload(turn_task, states[taken], actions[taken])
+        turns = self._payload(turn_task, states[taken], actions[taken], probs[taken])
         leaf = np.cumsum(length) - 1
         reward = (rng.random(n) < self.tasks.p_leaf[task, state - off[mdp.horizon]]).astype(float)
         turns["v"][leaf] = reward
@@ -215,14 +220,21 @@ def normaliser(forest, normalisation: str, horizon: int) -> float:
     raise ValueError(f"unknown `normalisation` {normalisation!r}; known: {', '.join(NORMALISATIONS)}")
 
 
+MAX_RATIO = 2.0
+"""Truncation of the per-turn importance ratio pi / mu in :func:`policy_gradient_step`."""
+
+
 def policy_gradient_step(
     world: MDPWorld, trained: SimForest, *, estimator: str, lr: float, normalisation: str = "leaves"
 ) -> np.ndarray:
     """New logits after one policy-gradient step on ``trained`` with a registered advantage estimator.
 
-    theta[task, s] += lr / L * sum_y n_y A(y) (onehot(a_y) - pi(. | s)) over the turns y taken from
-    state s, n_y = rollouts through y, L from ``normalisation`` (see the module docstring). A forest
-    with nothing to train on (L = 0) leaves theta as is.
+    theta[task, s] += lr / L * sum_y n_y rho_y A(y) (onehot(a_y) - pi(. | s)) over the turns y taken from
+    state s, n_y = rollouts through y, L from ``normalisation`` (see the module docstring), and
+    rho_y = min(pi(a_y | s) / mu_y, ``MAX_RATIO``) the per-turn importance ratio against the policy that
+    sampled the turn (the payload's ``mu``; 1 for turns sampled by the current policy, so on-policy
+    batches are unchanged; below 1 or above it for turns one update old, as pipelined expansion trains
+    them). A forest with nothing to train on (L = 0) leaves theta as is.
     """
     forest = trained.forest
     theta = world.theta.copy()
@@ -234,6 +246,9 @@ def policy_gradient_step(
     x = forest.parent[y]
     task, state, action = trained.nodes["task"][y], trained.nodes["state"][x], trained.nodes["action"][y]
     weighted = adv[y] * forest.leaf_count[y]
+    if "mu" in trained.nodes:  # the importance ratio of turns sampled by an older policy (pipelined)
+        rho = world.pi[task, state, action] / trained.nodes["mu"][y]
+        weighted = weighted * np.minimum(rho, MAX_RATIO)
     grad = -weighted[:, None] * world.pi[task, state]
     grad[np.arange(y.size), action] += weighted
     flat = theta.reshape(-1, theta.shape[-1])

@@ -16,6 +16,7 @@ dry; DAPO trains on its mixed groups only. Turns are counted for equal-token vie
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import math
 import re
@@ -25,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from trace_theory import POLICIES, AllocationPolicy, EagerPlan, Origin, Prediction, RolloutBudget, get_policy, run_step
+from trace_theory.pipelined import Pending, run_pipelined_step
 from trace_theory.eager import EXPANSIONS
 from trace_theory.step import Kind, Starts, StepRecord, in_rollout_order
 
@@ -232,6 +234,8 @@ class BernoulliWorld:
         self.blocks: list[Rollouts] = []
         self.planted = 0
         self.sim: SimForest | None = None
+        self.completed: "BernoulliWorld | None" = None
+        """After a pipelined wave: the pending step's world, its continuations grown (``plant_pipelined``)."""
 
     def predict_prompts(self, prompts, *, concentration: bool) -> Prediction:
         payload = {k: a[prompts] for k, a in self.prompts.items()}
@@ -337,6 +341,24 @@ class BernoulliWorld:
                         np.concatenate([top_ups[topped], k[branch]]).astype(np.int64))
         return self.grow(starts) if len(starts) else forest
 
+    def plant_pipelined(self, prompts, counts, pending: Pending | None):
+        """``PipelinedWorld.plant_pipelined``: this step's bare rollouts and, in the same wave, the pending
+        step's continuations and top-ups, drawn from this world (the policy of this step: in the tree MDP,
+        one update newer than their prefixes) below the pending step's forest."""
+        forest = self.plant(prompts, counts) if len(prompts) else None
+        done = None
+        if pending is not None:
+            carried = copy.copy(pending.carried)  # the previous step's world, grown by this step's policy
+            carried.world, carried.rng = self.world, self.rng
+            carried.grow(pending.starts)
+            self.completed = carried
+            done = carried.sim.forest
+        return forest, done
+
+    def carry(self) -> "BernoulliWorld":
+        """What a pending step keeps of this world: the world itself (its rollouts and payloads)."""
+        return self
+
     def batch(self, record: StepRecord) -> Batch:
         """The :class:`Batch` of a finished step: what was sampled, trained on and predicted."""
         sim, forest = self.sim, self.sim.forest
@@ -351,6 +373,58 @@ class BernoulliWorld:
             rollouts = Rollouts.concatenate(self.blocks)
             trained = SimForest.plant(self.prompts, m_kept, rollouts.select(np.repeat(keep, self.m)))
         return Batch(sim, trained, record.rounds, predicted, actual, depth, record, self.planted)
+
+
+@dataclass(frozen=True)
+class PipelinedBatch:
+    """One pipelined step in the simulator (:func:`sample_pipelined`)."""
+
+    trained: Batch | None
+    """The previous step's trees, whole (what this step's update trains); None on the first step."""
+    pending: Pending | None
+    """This step's trees, decided, to be completed by the next wave."""
+    wave_critical_path: int
+    """Turns on the longest chain of this step's one generation wave: this step's bare rollouts and the
+    previous step's continuations and top-ups, all started together (:func:`wave_critical_path`)."""
+
+
+def sample_pipelined(world: World, policy: AllocationPolicy, budget: RolloutBudget, predictor: Predictor, *,
+                     pool: int, rng: np.random.Generator, pending: Pending | None, plant: bool = True) -> PipelinedBatch:
+    """One step of pipelined expansion (``trace_theory.pipelined``) in the simulated world.
+
+    The wave plants a fresh pool's roots (as :func:`sample_batch`) and grows ``pending``'s continuations
+    from ``world`` (the current policy); the previous step comes back whole as a :class:`Batch`, this
+    step's continuations are decided by the barrier's rule on its bare rollouts and come back as the new
+    pending. ``plant=False`` only grows ``pending`` (the last step). A policy that does not pipeline
+    returns its whole batch at once, pending None.
+    """
+    prompts = world.sample_prompts(pool, rng) if plant else {"v": np.zeros(0)}
+    sim_world = BernoulliWorld(world, prompts, predictor, rng)
+    step = run_pipelined_step(sim_world, policy, budget, pool=pool if plant else 0, rng=rng, pending=pending,
+                              plant=plant)
+    trained = None
+    if step.trained is not None:
+        trained = (sim_world.completed if pending is not None else sim_world).batch(step.trained)
+    n_old = 0 if pending is None else len(pending.record.forest)
+    grown = None if trained is None or pending is None else trained.sampled.forest
+    path = wave_critical_path(step.wave, grown, n_old)
+    if pending is None and step.pending is None and trained is not None:  # an ordinary step
+        path = critical_path(trained)
+    return PipelinedBatch(trained, step.pending, path)
+
+
+def wave_critical_path(planted, grown, n_old: int) -> int:
+    """Turns on the longest chain of one pipelined wave: every rollout starts at 0, this step's bare
+    rollouts (the leaves of ``planted``) run their length, the previous step's continuations and top-ups
+    (nodes ``n_old`` on of ``grown``) run their own turns, not their prefixes'."""
+    longest = 0
+    if planted is not None and len(planted):
+        longest = int(planted.depth[planted.leaves].max(initial=0))
+    if grown is not None and len(grown) > n_old:
+        leaves = grown.leaves[grown.leaves >= n_old]
+        anchor = grown.parent[grown.rollout_start[leaves]]
+        longest = max(longest, int((grown.depth[leaves] - grown.depth[anchor]).max(initial=0)))
+    return longest
 
 
 def critical_path(batch: Batch) -> int:

@@ -37,7 +37,7 @@ from trace_theory import EagerPlan, RolloutBudget, flip_probability, get_policy
 from ..mdp import MDPWorld, TreeMDP, policy_gradient_step
 from ..model import BernoulliTreeModel, PassRates
 from ..predictors import make_predictor
-from ..runner import Arm, critical_path, sample_batch
+from ..runner import Arm, critical_path, sample_batch, sample_pipelined
 from . import tuning
 from .base import Experiment, Outcome, Units, mean_and_stderr, register, summarise, tidy_metrics, unit_rng
 from .common import BatchShape, PAPER_GRPO_RATIO, calibrated, yield_metrics
@@ -57,11 +57,14 @@ PREDICTOR_OPTIONS = {"noisy": {"noise": 1.0}}
 
 def parse_arm(label: str, policy: str) -> tuple[str, str, EagerPlan | None]:
     """(policy, expansion, plan) of an arm label: ``grpo``, ``root_only``, ``trace_barrier``,
-    ``trace_streamed``, ``eager_<reserve>`` or ``eager_joint_<reserve>``."""
+    ``trace_streamed``, ``pipelined`` (one-step-off continuations, ``trace_theory.pipelined``),
+    ``eager_<reserve>``, ``eager_now_<reserve>`` or ``eager_joint_<reserve>``."""
     if label in ("grpo", "root_only"):
         return label, "barrier", None
     if label in ("trace_barrier", "trace_streamed"):
         return policy, label.split("_")[1], None
+    if label == "pipelined":
+        return policy, "pipelined", None
     for prefix, objective, lag in (("eager_joint_", "joint", 1), ("eager_now_", "additive", 0),
                                    ("eager_", "additive", 1)):
         if label.startswith(prefix):
@@ -70,7 +73,7 @@ def parse_arm(label: str, policy: str) -> tuple[str, str, EagerPlan | None]:
             except ValueError:
                 break
             return policy, "eager", EagerPlan(reserve=reserve, objective=objective, lag=lag)
-    raise ValueError(f"unknown arm {label!r}: grpo, root_only, trace_barrier, trace_streamed, eager_R, "
+    raise ValueError(f"unknown arm {label!r}: grpo, root_only, trace_barrier, trace_streamed, pipelined, eager_R, "
                      "eager_now_R or eager_joint_R (R the reserve share)")
 
 
@@ -88,15 +91,15 @@ class Config(BatchShape):
     target_ratio: float = PAPER_GRPO_RATIO
     policy: str = "trace_tokens"
     """The TRACE policy of the lazy and eager arms (priced in tokens)."""
-    arms: tuple[str, ...] = ("grpo", "root_only", "trace_barrier", "trace_streamed", "eager_0.0", "eager_0.25",
-                             "eager_0.5", "eager_now_0.0", "eager_joint_0.0")
+    arms: tuple[str, ...] = ("grpo", "root_only", "trace_barrier", "trace_streamed", "pipelined", "eager_0.0",
+                             "eager_0.25", "eager_0.5", "eager_now_0.0", "eager_joint_0.0")
     """``eager_R``: reserve share R, decided one turn after the prefix forms (``EagerPlan.lag`` 1);
     ``eager_now_R``: as it forms (lag 0); ``eager_joint_R``: the rollout-joint gain."""
     predictors: tuple[str, ...] = ("oracle", "learned", "running_mean", "noisy")
     spreads: tuple[str, ...] = ("fixed", "mid", "wide")
     model: BernoulliTreeModel = field(default_factory=BernoulliTreeModel)
     # learning in the tree MDP
-    learning_arms: tuple[str, ...] = ("grpo", "root_only", "trace_barrier", "eager_0.0", "eager_0.25")
+    learning_arms: tuple[str, ...] = ("grpo", "root_only", "trace_barrier", "pipelined", "eager_0.0", "eager_0.25")
     steps: int = 30
     learning_roots: int = 16
     learning_continuations: int = 2
@@ -127,7 +130,8 @@ class Config(BatchShape):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=2, batches=3, warmup=1, roots=24, predictors=("oracle", "learned"), spreads=("mid",),
-                   arms=("grpo", "trace_barrier", "eager_0.0", "eager_0.5"), learning_arms=("grpo", "eager_0.0"),
+                   arms=("grpo", "trace_barrier", "pipelined", "eager_0.0", "eager_0.5"),
+                   learning_arms=("grpo", "pipelined", "eager_0.0"),
                    steps=3, lrs=(20.0, 40.0), report_seeds=2, tuning_seeds=1,
                    mdp=TreeMDP(n_tasks=16, horizon=3, pass_rates=PassRates().calibrated(PAPER_GRPO_RATIO, 8)))
 
@@ -180,6 +184,8 @@ def run_arm(model, arm: str, config: Config, predictor_name: str, rng, *, batche
     policy_name, expansion, plan = parse_arm(arm, config.policy)
     policy = get_policy(policy_name, group_size=config.group_size)
     predictor = make_predictor(predictor_name, **PREDICTOR_OPTIONS.get(predictor_name, {}))
+    if expansion == "pipelined":
+        return _run_pipelined(model, policy, config, predictor, rng, batches=batches)
     rows = []
     for b in range(batches):
         batch = sample_batch(model, policy, config.budget, predictor, pool=config.pool, rng=rng,
@@ -188,6 +194,33 @@ def run_arm(model, arm: str, config: Config, predictor_name: str, rng, *, batche
         if plan is not None and batch.record.eager_level is not None:
             plan = dataclasses.replace(plan, threshold=batch.record.eager_level)
         rows.append({"batch": b, **batch_row(batch, policy_name, model, config.budget)})
+    return rows
+
+
+def _waves(world_of, policy, budget, predictor, pool: int, rng, steps: int):
+    """Pipelined steps (``trace_theory.pipelined``): ``steps`` waves, then one that only grows the last
+    step's continuations. Yields (wave, trained batch or None for the first wave, the wave's critical path)
+    per wave; the predictor learns from whole trees only, one wave after their bare rollouts.
+    ``world_of(wave)`` is the world of that wave (the tree MDP's current policy)."""
+    pending = None
+    for wave in range(steps + 1):
+        out = sample_pipelined(world_of(wave), policy, budget, predictor, pool=pool, rng=rng, pending=pending,
+                               plant=wave < steps)
+        pending = out.pending
+        if out.trained is not None:
+            predictor = predictor.update(out.trained.sampled)
+        yield wave, out.trained, out.wave_critical_path
+
+
+def _run_pipelined(model, policy, config: Config, predictor, rng, *, batches: int) -> list[dict]:
+    """Rows of the pipelined arm: batch b is the step planted in wave b, completed in wave b + 1 (its
+    critical path is that wave's: one episode holding step b's continuations and step b + 1's bare rollouts)."""
+    rows = []
+    for wave, batch, path in _waves(lambda _: model, policy, config.budget, predictor, config.pool, rng, batches):
+        if batch is None:
+            continue
+        row = batch_row(batch, policy.name, model, config.budget)
+        rows.append({"batch": wave - 1, **row, "critical_path": float(path)})
     return rows
 
 
@@ -205,6 +238,8 @@ def train(tasks, arm: str, config: Config, *, lr: float, rng) -> list[dict]:
     theta = tasks.initial_logits()
     spent = {"turns": 0.0, "critical_path": 0.0}
     rows = [{"step": 0, **spent, "success": float(tasks.success(theta).mean())}]
+    if expansion == "pipelined":
+        return rows + _train_pipelined(tasks, policy, budget, predictor, config, theta, spent, lr=lr, rng=rng)
     for step in range(1, config.steps + 1):
         world = MDPWorld(tasks, theta)
         batch = sample_batch(world, policy, budget, predictor, pool=tasks.mdp.n_tasks, rng=rng,
@@ -285,7 +320,7 @@ def _headline(summary: pd.DataFrame, config: Config) -> tuple[dict, dict]:
             lazy, _ = _cell(summary, p, sp, "trace_barrier", "contrast_pairs_per_1k_turns")
             grpo_path, _ = _cell(summary, p, sp, "grpo", "critical_path")
             for arm in config.arms:
-                if not arm.startswith("eager"):
+                if not (arm.startswith("eager") or arm == "pipelined"):
                     continue
                 pairs, _ = _cell(summary, p, sp, arm, "contrast_pairs_per_1k_turns")
                 path, _ = _cell(summary, p, sp, arm, "critical_path")
@@ -309,6 +344,9 @@ def _learning(curves: pd.DataFrame, config: Config) -> dict:
         comparison = tuning.comparison(scores, rates[view], view, range(config.report_seeds), "eager_0.0")
         out[view] = comparison
         out[view]["on_grid_edge"] = tuning.on_grid_edge(rates[view], config.lrs)
+        if "pipelined" in config.learning_arms:
+            out[view]["pipelined_gap"] = tuning.comparison(scores, rates[view], view, range(config.report_seeds),
+                                                           "pipelined")["gap"]
     return out
 
 
@@ -327,6 +365,12 @@ def _verdict(headline: dict, details: dict, config: Config) -> tuple[str, bool]:
             if other:
                 parts[-1] += (f" (reserve {reserve}: {other['pairs_kept']:.0%}, "
                               f"{other['critical_path_over_grpo']:+.2f} turns)")
+    piped = [k for k in details["regime"] if k.startswith("learned/") and k.endswith("/pipelined")]
+    for key in piped:
+        cell = details["regime"][key]
+        parts.append(f"pipelined (one-step-off continuations), learned, {key.split('/')[1]} spread: "
+                     f"{cell['pairs_kept']:.0%} of lazy TRACE's contrast pairs per 1k turns, critical path per wave "
+                     f"{cell['critical_path_over_grpo']:+.2f} turns over GRPO's")
     waiting = details["value_of_waiting"]
     parts.append("value of waiting (share of lazy TRACE's contrast pairs eager loses, mid spread): " + ", ".join(
         f"{k.split('/')[0]} {v:+.1%}" for k, v in waiting.items() if k.endswith("/mid") or len(config.spreads) == 1))
@@ -335,7 +379,32 @@ def _verdict(headline: dict, details: dict, config: Config) -> tuple[str, bool]:
         gaps = ", ".join(f"vs {arm} {g['mean']:+.3f} ± {g['stderr']:.3f}" for arm, g in learn["gap"].items())
         parts.append(f"MDP learning at {view.replace('_', ' ')} (each arm at its best rate): eager_0.0 J "
                      f"{learn['score']['eager_0.0']['mean']:.3f}; {gaps}")
+        if "pipelined_gap" in learn:
+            gaps = ", ".join(f"vs {arm} {g['mean']:+.3f} ± {g['stderr']:.3f}" for arm, g in learn["pipelined_gap"].items())
+            parts[-1] += f"; pipelined J {learn['score']['pipelined']['mean']:.3f}: {gaps}"
     return "; ".join(parts) + ".", bool(held and learned)
 
 
 EXPERIMENT = register(Experiment(NAME, CLAIM, Config, run))
+
+
+def _train_pipelined(tasks, policy, budget, predictor, config: Config, theta, spent, *, lr: float, rng) -> list[dict]:
+    """Pipelined learning: wave s samples step s's bare rollouts and step s - 1's continuations from the
+    current policy; the update trains step s - 1's whole trees, each turn weighted by its importance
+    ratio against the policy that sampled it (``policy_gradient_step``: bare turns are one update old).
+    The first wave trains nothing; ``config.steps`` updates, the last after a wave of continuations only.
+    The critical path counts every wave (the first one's with the first update), turns every tree."""
+    state = {"theta": theta}
+    rows = []
+
+    def world_of(_wave):
+        return MDPWorld(tasks, state["theta"])
+
+    for wave, batch, path in _waves(world_of, policy, budget, predictor, tasks.mdp.n_tasks, rng, config.steps):
+        spent["critical_path"] += path
+        if batch is None:
+            continue
+        state["theta"] = policy_gradient_step(world_of(wave), batch.trained, estimator="trace", lr=lr)
+        spent["turns"] += batch.turns
+        rows.append({"step": wave, **spent, "success": float(tasks.success(state["theta"]).mean())})
+    return rows

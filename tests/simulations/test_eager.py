@@ -134,6 +134,10 @@ def test_the_experiment_at_quick_size():
     assert cell["trace_barrier"]["critical_path"] > cell["grpo"]["critical_path"] + 1
     assert cell["trace_barrier"]["regret_per_1k_turns"] == 0.0  # the barrier is its own hindsight optimum
     assert cell["eager_0.0"]["regret_per_1k_turns"] >= 0.0
-    assert set(outcome.details["learning"]["equal_critical_path"]["score"]) == {"grpo", "eager_0.0"}
+    assert set(outcome.details["learning"]["equal_critical_path"]["score"]) == {"grpo", "eager_0.0", "pipelined"}
+    # pipelined: the barrier's decisions (no regret) in waves as deep as GRPO's steps
+    assert cell["pipelined"]["regret_per_1k_turns"] == 0.0
+    assert cell["pipelined"]["critical_path"] <= cell["grpo"]["critical_path"]
+    assert set(outcome.details["learning"]["equal_turns"]["pipelined_gap"]) == {"grpo", "eager_0.0"}
     with pytest.raises(ValueError, match="unknown arm"):
         eager_expansion.Config(arms=("grpo", "trace_barrier", "eager_0.0", "eager_x"))
