@@ -79,7 +79,7 @@ class ScheduleConfig:
                              f"got {self.env_timeout_s!r}")
 
 
-EXPANSIONS = ("streamed", "barrier", "eager")
+EXPANSIONS = ("streamed", "barrier", "eager", "pipelined")
 """When continuations start (:attr:`RolloutConfig.expansion`)."""
 
 
@@ -141,7 +141,14 @@ class RolloutConfig:
     prefix rule, and other steps run with the barrier. "eager": continuations committed at the turn
     boundaries of the bare rollouts by the expected utility before the outcome is known
     (``trace_theory.eager``), the reserve ``eager_reserve`` placed as streamed places it: the step is
-    one episode deep at reserve 0; where streamed cannot run, neither does eager."""
+    one episode deep at reserve 0; where streamed cannot run, neither does eager. "pipelined": the
+    barrier's continuations, grown one step later (``trace_theory.pipelined``): each call's generation wave
+    plants this call's bare rollouts and grows the previous call's continuations and top-ups beside them,
+    from the newer policy, and the call returns the previous call's trees, whole (None on the first call:
+    the pipeline fills; the trainer's last step drains it). A step is one episode deep; the trained
+    bare turns are one update stale (their recorded log-probabilities are the loss's importance
+    correction, so ``algorithm.recompute_old_logprobs`` must stay off). Policies that do not branch run as
+    with the barrier and are trained at once."""
     eager_reserve: float = 0.0
     """``expansion="eager"``: share of each tree's continuation budget kept for the outcome-aware rule
     once the tree has ended (``trace_theory.EagerPlan.reserve``; 1 places what streamed places). Default
@@ -495,7 +502,8 @@ class AlgorithmConfig:
     per batch the clip acts on that mismatch, not on policy change). None: on when ``optim.mini_batches`` > 1
     (where later steps move the policy away from the anchor), off otherwise. The metric ``clip_anchor_trainer``
     says which anchor a step used (1: recomputed, 0: the generator's); with it, ``anchor_abs_log_ratio`` is
-    the mean |log pi_trainer - log pi_generator| over trained tokens."""
+    the mean |log pi_trainer - log pi_generator| over trained tokens. Off (and refused when on) under
+    ``rollout.expansion=pipelined``, whose stale tokens need their generators' log-probabilities."""
     train_env_failures: bool = False
     """Train the turns of rollouts that ended by an environment error or time-out (end reasons env_error,
     env_timeout) as failures. Default: such a rollout counts as not sampled (an infrastructure fault says
@@ -657,6 +665,10 @@ class TrainConfig:
             raise ValueError(f"`rollout.top_p` = {self.rollout.top_p} is not supported by the trainer: the loss "
                              "takes log-probabilities under softmax(logits / temperature), and nucleus sampling "
                              "draws from a truncated distribution; use rollout.top_p=1 (temperature is supported)")
+        if self.rollout.expansion == "pipelined" and self.algorithm.recompute_old_logprobs:
+            raise ValueError("`algorithm.recompute_old_logprobs` cannot be on with `rollout.expansion=pipelined`: "
+                             "a pipelined batch's bare turns come from the policy one update older, and their "
+                             "recorded log-probabilities are the loss's importance correction")
         if self.rollout.temperature == 0.0:
             raise ValueError("`rollout.temperature` = 0 (greedy decoding) gives no policy gradient: the trainer "
                              "needs a temperature > 0")
@@ -672,8 +684,11 @@ class TrainConfig:
     @property
     def recomputes_old_logprobs(self) -> bool:
         """Whether the update's PPO anchor is the trainer's recomputed log-probabilities
-        (``algorithm.recompute_old_logprobs``; None: when ``optim.mini_batches`` > 1)."""
+        (``algorithm.recompute_old_logprobs``; None: when ``optim.mini_batches`` > 1; never under
+        ``rollout.expansion=pipelined``)."""
         choice = self.algorithm.recompute_old_logprobs
+        if self.rollout.expansion == "pipelined":  # the generators' log-probabilities correct the stale tokens
+            return False
         return self.optim.mini_batches > 1 if choice is None else bool(choice)
 
     @property

@@ -42,6 +42,7 @@ import torch
 import yaml
 
 from trace_theory import compute_advantages
+from trace_theory.pipelined import Pending
 
 from .backends import training_backend
 from .backends.base import generator_asleep, pad_token_id
@@ -138,13 +139,17 @@ class Run:
                                              "eager_threshold": state.eager_threshold,
                                              "predictor_digest": state_digest(state.predictor)}, self.info)
             check_one_predictor([r["predictor_digest"] for r in extra["ranks"]])
+        pending = None  # pipelined expansion: every rank's pending step (pending.pkl), each rank its own
+        if self.cfg.rollout.expansion == "pipelined":
+            pending = gather_objects(state.pending, self.info)
         self.saved_step = step  # on every rank: whether the step is on disk decides what a failure does
         if not self.info.is_main:
             return None
         return save_checkpoint(Path(self.cfg.run_dir), step, policy=weights, optimizer=optimizer,
                                extra=extra, config_fingerprint=resume_fingerprint(self.cfg),
                                keep=self.cfg.keep_checkpoints, rng_state=state.rng,
-                               trajectory_fingerprint=trajectory_fingerprint(self.cfg, resume_fingerprint))
+                               trajectory_fingerprint=trajectory_fingerprint(self.cfg, resume_fingerprint),
+                               pending=pending)
 
     def resume(self, ckpt: Checkpoint) -> None:
         check_world_size(ckpt, self.info.world_size)
@@ -176,6 +181,7 @@ class Run:
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
             raise CheckpointError(f"{ckpt.path / 'extra.pt'}: does not hold this run's state "
                                   f"({type(err).__name__}: {err})") from None
+        self.engine.pending = _own_pending(ckpt, self.info.rank, self.cfg)
         self.start_step = self.saved_step = ckpt.step
         _sync_weights(self)
 
@@ -189,6 +195,18 @@ class Run:
     def log(self, step: int, metrics: dict) -> None:
         if self.logger is not None and metrics:
             self.logger.log(step, metrics)
+
+
+def _own_pending(ckpt: Checkpoint, rank: int, cfg: TrainConfig):
+    """This rank's pending step of pipelined expansion from ``pending.pkl`` (None: nothing pending)."""
+    if cfg.rollout.expansion != "pipelined":
+        return None
+    if ckpt.pending is None:
+        raise CheckpointError(f"{ckpt.path / 'pending.pkl'}: missing; a checkpoint of a pipelined run holds it")
+    pending = ckpt.pending[rank] if isinstance(ckpt.pending, list) and rank < len(ckpt.pending) else ckpt
+    if pending is not None and not isinstance(pending, Pending):
+        raise CheckpointError(f"{ckpt.path / 'pending.pkl'}: holds a {type(pending).__name__}, not a pending step")
+    return pending
 
 
 def build_run(cfg: TrainConfig) -> Run:
@@ -293,12 +311,11 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
             before = StepState.capture(run) if run.saved_step != step else None
             t0 = time.perf_counter()
-            pool = run.sampler.next_pool()                                       # candidate prompts
-            batch = run.engine.rollout(pool, predictor=run.predictor,            # predict V~, allocate roots and
-                                       seed=_step_seed(cfg.seed, step, run.info.rank))  # prefixes, generate
+            batch = _rollout(run, step)     # candidate prompts; predict V~, allocate roots and prefixes, generate
+            if batch is None:               # pipelined expansion's first step fills the pipeline: nothing to train
+                _after_step(run, step + 1, None, _fill_metrics(run, step + 1, time.perf_counter() - t0), stop)
+                continue
             t1 = time.perf_counter()
-            if not cfg.algorithm.train_env_failures:                             # a faulted rollout counts as
-                batch = batch.without_env_failures()                             # not sampled (budget aside)
             advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
             sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
             fit = _start_fit(run, batch)    # predictor update (background), started after the Python-heavy
@@ -323,6 +340,36 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     return metrics
 
 
+def _rollout(run: Run, step: int) -> RolloutBatch | None:
+    """The batch step ``step`` trains: ``engine.rollout`` on the sampler's next pool, less the rollouts that
+    ended by an environment fault (they count as not sampled, budget aside; unless
+    ``algorithm.train_env_failures``). Pipelined expansion: the previous step's trees, completed by this
+    step's wave; None on the first step (the pipeline fills). The run's last step drains the pipeline
+    (grows the pending continuations and plants nothing; a run of one step plants, then drains), so that
+    the last trees are trained too."""
+    engine, cfg = run.engine, run.cfg
+    seed = _step_seed(cfg.seed, step, run.info.rank)
+    last = step == cfg.steps - 1
+    if last and engine.pending is not None:
+        batch = engine.drain(seed=seed)
+    else:
+        batch = engine.rollout(run.sampler.next_pool(), predictor=run.predictor, seed=seed)
+        if batch is None and last:
+            batch = engine.drain(seed=seed)
+    if batch is not None and not cfg.algorithm.train_env_failures:
+        batch = batch.without_env_failures()
+    return batch
+
+
+def _fill_metrics(run: Run, step: int, rollout_seconds: float) -> dict:
+    """The logged row of pipelined expansion's first step: its wave planted trees, none is whole, no update
+    (``pipeline_fill`` 1; the console prints "pipeline fill")."""
+    metrics = {"pipeline_fill": 1.0, "rollout_seconds": rollout_seconds, "train_seconds": 0.0,
+               **run.evaluate(step)}
+    run.log(step, metrics)
+    return metrics
+
+
 def _evaluate_start(run: Run) -> None:
     """Held-out success before the first step: logged, printed, and the start the collapse watch compares with."""
     run.log(0, first := run.evaluate(0))
@@ -341,14 +388,15 @@ def _close(run: Run, stop: StopOnSignal) -> None:
         run.lock.release()
 
 
-def _after_step(run: Run, step: int, batch: RolloutBatch, metrics: dict, stop: StopOnSignal) -> None:
-    """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal."""
+def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, stop: StopOnSignal) -> None:
+    """Print the step's line, stop on failing environments, checkpoint on schedule or on a signal (``batch``
+    None: a pipeline fill, nothing trained)."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
         say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"]), file=sys.stdout)
     for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
         say(f"trace-train: warning: {warning}")
-    failed = _check_env_failures(run, step, batch, metrics)
+    failed = None if batch is None else _check_env_failures(run, step, batch, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
     if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
         run.checkpoint(step)

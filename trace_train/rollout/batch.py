@@ -20,7 +20,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from trace_theory import (ForestBuilder, RolloutBudget, RolloutForest, budget_by_depth, effective_ratio,
+from trace_theory import (ForestBuilder, Origin, RolloutBudget, RolloutForest, budget_by_depth, effective_ratio,
                           mixed_anchor_ratio)
 
 from ..envs.base import EndReason, Message
@@ -156,11 +156,17 @@ class RolloutReport:
     """Whether each tree's continuations started as soon as its own bare rollouts ended
     (``rollout.expansion``; ``trace_theory.step.StepRecord.streamed``)."""
     expansion: str = "barrier"
-    """What ran: "barrier", "streamed" or "eager" (``trace_theory.step.StepRecord.expansion``)."""
+    """What ran: "barrier", "streamed", "eager" or "pipelined" (``trace_theory.step.StepRecord.expansion``)."""
     samples_in_flight: float = 0.0
     """Samples the generator held, averaged over the time it generated (its occupancy)."""
     generation_polls: int = 0
     """Generation steps: batches (transformers) or engine steps (vLLM) the call took."""
+    wave_tokens: int = 0
+    """Tokens generated during the call (its generation wave). Pipelined expansion: this call's bare
+    rollouts and the previous call's continuations, not the batch's ``generated_tokens``; otherwise equal."""
+    stale_token_share: float = 0.0
+    """Pipelined expansion: the share of the batch's generated tokens sampled in an earlier call, by the policy
+    one update older than the one that generated the rest (its bare turns); 0 otherwise."""
     occupancy: tuple[tuple[float, int], ...] = ()
     """(seconds into the call, samples in flight) at the start of each generation step: the generator's
     occupancy over time (not logged in the metrics; ``trace_train.bench.barrier`` plots it)."""
@@ -381,6 +387,26 @@ class BatchBuilder(NodePaths):
     def finish(self, node: int, reward: float) -> None:
         """Record the terminal reward of the rollout that ends at ``node``."""
         self._forest.finish(node, reward)
+
+    def copy_from(self, forest: RolloutForest, nodes: Sequence[NodePayload], rows: Mapping[int, Mapping[str, Any]],
+                  keep: np.ndarray | None = None, *, prompt_shift: int = 0) -> None:
+        """Add the nodes ``keep`` of ``forest`` (default: all; ids in increasing order, every node after its
+        parent) with their payloads, origins, costs and rewards, renumbered in that order; each prompt id
+        is shifted by ``prompt_shift`` (``rows`` are read at the old ids)."""
+        keep = np.arange(len(forest)) if keep is None else np.asarray(keep, dtype=np.int64)
+        new_id: dict[int, int] = {}
+        for old in keep.tolist():
+            up, prompt = int(forest.parent[old]), int(forest.prompt[old])
+            if up == -1:
+                node = self._forest.add_root(prompt + prompt_shift)
+                self.rows[prompt + prompt_shift] = rows[prompt]
+            else:
+                node = self._forest.add_turn(new_id[up], origin=Origin(int(forest.origin[old])),
+                                             cost=float(forest.cost[old]))
+            self._add(node, -1 if up == -1 else new_id[up], prompt + prompt_shift, nodes[old])
+            if forest.is_leaf[old] and up != -1:
+                self._forest.finish(node, float(forest.reward[old]))
+            new_id[old] = node
 
     def _add(self, node: int, parent: int, prompt: int, payload: NodePayload) -> None:
         assert node == len(self.nodes), "payloads are kept in node-id order"

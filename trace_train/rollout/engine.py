@@ -46,6 +46,7 @@ from trace_theory import (
     RolloutForest,
     run_step,
 )
+from trace_theory.pipelined import Pending, pipelines, run_pipelined_step
 from trace_theory.step import RootAllocator, Starts, StepRecord
 
 from ..backends.base import GenerationBackend, Sampling
@@ -53,6 +54,7 @@ from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, 
 from ..chat import ChatFormat
 from ..envs.base import Environment, Message
 from .env_calls import CallClock, EnvCallPool, EnvFailure, OpeningFailed, describe_error, open_row
+from .pipeline import Carried, split_wave, stale_token_share, wave_builder
 from .scheduler import Extra, GrowReport, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
 
@@ -108,6 +110,10 @@ class RolloutEngine:
         self.eager_threshold: float | None = None
         """``rollout.expansion=eager``: the threshold the next call's turn-boundary decisions use, the level
         of the previous call (``StepRecord.eager_level``); None before the first (a prior from the roots)."""
+        self.pending: Pending | None = None
+        """``rollout.expansion=pipelined``: the last call's trees, their continuations decided and not yet
+        grown (``trace_theory.pipelined.Pending``, its ``carried`` a :class:`~.pipeline.Carried`); the next
+        call's wave grows them and returns them whole. None before the first call and after :meth:`drain`."""
 
     # -----------------------------------------------------------------------------------------------
 
@@ -133,9 +139,21 @@ class RolloutEngine:
                              f"{tokens:.0f} tokens; policy {cfg.policy!r} needs at least {policy.min_group}")
         return RolloutBudget(roots, n)
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether calls defer their continuations to the next call (``rollout.expansion=pipelined`` with a
+        policy that branches: ``trace_theory.pipelined.pipelines``)."""
+        cfg = self.config
+        budget = RolloutBudget(cfg.roots, cfg.continuations_per_root)
+        return cfg.expansion == "pipelined" and pipelines(self.policy, budget, cfg.expansion_rounds)
+
     def rollout(self, pool: Sequence[Mapping[str, Any]], *, predictor: Predictor | None = None,
-                seed: int | None = None) -> RolloutBatch:
-        """Allocate the budget over ``pool`` and generate the rollout trees (see the module docstring)."""
+                seed: int | None = None) -> RolloutBatch | None:
+        """Allocate the budget over ``pool`` and generate the rollout trees (see the module docstring).
+
+        Pipelined (:attr:`pipelined`): the wave also grows the previous call's continuations, and the
+        call returns the previous call's trees, whole, its report describing this call's wave; None on the
+        first call (the pipeline fills). :meth:`drain` finishes the last call's trees."""
         cfg = self.config
         pool = list(pool)
         if not pool:
@@ -147,6 +165,17 @@ class RolloutEngine:
                              "`concentration(histories)` method")
         run = _Run(self, pool, predictor, np.random.default_rng(cfg.seed if seed is None else seed))
         batch = run.execute(self.plan())
+        if batch is not None:
+            self._learn_costs(batch)
+        return batch
+
+    def drain(self, *, seed: int | None = None) -> RolloutBatch | None:
+        """Pipelined: grow :attr:`pending`'s continuations alone (a wave that plants nothing) and return its
+        trees, whole; None when nothing is pending."""
+        if self.pending is None:
+            return None
+        run = _Run(self, [], None, np.random.default_rng(self.config.seed if seed is None else seed))
+        batch = run.execute(self.plan(), plant=False)
         self._learn_costs(batch)
         return batch
 
@@ -209,6 +238,10 @@ class _Run:
         self.phase_seconds = dict.fromkeys(("predict", "bare_generation", "expansion_generation"), 0.0)
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
         self._opening_pool: EnvCallPool | None = None
+        self.done: BatchBuilder | None = None
+        """Pipelined: the previous call's trees, completed by this call's wave (:meth:`plant_pipelined`)."""
+        self.n_old, self.wave_tokens = 0, None
+        """Pipelined: nodes the completed trees had before the wave; tokens the wave generated."""
 
     # ---- openings and predictions -----------------------------------------------------------------
 
@@ -336,6 +369,35 @@ class _Run:
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
+    def plant_pipelined(self, prompts: np.ndarray, counts: np.ndarray,
+                        pending: Pending | None) -> tuple[RolloutForest, RolloutForest | None]:
+        """One wave (``trace_theory.pipelined.PipelinedWorld``, :mod:`.pipeline`): this call's roots with
+        their bare rollouts and ``pending``'s continuations and top-ups, in one grow call. Afterwards
+        :attr:`builder` holds this call's trees alone and :attr:`done` the pending's, whole."""
+        carried = None if pending is None else pending.carried
+        if pending is not None and not isinstance(carried, Carried):
+            raise ValueError(f"the pending step must carry the engine's trees, got {type(carried).__name__}")
+        binary = self.cfg.binary_rewards
+        wave, n_old, shift = wave_builder(carried, binary_rewards=binary)
+        roots = [wave.add_root(p + shift, self.pool[p], *self._opening(p)) for p in prompts.tolist()]
+        starts = ([] if pending is None else pending.starts.tuples()) + \
+            [(root, "bare", int(k)) for root, k in zip(roots, counts)]
+        t0 = time.perf_counter()
+        if starts:
+            report = self.engine.scheduler.grow(wave, starts, seed=self.next_seed)
+            self.next_seed += report.seeds
+            self.grown = self.grown + report
+        self.phase_seconds["bare_generation" if roots else "expansion_generation"] += time.perf_counter() - t0
+        old_tokens = 0.0 if carried is None else float(carried.forest.cost.sum())
+        self.wave_tokens = int(round(float(wave.build().cost.sum()) - old_tokens))
+        done, self.builder = split_wave(wave, n_old, shift, binary_rewards=binary)
+        self.done, self.n_old = done, n_old
+        return self.builder.build(), None if done is None else done.build()
+
+    def carry(self) -> Carried:
+        """This call's trees as the next wave grows them (``Pending.carried``)."""
+        return Carried.of(self.builder)
+
     def grow(self, starts: Starts) -> RolloutForest:
         t0 = time.perf_counter()
         if len(starts):
@@ -351,7 +413,9 @@ class _Run:
 
     # ---- the call and its result ------------------------------------------------------------------
 
-    def execute(self, budget: RolloutBudget) -> RolloutBatch:
+    def execute(self, budget: RolloutBudget, *, plant: bool = True) -> RolloutBatch | None:
+        if self.cfg.expansion == "pipelined":
+            return self._execute_pipelined(budget, plant)
         eager = None
         if self.cfg.expansion == "eager":
             eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold,
@@ -372,9 +436,34 @@ class _Run:
             self.engine.eager_threshold = record.eager_level
         return self._finish(record)
 
+    def _execute_pipelined(self, budget: RolloutBudget, plant: bool) -> RolloutBatch | None:
+        """``trace_theory.pipelined.run_pipelined_step`` with this world; the engine keeps the new pending."""
+        policy, share = self.engine.policy, getattr(self.engine.root_allocator, "dynamic_share", None)
+        if policy.dynamic_sampling and share is not None:  # DAPO (which does not pipeline) under torchrun
+            policy, budget = share(policy, budget)
+        try:
+            step = run_pipelined_step(self, policy, budget, pool=len(self.pool), rng=self.rng,
+                                      pending=self.engine.pending, root_allocator=self.engine.root_allocator,
+                                      plant=plant)
+        finally:
+            if self._opening_pool is not None:
+                self._opening_pool.shutdown()
+        self.engine.pending = step.pending
+        if step.trained is None:
+            return None
+        if self.done is not None:  # the previous call's trees, completed by this wave
+            self.builder = self.done
+        return self._finish(step.trained)
+
     def _finish(self, record: StepRecord) -> RolloutBatch:
         seconds = time.perf_counter() - self.start
         forest, grown = record.forest, self.grown
+        end_reasons = grown.end_reasons
+        if self.done is not None:  # pipelined: the batch's own rollouts' ends (the wave also ended others)
+            end_reasons = {}
+            for leaf in forest.leaves.tolist():
+                reason = self.builder.nodes[leaf].end_reason
+                end_reasons[reason.value] = end_reasons.get(reason.value, 0) + 1
         stats = self.engine.backend.stats.since(self.stats_before)
         counts = record.counts
         report = RolloutReport(
@@ -384,11 +473,13 @@ class _Run:
             prompt_tokens=stats.prompt_tokens, cached_prompt_tokens=stats.cached_prompt_tokens,
             continuation_prefix_tokens=grown.continuation_prefix_tokens,
             continuation_prefix_cached=grown.continuation_prefix_cached,
-            rounds=record.rounds, end_reasons=dict(sorted(grown.end_reasons.items())),
+            rounds=record.rounds, end_reasons=dict(sorted(end_reasons.items())),
             seconds=seconds, **grown.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
             max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
             env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
             streamed=record.streamed, expansion=record.expansion,
+            wave_tokens=int(forest.cost.sum()) if self.wave_tokens is None else self.wave_tokens,
+            stale_token_share=stale_token_share(forest, self.n_old) if self.done is not None else 0.0,
             occupancy=tuple((round(a - self.start, 4), n) for (a, _), n in zip(grown.timeline.generation,
                                                                               grown.timeline.in_flight)),
         )

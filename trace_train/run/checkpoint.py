@@ -8,7 +8,10 @@ A checkpoint is a directory ``<run_dir>/checkpoints/step_<N>/`` holding
   model's identity, the data sampler's position);
 - ``rng.pt``: Python's, NumPy's global and torch's (CPU and every CUDA device) random states, and the
   states of any ``numpy.random.Generator`` the trainer passes;
-- ``trainer_state.json``: the step and a fingerprint of the config it was written under.
+- ``trainer_state.json``: the step and a fingerprint of the config it was written under;
+- ``pending.pkl`` (``rollout.expansion=pipelined`` only): each rank's pending step, the trees whose
+  continuations the next step grows, environment snapshots included (:mod:`.plain_pickle`: read back as
+  plain data only).
 
 Writes are atomic: everything goes to a temporary sibling directory that is renamed into place, and only
 then is ``latest`` (a one-line text file) replaced, so a crash at any moment leaves the previous
@@ -20,7 +23,7 @@ older ones, newest first, and skips (with a warning naming the file) any whose f
 truncated or cannot be unpickled, e.g. after a disk filled up or a file was damaged. Every error names
 the file it failed on.
 
-Loading never runs code a file contains: every file is read with ``torch.load(weights_only=True)``,
+Loading never runs code a file contains: every ``.pt`` file is read with ``torch.load(weights_only=True)``,
 which rebuilds only tensors and plain containers, plus an allow-list of the NumPy pieces a NumPy array
 needs (``_SAFE_GLOBALS``: an array, its dtype and the function that allocates an empty one). A file that
 asks for anything else (a planted pickle whose ``__reduce__`` would call ``os.system``) is refused with
@@ -52,13 +55,14 @@ import numpy as np
 import torch
 
 from ..tools import bounded_json
+from . import plain_pickle
 from .files import UnsafePathError, reporting_full_disk, subdir
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_latest_checkpoint",
            "latest_checkpoint", "capture_rng", "restore_rng", "clean_partial_checkpoints", "written_by_processes",
            "check_world_size"]
 
-_FILES = ("policy.pt", "optimizer.pt", "extra.pt", "rng.pt")
+_FILES = ("policy.pt", "optimizer.pt", "extra.pt", "rng.pt", "pending.pkl")
 
 
 def _safe_globals() -> list:
@@ -88,6 +92,8 @@ class Checkpoint:
     trajectory_fingerprint: str | None = None
     """The config's fingerprint without the settings a resume may change (``run.step_state``); None in
     checkpoints written before it was recorded."""
+    pending: Any = None
+    """``pending.pkl``: pipelined expansion's pending step of each rank (a list), None without the file."""
 
 
 def written_by_processes(checkpoint: Checkpoint) -> int:
@@ -180,11 +186,13 @@ def save_checkpoint(
     keep: int = 2,
     rng_state: Mapping[str, Any] | None = None,
     trajectory_fingerprint: str | None = None,
+    pending: Any = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and return its directory; keep the newest ``keep`` ones.
 
     ``rng_state`` (from :func:`capture_rng`) is stored instead of the random states of now (a state
-    captured before a step that failed)."""
+    captured before a step that failed). ``pending`` (not None): written to ``pending.pkl``
+    (:mod:`.plain_pickle`)."""
     if not (isinstance(step, int) and step >= 0):
         raise ValueError(f"`step` must be a non-negative integer, got {step!r}")
     if not (isinstance(keep, int) and keep >= 1):
@@ -207,6 +215,10 @@ def save_checkpoint(
             save(dict(optimizer), "optimizer.pt")
         save(dict(extra or {}), "extra.pt")
         save(dict(rng_state) if rng_state is not None else capture_rng(generators), "rng.pt")
+        if pending is not None:
+            data = plain_pickle.dumps(pending, "the pending step of rollout.expansion=pipelined")
+            with reporting_full_disk(final / "pending.pkl", "writing checkpoint"), open(tmp / "pending.pkl", "xb") as f:
+                f.write(data)
         sizes = {name: (tmp / name).stat().st_size for name in _FILES if (tmp / name).exists()}
         meta = {"step": step, "config_fingerprint": config_fingerprint, "file_bytes": sizes}
         if trajectory_fingerprint is not None:
@@ -289,6 +301,7 @@ def load_checkpoint(path: str | os.PathLike, *, generators: Mapping[str, np.rand
         rng=rng,
         config_fingerprint=meta.get("config_fingerprint"),
         trajectory_fingerprint=meta.get("trajectory_fingerprint"),
+        pending=_load_pending(path / "pending.pkl") if (path / "pending.pkl").exists() else None,
     )
     if restore_random_state:
         try:
@@ -340,6 +353,17 @@ def _load(file: Path, *, mmap: bool = False):
         raise CheckpointError(f"{file}: cannot be loaded (UnpicklingError: "
                               f"{reason.group(1) if reason else _first_line(err)})") from None
     except Exception as err:  # torch raises many types here (pickle, zip, EOF, runtime)
+        raise CheckpointError(f"{file}: cannot be loaded ({type(err).__name__}: {_first_line(err)})") from None
+
+
+def _load_pending(file: Path):
+    """``pending.pkl`` as plain data (:mod:`.plain_pickle`), with errors that name the file."""
+    try:
+        return plain_pickle.load(file)
+    except plain_pickle.PickleRefused as err:
+        raise CheckpointError(f"{file}: refused: it asks for {err}, which a checkpoint never holds; loading it "
+                              "could run code (not written by trace-train, or planted)") from None
+    except Exception as err:  # a damaged file: pickle raises many types
         raise CheckpointError(f"{file}: cannot be loaded ({type(err).__name__}: {_first_line(err)})") from None
 
 

@@ -7,7 +7,8 @@
   ``reward`` is ``reward_mean``, ``eval`` held-out success (on evaluation steps), ``loss``, ``kl`` and
   ``gnorm`` the update's loss, KL to the reference and gradient norm before clipping, ``lr`` the
   optimiser's learning rate, ``eff`` the effective ratio, ``mixed/1k`` mixed prompts per 1,000 rollouts,
-  ``tokens`` generated tokens, then the step's seconds.
+  ``tokens`` generated tokens, then the step's seconds. Pipelined expansion's first step trains nothing
+  (``step 1/20  pipeline fill: ...; no update  2.0 s``).
 - A progress bar only when stderr is a terminal; redirected to a file, the output is plain lines.
 - Every message (warnings, the signal's "stopping after this step") goes through :func:`say`, which
   prints it on its own line above the bar, never inside it.
@@ -42,6 +43,9 @@ def _f(m: Mapping, key: str) -> float:
 
 def metrics_line(step: int, steps: int, m: Mapping, lr: float | None = None) -> str:
     """One step's console line (the module docstring names each field)."""
+    if m.get("pipeline_fill"):  # rollout.expansion=pipelined, first step: no tree is whole yet
+        return (f"step {step}/{steps}  pipeline fill: this step's trees complete in the next step's wave; no "
+                f"update  {m.get('rollout_seconds', 0.0):.1f} s")
     parts = [f"step {step}/{steps}", f"reward {_f(m, 'reward_mean'):.3f}"]
     if "eval_success" in m:
         parts.append(f"eval {_f(m, 'eval_success'):.3f}")

@@ -28,6 +28,8 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
         "rollouts": float(report.rollouts),
         "continuations": float(report.continuations),
         "generated_tokens": float(report.generated_tokens),
+        "wave_tokens": float(report.wave_tokens),
+        "stale_token_share": report.stale_token_share,
         "prompt_tokens": float(report.prompt_tokens),
         "prefix_cache_hit_rate": report.cached_prompt_tokens / max(report.prompt_tokens, 1),
         "continuation_prefix_hit_rate": report.continuation_prefix_hit_rate,
@@ -47,7 +49,7 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     scalars.update(_calibration_metrics(batch))
-    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "prompt_tokens",
+    counts = ("prompts", "rollouts", "continuations", "generated_tokens", "wave_tokens", "prompt_tokens",
               "train_forward_tokens", "train_unique_tokens", "env_failures",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     merged = merge_metrics(scalars, report.rollouts, info, sums=counts)

@@ -4,8 +4,8 @@ ever written with a later step's state, and the settings a resume may change.
 A checkpoint of step N holds the policy and optimiser after step N's update and everything the next
 step reads: the prompt sampler's position, the success predictor, the rollout engine's running cost
 estimates (tokens per rollout, continuation cost ratio, turns per rollout, which set a token-priced
-policy's prices) and every random state. The trainer captures a :class:`StepState` at the start of each
-step, before the rollout changes any of them; when the step's loss is not finite (no update was made),
+policy's prices), pipelined expansion's pending step and every random state. The trainer captures a
+:class:`StepState` at the start of each step, before the rollout changes any of them; when the step's loss is not finite (no update was made),
 the checkpoint of step N is written from that capture (or, when it is already on disk, left as it was),
 never from the state the failed step left behind.
 
@@ -60,12 +60,14 @@ class StepState:
     rng: dict
     eager_threshold: float | None = None
     """Eager expansion's carried threshold (``RolloutEngine.eager_threshold``)."""
+    pending: Any = None
+    """Pipelined expansion's pending step (``RolloutEngine.pending``: immutable, never changed in place)."""
 
     @classmethod
     def capture(cls, run) -> "StepState":
         """The state of ``run`` now (copied: later steps cannot change it)."""
         return cls(copy.deepcopy(run.predictor.state_dict()), copy.deepcopy(run.sampler.state()),
-                   engine_costs(run.engine), capture_rng(), run.engine.eager_threshold)
+                   engine_costs(run.engine), capture_rng(), run.engine.eager_threshold, run.engine.pending)
 
 
 def trajectory_fingerprint(cfg, resume_fingerprint) -> str:

@@ -1,0 +1,65 @@
+"""``rollout.expansion=pipelined`` in the trainer: the pipeline fills and drains, and a run resumes exactly."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from trace_theory.pipelined import Pending
+from trace_train.config_loader import load_config
+from trace_train.configs import TrainConfig
+from trace_train.run.checkpoint import latest_checkpoint, load_checkpoint
+from trace_train.run.metrics_log import read_metrics
+from trace_train.train import main
+
+from .test_trainer import _same_run, small_config
+
+PIPELINED = ("rollout.expansion=pipelined",)
+
+
+def test_the_first_step_fills_the_last_drains_and_every_tree_is_trained(tmp_path, capsys):
+    main(small_config(tmp_path, *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4"))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["pipeline_fill"] == 1.0 and "loss" not in rows[0] and "rollouts" not in rows[0]
+    assert "step 1/4  pipeline fill" in capsys.readouterr().out
+    for r in rows[1:]:  # steps 2..4 train steps 1..3's trees, each the barrier's M (1 + N) rollouts
+        assert r["rollouts"] == 16 and r["continuations"] + r["rollouts_at_depth_0"] == 16
+        assert np.isfinite(r["loss"]) and 0 < r["stale_token_share"] < 1 and r["clip_anchor_trainer"] == 0.0
+    assert rows[-1]["wave_tokens"] < rows[-1]["generated_tokens"]  # the drain grows continuations only
+    pending = [load_checkpoint(tmp_path / "checkpoints" / f"step_{s:08d}", restore_random_state=False).pending
+               for s in (1, 2, 3, 4)]
+    assert all(isinstance(p[0], Pending) for p in pending[:3]) and pending[3] == [None]  # drained
+
+
+def test_an_interrupted_pipelined_run_resumes_exactly(tmp_path):
+    """Interrupted after step k (its checkpoint the last on disk; k = 1: after the fill), then resumed: the
+    same metrics, weights, optimizer moments and predictor as the uninterrupted run. The pending step
+    (bare trees, environment snapshots, decided continuations) is in the checkpoint."""
+    straight = tmp_path / "straight"
+    main(small_config(straight, *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4"))
+    for k in (1, 2):
+        resumed = tmp_path / f"resumed_{k}"
+        shutil.copytree(straight, resumed)
+        shutil.rmtree(resumed / "hf")
+        for s in range(k + 1, 5):
+            shutil.rmtree(resumed / "checkpoints" / f"step_{s:08d}")
+        (resumed / "checkpoints" / "latest").write_text(f"step_{k:08d}\n")
+        assert isinstance(load_checkpoint(latest_checkpoint(resumed), restore_random_state=False).pending[0], Pending)
+        main(small_config(resumed, *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4"))
+        _same_run(straight, resumed)
+
+
+def test_a_one_step_run_plants_and_drains(tmp_path):
+    metrics = main(small_config(tmp_path, *PIPELINED, "steps=1"))
+    assert metrics["rollouts"] == 16 and np.isfinite(metrics["loss"])
+
+
+def test_pipelined_refuses_recomputed_anchors(tmp_path):
+    with pytest.raises(ValueError, match=r"`algorithm.recompute_old_logprobs` cannot be on with "
+                                         r"`rollout.expansion=pipelined`"):
+        load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", *PIPELINED, "algorithm.recompute_old_logprobs=true"])
+    cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", *PIPELINED, "optim.mini_batches=2"])
+    assert not cfg.recomputes_old_logprobs  # the generators' log-probabilities correct the stale tokens
