@@ -345,9 +345,10 @@ def _eager_expansion(summary: dict) -> list[Row]:
     rows = []
     for key, cell in details.get("regime", {}).items():
         predictor, spread, arm = key.split("/")
-        if predictor != "learned" or arm not in ("eager_0.0", "eager_0.25"):
+        if predictor != "learned" or arm not in ("eager_0.0", "eager_0.25", "pipelined"):
             continue
-        rows.append((f"{arm.replace('_', ' reserve ')}, learned predictor, {spread} spread: share of lazy TRACE's "
+        name = "pipelined (one-step-off continuations)" if arm == "pipelined" else arm.replace('_', ' reserve ')
+        rows.append((f"{name}, learned predictor, {spread} spread: share of lazy TRACE's "
                      "contrast pairs per 1k turns; critical path minus GRPO's",
                      NONE, f"{cell['pairs_kept']:.0%}; {cell['critical_path_over_grpo']:+.2f} turns"))
     waiting = details.get("value_of_waiting", {})
@@ -359,6 +360,10 @@ def _eager_expansion(summary: dict) -> list[Row]:
         if learn:
             rows.append((f"tree MDP, eager reserve 0 minus, best rates, {view.replace('_', ' ')}", NONE,
                          ", ".join(f"{a} {g['mean']:+.3f} ± {g['stderr']:.3f}" for a, g in learn["gap"].items())))
+            if learn.get("pipelined_gap"):
+                rows.append((f"tree MDP, pipelined minus, best rates, {view.replace('_', ' ')}", NONE,
+                             ", ".join(f"{a} {g['mean']:+.3f} ± {g['stderr']:.3f}"
+                                       for a, g in learn["pipelined_gap"].items())))
     return _rows(rows)
 
 

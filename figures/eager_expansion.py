@@ -1,6 +1,7 @@
-"""Branching that never waits: eager TRACE against lazy TRACE, root-only and GRPO.
+"""Branching that never waits: eager and pipelined TRACE against lazy TRACE, root-only and GRPO.
 
-(a) Contrast pairs per 1,000 turns against the critical path (turns on the step's longest chain), per arm,
+(a) Contrast pairs per 1,000 turns against the critical path (turns on the step's longest chain; for
+pipelined TRACE, on its wave's, which holds one step's bare rollouts and the previous step's continuations), per arm,
 for the learned predictor at the first spread of the run; (b) the value of waiting per predictor: the
 share of lazy TRACE's contrast pairs per 1,000 turns that eager TRACE at reserve 0 gives up, per
 episode-length spread; (c) learning in the tree MDP: success J against the cumulative critical path, each

@@ -214,10 +214,11 @@ def _waves(world_of, policy, budget, predictor, pool: int, rng, steps: int):
 
 def _run_pipelined(model, policy, config: Config, predictor, rng, *, batches: int) -> list[dict]:
     """Rows of the pipelined arm: batch b is the step planted in wave b, completed in wave b + 1 (its
-    critical path is that wave's: one episode holding step b's continuations and step b + 1's bare rollouts)."""
+    critical path is that wave's: one episode holding step b's continuations and step b + 1's bare rollouts).
+    Every row's wave plants (the steady state): the last step's trees are not drained."""
     rows = []
-    for wave, batch, path in _waves(lambda _: model, policy, config.budget, predictor, config.pool, rng, batches):
-        if batch is None:
+    for wave, batch, path in _waves(lambda _: model, policy, config.budget, predictor, config.pool, rng, batches + 1):
+        if batch is None or wave > batches:
             continue
         row = batch_row(batch, policy.name, model, config.budget)
         rows.append({"batch": wave - 1, **row, "critical_path": float(path)})
