@@ -63,7 +63,7 @@ from .allocate import PrefixAllocation
 from .eager import EagerPlan, offline_level, prior_level, rollout_budgets, threshold_spend
 from .policies import AllocationPolicy, RolloutBudget, RootAllocator, top_up_roots
 
-__all__ = ["KINDS", "Kind", "Prediction", "Starts", "World", "StreamingWorld", "EagerWorld", "TreeExpander",
+__all__ = ["KINDS", "Kind", "Prediction", "Start", "Starts", "World", "StreamingWorld", "EagerWorld", "TreeExpander",
            "PrefixCommitter", "Branch", "StepRecord",
            "RootAllocator", "run_step",
            "round_shares", "in_rollout_order", "place_continuations", "plan_roots"]
@@ -95,6 +95,15 @@ class Prediction:
     cost: np.ndarray | None = None
 
 
+class Start(NamedTuple):
+    """One entry of :class:`Starts`, named: ``count`` rollouts of kind ``kind`` (a name of :data:`KINDS`)
+    from node ``node``. Unpacks as ``(node, kind, count)``."""
+
+    node: int
+    kind: str
+    count: int
+
+
 @dataclass(frozen=True)
 class Starts:
     """Rollouts to grow: ``count[j]`` rollouts of kind ``KINDS[kind[j]]`` starting at node ``node[j]``.
@@ -109,9 +118,9 @@ class Starts:
     def __len__(self) -> int:
         return len(self.node)
 
-    def tuples(self) -> list[tuple[int, str, int]]:
-        """``(node, kind name, count)`` per start, for worlds that grow start by start."""
-        return [(int(n), KINDS[int(k)], int(c)) for n, k, c in zip(self.node, self.kind, self.count)]
+    def tuples(self) -> list[Start]:
+        """A :class:`Start` ``(node, kind name, count)`` per start, for worlds that grow start by start."""
+        return [Start(int(n), KINDS[int(k)], int(c)) for n, k, c in zip(self.node, self.kind, self.count)]
 
     def of(self, kind: Kind) -> tuple[np.ndarray, np.ndarray]:
         """(nodes, counts) of the starts of one kind, in order."""
