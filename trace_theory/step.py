@@ -32,7 +32,8 @@ rollouts' turn boundaries by the expected utility before the outcome is known, e
 own even share of its tree's budget (so the decisions do not depend on the order rollouts report in),
 what a rollout leaves goes to its last prefix when it ends, and the plan's reserve is placed by the
 policy's own pass once the tree has ended, from the committed counts; then as streamed. A reserve of 1
-is streamed expansion exactly; a reserve of 0 never waits for a tree.
+is streamed expansion exactly; a reserve of 0 never waits for a tree. Pipelined expansion
+(:mod:`trace_theory.pipelined`) keeps the barrier's decisions and grows them in the next step's wave.
 
 What happened is recorded once, in a :class:`StepRecord`: every prediction (candidate prompts, then
 anchors with their round), the rollouts grown by kind, the rounds, and DAPO's kept groups.
