@@ -20,13 +20,18 @@ its M derived from the arm's running token estimates after one untimed warm-up c
 * ``trace_eager``: TRACE, continuations committed at the bare rollouts' turn boundaries
   (``rollout.expansion=eager``, reserve 0), each decided one turn after its prefix forms
   (``rollout.eager_lag=1``): one turn deeper than GRPO's step;
-* ``trace_eager_now``: the same, decided as each prefix forms (``rollout.eager_lag=0``): as deep as GRPO's.
+* ``trace_eager_now``: the same, decided as each prefix forms (``rollout.eager_lag=0``): as deep as GRPO's;
+* ``trace_pipelined``: TRACE, the barrier's continuations grown in the next call's wave beside that call's
+  bare rollouts (``rollout.expansion=pipelined``): a call is one episode deep. Its warm-up call fills the
+  pipeline and a second one its first wave (so that the timed waves grow continuations of calls planned
+  with the token estimates); each timed call is one wave, measured by the tokens it generated
+  (``wave_tokens``: its bare rollouts and the previous call's continuations).
 
 The TRACE arms use one fixed predictor (0.5 everywhere): this measures scheduling, not allocation;
 with equal predictions streamed and barrier place the same continuations (``tests/rollout/test_engine.py``). The arms run
 interleaved (repeat r of every arm, then r + 1), torch and OpenMP on one thread each. Per call:
-wall seconds, generated tokens, seconds per 1,000 generated tokens, generation steps (batches on
-transformers, engine steps on vLLM), samples in flight (the generator's occupancy, averaged over its
+wall seconds, generated tokens (the call's own, ``wave_tokens``), seconds per 1,000 of them, generation
+steps (batches on transformers, engine steps on vLLM), samples in flight (the generator's occupancy, averaged over its
 generating time) and the generator's idle share. Reported: medians per arm, the per-repeat ratios of
 seconds per token to GRPO's (mean ± standard error), and occupancy at each tenth of one call's
 duration; results (every call, occupancy over time included) go to ``results/bench_barrier.json``.
@@ -49,7 +54,7 @@ __all__ = ["BenchConfig", "main"]
 
 ARMS = {"grpo": ("grpo", "barrier", {}), "trace_streamed": ("trace", "streamed", {}),
         "trace_barrier": ("trace", "barrier", {}), "trace_eager": ("trace", "eager", {}),
-        "trace_eager_now": ("trace", "eager", {"eager_lag": 0})}
+        "trace_eager_now": ("trace", "eager", {"eager_lag": 0}), "trace_pipelined": ("trace", "pipelined", {})}
 
 
 @dataclass(frozen=True)
@@ -108,9 +113,12 @@ def _engine(backend, env, config: BenchConfig, arm: str):
 def _call(engine, backend, pool, seed: int) -> dict:
     if hasattr(backend, "reset_prefix_cache"):
         backend.reset_prefix_cache()
-    report = engine.rollout(pool, predictor=Half(), seed=seed).report
+    batch = engine.rollout(pool, predictor=Half(), seed=seed)
+    if batch is None:  # pipelined expansion's first call: the pipeline fills (the untimed warm-up)
+        return {}
+    report = batch.report
     out = report.as_dict()
-    out["seconds_per_1k_tokens"] = 1000.0 * report.seconds / max(report.generated_tokens, 1)
+    out["seconds_per_1k_tokens"] = 1000.0 * report.seconds / max(report.wave_tokens, 1)  # tokens of this call
     return out
 
 
@@ -127,8 +135,9 @@ def occupancy_by_tenth(run: dict) -> list[float]:
 
 def _summary(runs: list[dict], grpo: list[dict]) -> dict:
     ratio = np.array([r["seconds_per_1k_tokens"] / g["seconds_per_1k_tokens"] for r, g in zip(runs, grpo)])
-    keys = ("seconds", "generated_tokens", "seconds_per_1k_tokens", "generation_polls", "samples_in_flight",
-            "generator_idle_share", "rollouts", "continuations", "top_up_rollouts")
+    keys = ("seconds", "generated_tokens", "wave_tokens", "seconds_per_1k_tokens", "generation_polls",
+            "samples_in_flight", "generator_idle_share", "rollouts", "continuations", "top_up_rollouts",
+            "stale_token_share")
     out = {k: float(np.median([r[k] for r in runs])) for k in keys}
     out["per_token_ratio_to_grpo"] = float(ratio.mean())
     out["per_token_ratio_se"] = float(ratio.std(ddof=1) / np.sqrt(len(ratio))) if len(ratio) > 1 else float("nan")
@@ -161,8 +170,9 @@ def main(config: BenchConfig) -> dict:
         for name in config.backends:
             backend = _backend(name, model)
             engines = {arm: _engine(backend, env, config, arm) for arm in ARMS}
-            for arm, engine in engines.items():
-                _call(engine, backend, pool, seed=config.seed + 10_000)  # warm-up: the token estimates
+            for arm, engine in engines.items():  # warm-up: the token estimates (pipelined: and a wave of them)
+                for w in range(2 if engine.pipelined else 1):
+                    _call(engine, backend, pool, seed=config.seed + 10_000 + w)
             runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
             for r in range(config.repeats):
                 for arm, engine in engines.items():
@@ -174,7 +184,7 @@ def main(config: BenchConfig) -> dict:
             results["backends"][name] = {"summary": summary, "runs": runs}
             for arm in ARMS:
                 s = summary[arm]
-                lines.append(f"| {name} | {arm} | {s['seconds']:.2f} | {s['generated_tokens']:.0f} | "
+                lines.append(f"| {name} | {arm} | {s['seconds']:.2f} | {s['wave_tokens']:.0f} | "
                              f"{s['seconds_per_1k_tokens']:.2f} | {s['per_token_ratio_to_grpo']:.2f} ± "
                              f"{s['per_token_ratio_se']:.2f} | {s['generation_polls']:.0f} | "
                              f"{s['samples_in_flight']:.1f} | {s['generator_idle_share']:.2f} | "

@@ -5,14 +5,18 @@
     python -m trace_train.bench.fit                                # grpo with and without the fit, 8 steps each
     python -m trace_train.bench.fit --policy trace                 # TRACE always fits (it allocates by V~)
 
-``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, then grpo;
+``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, ``eager``
+and ``pipelined``, then grpo;
 ``--arms`` adds ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``trace_tokens``, or the
 diagnostics ``trace_leaf`` (per-leaf update rows) and ``grpo_fit`` (GRPO that fits the predictor); one
 after another, so load drifts hit every arm alike) of ``cpu_demo``
 runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
 (``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
 time (rollout + train), its phases (``trace_train.run.step_metrics``' timing breakdown) and the
-generated tokens per step, leaving out the first step (warm-up); reported: each policy's mean over pairs,
+tokens generated per step (its wave's, ``wave_tokens``: under ``pipelined`` this step's bare rollouts and
+the previous step's continuations; the tokens trained are ``trained_tokens``, with their
+``stale_token_share``), leaving out the first step (warm-up; under ``pipelined`` the pipeline fill) and,
+under ``pipelined``, the last (it drains the pipeline: continuations only); reported: each policy's mean over pairs,
 the ratio to GRPO (mean of the per-pair ratios ± its standard error) and the load average.
 
 Without ``--compare``: each run is the ``cpu_demo`` preset without evaluation; ``log_predictor=true``
@@ -42,13 +46,14 @@ PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "e
 ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
         "trace_eager": ["rollout.policy=trace", "rollout.expansion=eager"],
         "trace_eager_now": ["rollout.policy=trace", "rollout.expansion=eager", "rollout.eager_lag=0"],
+        "trace_pipelined": ["rollout.policy=trace", "rollout.expansion=pipelined"],
         "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
         "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"],
         # diagnostics: TRACE with per-leaf rows (what tree packing costs or saves the update), and GRPO
         # fitting the predictor it never reads (what the fit's thread costs a step beside the update)
         "trace_leaf": ["rollout.policy=trace", "algorithm.packing=leaf"],
         "grpo_fit": ["rollout.policy=grpo", "log_predictor=true"]}
-DEFAULT_ARMS = ("trace", "trace_barrier", "trace_eager", "grpo")
+DEFAULT_ARMS = ("trace", "trace_barrier", "trace_eager", "trace_pipelined", "grpo")
 
 
 def measure(policy: str, steps: int, fit: bool, root: Path) -> dict:
@@ -72,9 +77,13 @@ def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str
         f"backend.kind={backend}", "backend.threads=1", *ARMS[arm]])
     train(cfg)
     rows = read_metrics(run_dir / "metrics.jsonl")[1:]  # less the warm-up step (no evaluation rows)
+    if cfg.rollout.expansion == "pipelined":  # less the last step too: it drains the pipeline (no bare rollouts)
+        rows = rows[:-1]
     out = {"arm": arm, "pair": pair,
            "step_seconds": float(np.mean([r["rollout_seconds"] + r["train_seconds"] for r in rows])),
-           "generated_tokens": float(np.mean([r["generated_tokens"] for r in rows]))}
+           "generated_tokens": float(np.mean([r.get("wave_tokens", r["generated_tokens"]) for r in rows])),
+           "trained_tokens": float(np.mean([r["generated_tokens"] for r in rows])),
+           "stale_token_share": float(np.mean([r.get("stale_token_share", 0.0) for r in rows]))}
     out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASES})
     return out
 
@@ -94,7 +103,8 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
     summary = {"backend": backend, "pairs": pairs, "steps": steps, "token_budget": token_budget}
     for arm, rows in by.items():
         ratio = np.array([r["step_seconds"] for r in rows]) / grpo
-        mean = {k: float(np.mean([r[k] for r in rows])) for k in ("step_seconds", "generated_tokens", *PHASES)}
+        mean = {k: float(np.mean([r[k] for r in rows])) for k in ("step_seconds", "generated_tokens", "trained_tokens",
+                                                                   "stale_token_share", *PHASES)}
         se = float(ratio.std(ddof=1) / np.sqrt(len(ratio))) if len(ratio) > 1 else float("nan")
         summary[arm] = {**mean, "ratio_to_grpo": float(ratio.mean()), "ratio_se": se}
         lines.append(f"| {arm} | {mean['step_seconds']:.3f} | {ratio.mean():.2f} ± {se:.2f} | "

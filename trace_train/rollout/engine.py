@@ -165,8 +165,8 @@ class RolloutEngine:
                              "`concentration(histories)` method")
         run = _Run(self, pool, predictor, np.random.default_rng(cfg.seed if seed is None else seed))
         batch = run.execute(self.plan())
-        if batch is not None:
-            self._learn_costs(batch)
+        fresh = self.pending.record.forest if self.pending is not None else None if batch is None else batch.forest
+        self._learn_costs(batch, fresh)
         return batch
 
     def drain(self, *, seed: int | None = None) -> RolloutBatch | None:
@@ -176,7 +176,7 @@ class RolloutEngine:
             return None
         run = _Run(self, [], None, np.random.default_rng(self.config.seed if seed is None else seed))
         batch = run.execute(self.plan(), plant=False)
-        self._learn_costs(batch)
+        self._learn_costs(batch, None)
         return batch
 
     def expected_tokens(self, depth) -> np.ndarray:
@@ -187,22 +187,31 @@ class RolloutEngine:
         turns = max(self.turns_per_rollout or 0.5 * cfg.limits.max_turns, 1.0)
         return tokens * np.maximum(turns - np.asarray(depth, dtype=float), 1.0) / turns
 
-    def _learn_costs(self, batch: RolloutBatch) -> None:
-        """Update the running token estimates used by :meth:`plan` (halving the weight of the past)."""
-        f = batch.forest
-        starts = f.starts_rollout
-        bare = [_rollout_tokens(f, s) for s in np.flatnonzero(starts & (f.origin == Origin.BARE))]
-        branch = [_rollout_tokens(f, s) for s in np.flatnonzero(starts & (f.origin == Origin.CONTINUATION))]
-        if not bare:
+    def _learn_costs(self, batch: RolloutBatch | None, fresh: RolloutForest | None) -> None:
+        """Update the running token estimates used by :meth:`plan` (halving the weight of the past): tokens
+        and turns per bare rollout from ``fresh``'s (the bare rollouts this call generated: the batch's, or
+        under pipelined expansion the new pending's), the continuation cost ratio from ``batch``."""
+        if fresh is not None:
+            bare = _bare_starts(fresh)
+            if bare.size:
+                mean = float(np.mean([_rollout_tokens(fresh, s) for s in bare]))
+                previous = mean if self.tokens_per_rollout is None else self.tokens_per_rollout
+                self.tokens_per_rollout = 0.5 * (previous + mean)
+                turns = float(np.mean([_rollout_tokens(fresh, s, per_turn=True) for s in bare]))
+                self.turns_per_rollout = turns if self.turns_per_rollout is None else 0.5 * (self.turns_per_rollout + turns)
+        if batch is None:
             return
-        mean = float(np.mean(bare))
-        previous = mean if self.tokens_per_rollout is None else self.tokens_per_rollout
-        self.tokens_per_rollout = 0.5 * (previous + mean)
-        turns = float(np.mean([_rollout_tokens(f, s, per_turn=True) for s in np.flatnonzero(starts & (f.origin == Origin.BARE))]))
-        self.turns_per_rollout = turns if self.turns_per_rollout is None else 0.5 * (self.turns_per_rollout + turns)
+        f = batch.forest
+        bare = [_rollout_tokens(f, s) for s in _bare_starts(f)]
+        branch = [_rollout_tokens(f, s) for s in np.flatnonzero(f.starts_rollout & (f.origin == Origin.CONTINUATION))]
+        mean = float(np.mean(bare)) if bare else 0.0
         if branch and mean > 0:
             ratio = float(np.mean(branch)) / mean
             self.continuation_cost_ratio = 0.5 * (self.continuation_cost_ratio + ratio)
+
+
+def _bare_starts(f: RolloutForest) -> np.ndarray:
+    return np.flatnonzero(f.starts_rollout & (f.origin == Origin.BARE))
 
 
 def _extras(top_ups, more) -> list[Extra]:
