@@ -1,9 +1,10 @@
 """Growing rollouts: generation and environment calls scheduled so that neither waits for a whole turn.
 
-:meth:`Scheduler.grow` generates ``k`` rollouts from each start node ``(node, kind, k)`` of a batch under
-construction (a :class:`~.batch.BatchBuilder`; the engine's grow primitive), adds their turns and rewards
-to it and returns a :class:`GrowReport` of what else the call spent (continuation prefix tokens, end
-reasons, environment time, the first environment failure, the sampling seeds it used). A
+:meth:`Scheduler.grow` generates ``k`` rollouts from each start ``(node, kind, k)`` (a
+``trace_theory.step.Start`` or a plain tuple) of a batch under construction (a
+:class:`~.batch.BatchBuilder`; the engine's grow primitive), adds their turns and rewards to it and
+returns a :class:`GrowReport` of what else the call spent (continuation prefix tokens, end reasons,
+environment time, the first environment failure, the sampling seeds it used). A
 :class:`Scheduler` is built from what it needs, not from the engine: the back end, the environment
 factory, the chat format, the sampling settings and a :class:`ScheduleConfig`. Each rollout is a *walker*
 that alternates two kinds of work:
@@ -16,7 +17,7 @@ that alternates two kinds of work:
   fast tools rejoin the batch together instead of one step apart;
 * **environment calls** for that turn (``make_env`` and ``restore`` before its first turn, then
   ``step``, ``snapshot`` and, when the rollout ends, ``verify``), run on a pool of worker threads
-  (:mod:`.env_calls`: a deadline per call, stuck workers replaced).
+  (:mod:`.env_turns` on the pool of :mod:`.env_calls`: a deadline per call, stuck workers replaced).
 
 ::
 
