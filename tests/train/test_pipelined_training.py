@@ -14,7 +14,7 @@ from trace_train.run.checkpoint import latest_checkpoint, load_checkpoint
 from trace_train.run.metrics_log import read_metrics
 from trace_train.train import main
 
-from .test_trainer import _same_run, small_config
+from .test_trainer import _same_run, _torchrun, small_config
 
 PIPELINED = ("rollout.expansion=pipelined",)
 
@@ -42,14 +42,32 @@ def test_an_interrupted_pipelined_run_resumes_exactly(tmp_path):
     main(small_config(straight, *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4"))
     for k in (1, 2):
         resumed = tmp_path / f"resumed_{k}"
-        shutil.copytree(straight, resumed)
-        shutil.rmtree(resumed / "hf")
-        for s in range(k + 1, 5):
-            shutil.rmtree(resumed / "checkpoints" / f"step_{s:08d}")
-        (resumed / "checkpoints" / "latest").write_text(f"step_{k:08d}\n")
+        _interrupted_after(straight, resumed, k)
         assert isinstance(load_checkpoint(latest_checkpoint(resumed), restore_random_state=False).pending[0], Pending)
         main(small_config(resumed, *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4"))
         _same_run(straight, resumed)
+
+
+def _interrupted_after(straight, resumed, k):
+    """A copy of run ``straight`` as if it had stopped after step ``k`` (its checkpoint the latest)."""
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "hf")
+    for s in range(k + 1, 5):
+        shutil.rmtree(resumed / "checkpoints" / f"step_{s:08d}")
+    (resumed / "checkpoints" / "latest").write_text(f"step_{k:08d}\n")
+
+
+@pytest.mark.slow
+def test_two_pipelined_processes_each_resume_their_own_pending(tmp_path):
+    """torchrun, 2 gloo ranks: each rank's pending is in pending.pkl, and each resumes its own."""
+    straight = tmp_path / "straight"
+    _torchrun(straight, *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4")
+    pending = load_checkpoint(straight / "checkpoints" / "step_00000002", restore_random_state=False).pending
+    assert len(pending) == 2 and all(isinstance(p, Pending) for p in pending)
+    assert pending[0].carried.rows != pending[1].carried.rows  # each rank's own pool
+    _interrupted_after(straight, tmp_path / "resumed", 2)
+    _torchrun(tmp_path / "resumed", *PIPELINED, "checkpoint_every=1", "keep_checkpoints=4")
+    _same_run(straight, tmp_path / "resumed")
 
 
 def test_a_one_step_run_plants_and_drains(tmp_path):

@@ -13,6 +13,11 @@ simulator runs; this module is the world that answers its questions:
   each rollout's next turn is requested as soon as its environment has answered, and environments of
   different rollouts run concurrently.
 
+With ``rollout.expansion=pipelined`` the driver is ``trace_theory.pipelined.run_pipelined_step``: a call's
+one generation wave also grows the previous call's continuations (:meth:`_Run.plant_pipelined`,
+:mod:`.pipeline`), the call returns the previous call's trees whole (None on the first), and the engine
+keeps its own as :attr:`RolloutEngine.pending` until the next call or :meth:`RolloutEngine.drain`.
+
 The batch under construction has one owner, a :class:`~.batch.BatchBuilder` (forest, payloads, paths):
 the engine plants roots in it, the scheduler grows rollouts into it and reports what else it spent.
 
