@@ -32,8 +32,9 @@ def test_chunked_logprobs_equal_the_full_log_softmax(models, packing, temperatur
         got, g = _grads(policy, lambda: seqs.logprobs(policy, temperature=temperature, chunk_tokens=chunk))
         torch.testing.assert_close(got, full, rtol=0, atol=2e-6)
         assert g.keys() == g_full.keys()
-        for name in g_full:
-            torch.testing.assert_close(g[name], g_full[name], rtol=1e-4, atol=1e-6, msg=name)
+        for name in g_full:  # fp32 sums in another order: absolute error ~1e-6 of the gradient's scale (~10 here)
+            scale = float(g_full[name].abs().max())
+            torch.testing.assert_close(g[name], g_full[name], rtol=1e-4, atol=1e-6 * max(scale, 1.0), msg=name)
     # trained_only: the same values where the loss reads them, zero elsewhere
     only = seqs.logprobs(policy, temperature=temperature, trained_only=True).detach()
     mask = seqs.loss_mask > 0
