@@ -402,15 +402,16 @@ class _Run:
             self.next_seed += report.seeds
             self.grown = self.grown + report
         self.phase_seconds["bare_generation" if roots else "expansion_generation"] += time.perf_counter() - t0
+        grown = wave.build()
         old_tokens = 0.0 if carried is None else float(carried.forest.cost.sum())
-        self.wave_tokens = int(round(float(wave.build().cost.sum()) - old_tokens))
-        done, self.builder = split_wave(wave, n_old, shift, binary_rewards=binary)
-        self.done, self.n_old = done, n_old
-        return self.builder.build(), None if done is None else done.build()
+        self.wave_tokens = int(round(float(grown.cost.sum()) - old_tokens))
+        done, self.builder = split_wave(wave, grown, n_old, shift, binary_rewards=binary)
+        self.done, self.n_old, self.planted = done, n_old, self.builder.build()
+        return self.planted, None if done is None else done.build()
 
     def carry(self) -> Carried:
         """This call's trees as the next wave grows them (``Pending.carried``)."""
-        return Carried.of(self.builder)
+        return Carried(self.planted, tuple(self.builder.nodes), dict(self.builder.rows))
 
     def grow(self, starts: Starts) -> RolloutForest:
         t0 = time.perf_counter()

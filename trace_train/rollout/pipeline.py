@@ -41,10 +41,6 @@ class Carried:
     rows: Mapping[int, Mapping[str, Any]]
     """Pool rows by prompt id (the ids in ``forest.prompt``)."""
 
-    @classmethod
-    def of(cls, builder: BatchBuilder) -> "Carried":
-        return cls(builder.build(), tuple(builder.nodes), dict(builder.rows))
-
 
 def wave_builder(carried: Carried | None, *, binary_rewards: bool) -> tuple[BatchBuilder, int, int]:
     """A builder holding ``carried``'s trees (ids unchanged), for this call's roots to join:
@@ -57,11 +53,10 @@ def wave_builder(carried: Carried | None, *, binary_rewards: bool) -> tuple[Batc
     return builder, len(carried.forest), shift
 
 
-def split_wave(builder: BatchBuilder, n_old: int, shift: int, *,
+def split_wave(builder: BatchBuilder, forest: RolloutForest, n_old: int, shift: int, *,
                binary_rewards: bool) -> tuple[BatchBuilder | None, BatchBuilder]:
-    """The grown wave cut by tree: (the carried trees whole, None without any; this call's trees, renumbered
-    from 0, prompt ids shifted back)."""
-    forest = builder.build()
+    """The grown wave (``builder`` and its ``forest``) cut by tree: (the carried trees whole, None without
+    any; this call's trees, renumbered from 0, prompt ids shifted back)."""
     if n_old == 0:
         return None, builder
     old = forest.roots[forest.tree_index] < n_old
