@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import time
+
 from functools import partial
 
 import numpy as np
@@ -404,17 +407,20 @@ def test_streamed_expansion_places_what_the_barrier_places(backend, name):
             == streamed.context_ids(anchor)
 
 
+class SlowGuessNumberEnv(GuessNumberEnv):
+    """Guess-the-number whose environment answers after a random sleep (0-20 ms): rollouts report in a
+    shuffled order, as a real tool's latency would make them."""
+
+    concurrency_safe = True
+
+    def step(self, action):
+        time.sleep(random.random() * 0.02)
+        return super().step(action)
+
+
 def test_streamed_expansion_does_not_depend_on_which_tree_ends_first(hf_backend):
     """Environments that answer in a shuffled order (random sleeps): the same batch, node for node."""
-    import random
-    import time
-
-    class Slow(GuessNumberEnv):
-        concurrency_safe = True
-
-        def step(self, action):
-            time.sleep(random.random() * 0.02)
-            return super().step(action)
+    Slow = SlowGuessNumberEnv
 
     def run():
         config = RolloutConfig(policy="trace", roots=8, continuations_per_root=2, group_size=4, limits=LIMITS,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import time
-
 import numpy as np
 import pytest
 
@@ -12,7 +9,8 @@ from trace_theory import Origin
 from trace_train.envs import GuessNumberEnv
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 
-from .test_engine import LIMITS, UNEVEN, TurnPredictor, _bare_and_branches, branch_starts, make_engine
+from .test_engine import (LIMITS, UNEVEN, SlowGuessNumberEnv, TurnPredictor, _bare_and_branches, branch_starts,
+                          make_engine)
 
 
 def _same(a, b):
@@ -58,12 +56,7 @@ def test_eager_decisions_do_not_depend_on_environment_timing(hf_backend):
     """Environments that answer in a shuffled order (random sleeps): the same batch, node for node, as
     the lockstep schedule's."""
 
-    class Slow(GuessNumberEnv):
-        concurrency_safe = True
-
-        def step(self, action):
-            time.sleep(random.random() * 0.02)
-            return super().step(action)
+    Slow = SlowGuessNumberEnv
 
     def run(env, **changes):
         config = RolloutConfig(policy="trace", roots=8, continuations_per_root=2, group_size=4, limits=LIMITS,

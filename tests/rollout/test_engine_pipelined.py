@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import time
 from collections import Counter
 
 import numpy as np
@@ -13,12 +11,12 @@ import torch
 from trace_theory import Origin, top_up_roots
 from trace_theory.pipelined import Pending
 from trace_theory.step import Kind, in_rollout_order, place_continuations
-from trace_train.envs import GuessNumberEnv
 from trace_train.rollout.batch import BatchBuilder
+from trace_train.envs import GuessNumberEnv
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.rollout.pipeline import Carried
 
-from .test_engine import LIMITS, POOL, UNEVEN, TurnPredictor, make_engine
+from .test_engine import LIMITS, POOL, UNEVEN, SlowGuessNumberEnv, TurnPredictor, make_engine
 
 KW = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
 
@@ -148,12 +146,7 @@ def test_pipelined_decisions_do_not_depend_on_environment_timing(hf_backend):
     """Environments that answer in a shuffled order (random sleeps): the same batches, call after call, node
     for node, as the lockstep schedule's."""
 
-    class Slow(GuessNumberEnv):
-        concurrency_safe = True
-
-        def step(self, action):
-            time.sleep(random.random() * 0.02)
-            return super().step(action)
+    Slow = SlowGuessNumberEnv
 
     def run(env, **changes):
         config = RolloutConfig(group_size=4, limits=LIMITS, expansion="pipelined", **{**KW, "env_workers": 8},
