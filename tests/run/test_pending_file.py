@@ -72,3 +72,23 @@ def test_a_snapshot_that_cannot_be_pickled_fails_the_write_in_one_line(tmp_path)
                                          r"environment snapshots must be picklable"):
         save_checkpoint(tmp_path, 1, policy={}, pending=[bad])
     assert not list((tmp_path / "checkpoints").glob("step_*"))
+
+
+def test_an_enum_pickled_by_getattr_loads_and_no_other_getattr_does(tmp_path):
+    """Python 3.11.2 (Debian 12's) pickles an enum member as ``getattr(cls, name)``: that form loads as the
+    member; ``getattr`` on anything but an enum's member name is refused unrun."""
+    from trace_train.run.plain_pickle import PickleRefused, load
+
+    class ByName:
+        def __init__(self, target, name):
+            self.target, self.name = target, name
+
+        def __reduce__(self):
+            return (getattr, (self.target, self.name))
+
+    (tmp_path / "enum.pkl").write_bytes(pickle.dumps([ByName(EndReason, "DONE")], protocol=4))
+    assert load(tmp_path / "enum.pkl") == [EndReason.DONE]
+    for target, name in ((EndReason, "__class__"), (EndReason, "_missing_"), (Starts, "of")):
+        (tmp_path / "bad.pkl").write_bytes(pickle.dumps([ByName(target, name)], protocol=4))
+        with pytest.raises(PickleRefused):
+            load(tmp_path / "bad.pkl")

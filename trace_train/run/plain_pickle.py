@@ -44,10 +44,22 @@ def _plain_class(obj: Any) -> bool:
             or (issubclass(obj, tuple) and hasattr(obj, "_fields")))
 
 
+def _enum_member(cls: Any, name: Any):
+    """What ``builtins.getattr`` may do in a pending file: name a member of an enum the file was allowed to
+    load. Some Python versions (3.11.2, Debian 12's) pickle an enum member as ``getattr(cls, name)``; any
+    other use of ``getattr`` is refused."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise PickleRefused(f"builtins.getattr on {getattr(cls, '__name__', type(cls).__name__)}.{name!r} "
+                        "(only an enum's member is allowed)")
+
+
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if module == "builtins" and name in _BUILTINS:
             return super().find_class(module, name)
+        if module == "builtins" and name == "getattr":
+            return _enum_member
         if (module, name) in _NUMPY or (module, name) in _NAMED or module == "numpy.dtypes":
             return super().find_class(module, name)
         loaded = sys.modules.get(module)
