@@ -203,7 +203,9 @@ def _own_pending(ckpt: Checkpoint, rank: int, cfg: TrainConfig):
         return None
     if ckpt.pending is None:
         raise CheckpointError(f"{ckpt.path / 'pending.pkl'}: missing; a checkpoint of a pipelined run holds it")
-    pending = ckpt.pending[rank] if isinstance(ckpt.pending, list) and rank < len(ckpt.pending) else ckpt
+    if not (isinstance(ckpt.pending, list) and rank < len(ckpt.pending)):
+        raise CheckpointError(f"{ckpt.path / 'pending.pkl'}: holds no pending step for rank {rank} (one per rank)")
+    pending = ckpt.pending[rank]
     if pending is not None and not isinstance(pending, Pending):
         raise CheckpointError(f"{ckpt.path / 'pending.pkl'}: holds a {type(pending).__name__}, not a pending step")
     return pending

@@ -81,3 +81,19 @@ def test_pipelined_refuses_recomputed_anchors(tmp_path):
         load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", *PIPELINED, "algorithm.recompute_old_logprobs=true"])
     cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", *PIPELINED, "optim.mini_batches=2"])
     assert not cfg.recomputes_old_logprobs  # the generators' log-probabilities correct the stale tokens
+
+
+def test_a_pending_file_without_this_ranks_step_is_one_line_naming_it(tmp_path):
+    from types import SimpleNamespace
+
+    from trace_train.run.checkpoint import CheckpointError
+    from trace_train.train import _own_pending
+
+    cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path}", *PIPELINED])
+    for held in ({"not": "a list"}, [None]):
+        ckpt = SimpleNamespace(pending=held, path=tmp_path / "step_00000002")
+        with pytest.raises(CheckpointError, match=r"step_00000002/pending\.pkl: holds no pending step for rank 1"):
+            _own_pending(ckpt, 1, cfg)
+    assert _own_pending(SimpleNamespace(pending=[None, None], path=tmp_path), 1, cfg) is None
+    with pytest.raises(CheckpointError, match=r"pending\.pkl: missing"):
+        _own_pending(SimpleNamespace(pending=None, path=tmp_path), 0, cfg)
