@@ -100,3 +100,49 @@ def test_the_watchdog_ends_a_process_whose_main_thread_does_not_end_after_a_seco
     assert proc.returncode == 128 + signal.SIGINT, err
     assert "stopping after this step" in err
     assert "stopped at once by a second signal" in err and "nothing saved since step 7" in err
+
+
+def _install(saved_step):
+    """A StopOnSignal and the watchdog thread it started."""
+    import threading
+
+    from trace_train.run.signals import StopOnSignal
+
+    running = set(threading.enumerate())
+    stop = StopOnSignal(saved_step)
+    (watchdog,) = [t for t in threading.enumerate() if t not in running]
+    return stop, watchdog
+
+
+def test_the_watchdog_holds_no_reference_to_its_run():
+    """A watchdog that outlives its run must not free the run: a daemon thread that drops the last
+    reference to a tensor while the interpreter exits aborts the process (the trainer's exit 134 after
+    "stopped by SIGTERM", one run in six)."""
+    import gc
+    import weakref
+
+    from trace_train.run.signals import _SIGNALS
+
+    before = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    run = type("Run", (), {})()
+    stop, watchdog = _install(lambda: run)
+    try:
+        for sig, handler in before.items():  # what still holds the StopOnSignal is the watchdog, if anything
+            signal.signal(sig, handler)
+        owner, run_ref = weakref.ref(stop), weakref.ref(run)
+        del stop, run
+        gc.collect()
+        assert owner() is None and run_ref() is None
+        assert watchdog.is_alive()  # still reading the pipe
+    finally:
+        os.close(signal.set_wakeup_fd(-1))  # the watchdog's write end: it reads the end and returns
+        watchdog.join(10)
+    assert not watchdog.is_alive()
+
+
+def test_restore_ends_the_watchdog_before_it_returns():
+    for _ in range(20):
+        stop, watchdog = _install(lambda: None)
+        assert watchdog.is_alive()
+        stop.restore()
+        assert not watchdog.is_alive()

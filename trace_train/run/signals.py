@@ -21,13 +21,16 @@ import os
 import signal
 import sys
 import threading
-import time
+import weakref
 from typing import Callable
 
 __all__ = ["RunInterrupted", "StopOnSignal", "finish_process", "GRACE_S"]
 
 GRACE_S = 20.0
 """Seconds between a second signal and the watchdog's ``os._exit`` when the process has not ended."""
+
+_JOIN_S = 5.0
+"""How long :meth:`StopOnSignal.restore` waits for the watchdog to read the closed pipe and end."""
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -63,6 +66,8 @@ class StopOnSignal:
         self._previous: dict = {}
         self._wakeup: tuple[int, int] | None = None
         self._old_wakeup = -1
+        self._ended = threading.Event()
+        self._watchdog: threading.Thread | None = None
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in _SIGNALS:
@@ -96,53 +101,75 @@ class StopOnSignal:
         except (OSError, ValueError):  # no pipes or not allowed here: the handler alone
             return
         self._wakeup = (r, w)
-        threading.Thread(target=self._watch, args=(r,), name="trace-signal-watchdog", daemon=True).start()
+        self._watchdog = threading.Thread(target=_watch, args=(r, self._ended, self.grace_s, weakref.ref(self)),
+                                          name="trace-signal-watchdog", daemon=True)
+        self._watchdog.start()
 
-    def _watch(self, fd: int) -> None:
-        try:
-            self._count(fd)
-        finally:
-            with _quiet():
-                os.close(fd)
-
-    def _count(self, fd: int) -> None:
-        seen = 0
-        while True:
-            try:
-                data = os.read(fd, 64)
-            except OSError:
-                return
-            if not data:  # restore() closed the write end
-                return
-            for signum in data:
-                if signum in _SIGNALS:
-                    seen += 1
-                    if seen >= 2:
-                        self._exit_after_grace(signum)
-                        return
-
-    def _exit_after_grace(self, signum: int) -> None:
-        time.sleep(self.grace_s)
-        if self._wakeup is None:  # the run ended meanwhile (restore() ran): the interpreter is exiting
-            return
+    def _exit_now(self, signum: int) -> None:
+        """The watchdog's end of a held process: one line, then ``os._exit(128 + signum)``."""
         try:
             sys.stdout.flush()
-            print(f"{self.prog}: stopped at once by a second signal, {GRACE_S:.0f} s after it: the process was "
-                  f"held (a stuck thread or native call); {self._saved()}", file=sys.stderr, flush=True)
+            print(f"{self.prog}: stopped at once by a second signal, {self.grace_s:.0f} s after it: the process "
+                  f"was held (a stuck thread or native call); {self._saved()}", file=sys.stderr, flush=True)
         finally:
             os._exit(128 + signum)
 
     def restore(self) -> None:
+        """Put the previous handlers and wakeup descriptor back, and end the watchdog before returning."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        self._ended.set()
         if self._wakeup is not None:
             r, w = self._wakeup
             with _quiet():
                 signal.set_wakeup_fd(self._old_wakeup)
             self._wakeup = None
             with _quiet():
-                os.close(w)
+                os.close(w)  # the watchdog reads the end of the pipe and returns
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(_JOIN_S)
+            self._watchdog = None
+
+
+def _watch(fd: int, ended: threading.Event, grace_s: float, owner: "weakref.ref[StopOnSignal]") -> None:
+    """The watchdog thread: count the signals written to the wakeup pipe ``fd``; :data:`grace_s` seconds
+    after the second one, unless the run ended (``ended``) meanwhile, end the process.
+
+    It holds only a weak reference to its :class:`StopOnSignal`, whose ``saved_step`` reaches the whole run:
+    a thread that outlived the run and dropped the last reference to it would free the run's tensors while
+    the interpreter exits, and that aborts the process ("terminate called without an active exception":
+    freeing a tensor asks for the GIL, and Python 3.11 ends a daemon thread that asks for the GIL during
+    finalization with ``pthread_exit``, whose unwinding cannot cross PyTorch's destructor).
+    :meth:`StopOnSignal.restore` also joins it, so no watchdog is alive when the interpreter exits.
+    """
+    try:
+        signum = _second_signal(fd)
+    finally:
+        with _quiet():
+            os.close(fd)
+    if signum is None or ended.wait(grace_s):
+        return
+    stop = owner()
+    if stop is not None:
+        stop._exit_now(signum)
+
+
+def _second_signal(fd: int) -> int | None:
+    """The number of the second SIGINT/SIGTERM read from ``fd``; None when the pipe closes first."""
+    seen = 0
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return None
+        if not data:  # restore() closed the write end
+            return None
+        for signum in data:
+            if signum in _SIGNALS:
+                seen += 1
+                if seen >= 2:
+                    return signum
 
 
 class _quiet:
