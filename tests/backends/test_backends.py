@@ -162,6 +162,56 @@ def test_hf_samples_of_one_request_share_their_prefill(hf_backend, prompts):
     assert delta.computed_prompt_tokens == len(prompts[0])
 
 
+def _agent_prompts(prompts):
+    """The games' prompts behind one long system text (an agent's tool list), of three lengths."""
+    from trace_train.backends.hf_backend import MIN_SHARED_PREFIX
+
+    system = tuple(prompts[2]) * (2 * MIN_SHARED_PREFIX // len(prompts[2]) + 1)
+    return [system + tuple(prompts[0]), system + tuple(prompts[3]), system + tuple(prompts[1]) + (7, 8, 9)]
+
+
+def test_hf_a_prefix_every_prompt_shares_is_computed_once_and_changes_no_sample(hf_backend, prompts):
+    from trace_train.backends.hf_backend import shared_prefix_length
+
+    agent = _agent_prompts(prompts)
+    shared = shared_prefix_length(agent)
+    assert shared == len(agent[0]) - len(prompts[0])  # the system text
+    requests = [GenerationRequest(p, n=2, seed=10 * i) for i, p in enumerate(agent)]
+    before = hf_backend.stats.copy()
+    together = hf_backend.generate(requests, SAMPLE)
+    delta = hf_backend.stats.since(before)
+    alone = [hf_backend.generate([r], SAMPLE)[0] for r in requests]  # one prompt: nothing shared
+    for t, a in zip(together, alone):
+        assert [c.token_ids for c in t] == [c.token_ids for c in a]
+        for ct, ca in zip(t, a):
+            assert ct.logprobs == pytest.approx(ca.logprobs, abs=1e-5)
+    assert sorted(t[0].cached_prompt_tokens for t in together) == [0, shared, shared]  # one request pays
+    assert [t[1].cached_prompt_tokens for t in together] == [len(p) for p in agent]
+    assert delta.computed_prompt_tokens == sum(len(p) for p in agent) - 2 * shared
+
+
+def test_hf_prefix_sharing_needs_a_long_prefix_and_leaves_every_prompt_a_token():
+    from trace_train.backends.hf_backend import MIN_SHARED_PREFIX, shared_prefix_length
+
+    long = tuple(range(1, 3 * MIN_SHARED_PREFIX))
+    assert shared_prefix_length([long]) == 0  # one prompt: its n samples already share its prefill
+    assert shared_prefix_length([long, long]) == len(long) - 1  # the last token starts the decoding
+    assert shared_prefix_length([long, long[:MIN_SHARED_PREFIX + 1]]) == MIN_SHARED_PREFIX
+    assert shared_prefix_length([long, long[:MIN_SHARED_PREFIX]]) == 0  # too short to pay for a pass
+    assert shared_prefix_length([long, (0,) + long]) == 0
+
+
+def test_hf_chunks_of_prompts_sorted_by_length_return_results_in_request_order(tiny_dir, prompts):
+    from trace_train.backends.hf_backend import HFBackend
+
+    small = HFBackend.from_pretrained(tiny_dir, max_batch_size=2)
+    requests = [GenerationRequest(p, seed=i) for i, p in enumerate(prompts + _agent_prompts(prompts))]
+    assert sorted(len(r.prompt_ids) for r in requests) != [len(r.prompt_ids) for r in requests]
+    chunked = small.generate(requests, SAMPLE)
+    alone = [small.generate([r], SAMPLE)[0] for r in requests]
+    assert [s[0].token_ids for s in chunked] == [s[0].token_ids for s in alone]
+
+
 @pytest.mark.slow
 def test_vllm_serves_whole_blocks_of_a_repeated_prompt_from_cache(vllm_backend, prompts, block_size):
     vllm_backend.reset_prefix_cache()

@@ -4,8 +4,10 @@ The decoding loop is written out (no ``model.generate``) so that it has exactly 
 :mod:`.base`: per-sample seeds, log-probabilities of the sampling distribution (vLLM's
 ``processed_logprobs``), vLLM's stop rules and top-p rule. Prompts of a
 batch are left-padded; the ``n`` samples of a request share one prefill whose key/value cache is copied
-to each sample, so ``n - 1`` of them report their prompt as served from cache. Nothing is cached across
-``generate`` calls.
+to each sample, so ``n - 1`` of them report their prompt as served from cache. A prefix that every prompt
+of a batch starts with (an agent's system prompt and tool list, a tree's common history) is computed once
+and its cache copied to every prompt (:func:`shared_prefix_length`): the prompts after the first report it
+as served from cache. Nothing is cached across ``generate`` calls.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), as vLLM does, with one
 ``torch.Generator`` per sample; the random streams differ from vLLM's, so sampled outputs agree with
@@ -14,13 +16,14 @@ vLLM in distribution, and greedy outputs (``temperature=0``) agree token for tok
 
 from __future__ import annotations
 
+import os
 from typing import Mapping, Sequence
 
 import torch
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests, pad_token_id
 
-__all__ = ["HFBackend"]
+__all__ = ["HFBackend", "shared_prefix_length", "MIN_SHARED_PREFIX"]
 
 
 class HFBackend:
@@ -34,7 +37,8 @@ class HFBackend:
     tokenizer : transformers.PreTrainedTokenizerBase
         Its tokenizer (EOS, pad token and decoding for stop strings).
     max_batch_size : int
-        Most samples decoded together; larger calls run in chunks (a request's samples stay together).
+        Most samples decoded together; larger calls run in chunks of prompts of similar lengths (a
+        request's samples stay together).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64):
@@ -72,8 +76,8 @@ class HFBackend:
         requests = check_requests(requests, sampling)
         results: list[list[Completion]] = [[] for _ in requests]
         chunks: list[list[int]] = [[]]
-        for i, r in enumerate(requests):
-            if chunks[-1] and sum(requests[c].n for c in chunks[-1]) + r.n > self.max_batch_size:
+        for i in sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids)):  # less padding
+            if chunks[-1] and sum(requests[c].n for c in chunks[-1]) + requests[i].n > self.max_batch_size:
                 chunks.append([])
             chunks[-1].append(i)
         was_training = self.model.training
@@ -91,13 +95,13 @@ class HFBackend:
     def _run(self, requests, chunk: list[int], sampling: Sampling, results) -> None:
         """Decode the samples of the requests in ``chunk`` together and store them in ``results``."""
         reqs = [requests[i] for i in chunk]
-        logits, cache, lengths = self._prefill([r.prompt_ids for r in reqs])
+        prompts = [r.prompt_ids for r in reqs]
+        shared = shared_prefix_length(prompts)
+        logits, cache, mask = self._prefill(prompts, shared)
         owner = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs]))
         cache.reorder_cache(owner.to(self.device))
-        logits = logits[owner]
-        positions = lengths[owner].to(self.device)  # the next token's position in each sample
-        width = cache.get_seq_length()
-        mask = (torch.arange(width, device=self.device)[None, :] >= width - positions[:, None]).long()
+        logits, mask = logits[owner], mask[owner]
+        positions = torch.tensor([len(p) for p in prompts])[owner].to(self.device)  # the next token's position
         samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
         decoder = _Decoder(self, samples, sampling)
         while True:
@@ -112,23 +116,54 @@ class HFBackend:
             positions = positions + 1
             logits, cache = out.logits[:, -1].float(), out.past_key_values
         for k, (r, j) in enumerate(samples):
-            results[chunk[int(owner[k])]].append(decoder.completion(k, cached=len(r.prompt_ids) if j else 0))
+            o = int(owner[k])
+            cached = len(r.prompt_ids) if j else (shared if o else 0)  # the shared prefix: computed for the first
+            results[chunk[o]].append(decoder.completion(k, cached=cached))
 
-    def _prefill(self, prompts: Sequence[Sequence[int]]):
-        """Left-padded forward pass over distinct prompts; (last logits, cache, prompt lengths)."""
-        lengths = torch.tensor([len(p) for p in prompts])
-        width = int(lengths.max())
+    def _prefill(self, prompts: Sequence[Sequence[int]], shared: int = 0):
+        """Forward pass over distinct prompts whose first ``shared`` tokens are the same; returns the last
+        logits, the key/value cache and its attention mask (one row per prompt).
+
+        Without a shared prefix the prompts are left-padded. With one, the prefix runs once and its cache
+        is copied to every prompt; the rest of each prompt follows it, left-padded, so a row of the cache
+        reads ``prefix | padding | rest`` (the mask hides the padding, the position ids skip it).
+        """
+        device = self.device
+        cache, head = None, torch.zeros((len(prompts), 0), dtype=torch.long)
+        if shared:
+            out = self.model(input_ids=torch.tensor([list(prompts[0][:shared])], device=device), use_cache=True,
+                             logits_to_keep=1)
+            cache = out.past_key_values
+            cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=device))
+            head = torch.ones((len(prompts), shared), dtype=torch.long)
+        rests = [p[shared:] for p in prompts]
+        width = max(len(r) for r in rests)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        for i, r in enumerate(rests):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        position_ids = shared + (mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([head, mask], dim=1).to(device)
         out = self.model(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-            position_ids=position_ids.to(self.device), use_cache=True, logits_to_keep=1,  # last position only
+            input_ids=ids.to(device), attention_mask=mask, position_ids=position_ids.to(device),
+            past_key_values=cache, use_cache=True, logits_to_keep=1,  # last position only
         )
-        return out.logits[:, -1].float(), out.past_key_values, lengths
+        return out.logits[:, -1].float(), out.past_key_values, mask
+
+
+MIN_SHARED_PREFIX = 16
+"""Fewest tokens of a common prompt prefix that :class:`HFBackend` prefills once for a whole batch."""
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens at the start of every prompt that one forward pass computes for the batch: the longest common
+    prefix, short of every prompt's last token (whose logits start the decoding), or 0 when there is one
+    prompt or fewer than :data:`MIN_SHARED_PREFIX` shared tokens."""
+    if len(prompts) < 2:
+        return 0
+    n = min(len(os.path.commonprefix([tuple(p) for p in prompts])), min(len(p) for p in prompts) - 1)
+    return n if n >= MIN_SHARED_PREFIX else 0
 
 
 def _ranks(owner: list[int]) -> list[int]:
