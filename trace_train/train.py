@@ -451,12 +451,15 @@ def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int, be
 
 
 def _sync_weights(run: Run) -> None:
-    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP).
+    """Copy the policy's weights into a generation back end that does not share them (vLLM, FSDP); one that
+    shares them (transformers, one fp32 process) empties its prefix cache.
 
     vLLM takes them as a stream (``backends.vllm_backend.VLLMBackend.update_weights``): each parameter is
     gathered (under FSDP, its shards cast to ``model.dtype`` first), loaded, and freed before the next, so
     the sync's peak is one parameter, not a second full copy of the model."""
-    if getattr(run.backend, "model", None) is not run.policy:  # a transformers back end may share the weights
+    if getattr(run.backend, "model", None) is run.policy:  # a transformers back end that shares the weights:
+        run.backend.reset_prefix_cache()  # they changed in place, what its prefix cache holds is stale
+    else:
         dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
         weights = iter_full_tensors(run.policy, run.info, dtype)
         if not getattr(run.backend, "streams_weights", False):

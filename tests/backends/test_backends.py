@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trace_train.backends import GenerationBackend, GenerationRequest, Sampling
+from trace_train.backends.prefix_cache import BLOCK
 from trace_train.chat import ChatFormat
 from trace_train.envs import GuessNumberEnv, make_rows
 
@@ -341,7 +342,9 @@ def test_hf_generation_leaves_a_shared_model_in_its_mode(hf_backend, prompts):
     [[d]] = hf_backend.generate(
         [GenerationRequest(prompts[0], seed=0)], Sampling(temperature=0.0, max_new_tokens=4)
     )
-    assert not hf_backend.model.training and c == d  # dropout-free either way: generation runs in eval mode
+    assert not hf_backend.model.training  # dropout-free either way: generation runs in eval mode
+    assert c.token_ids == d.token_ids and c.logprobs == pytest.approx(d.logprobs, abs=1e-5)
+    assert (c.cached_prompt_tokens, d.cached_prompt_tokens) == (0, (len(prompts[0]) - 1) // BLOCK * BLOCK)
     assert hf_backend.generate([], SAMPLE) == []
 
 

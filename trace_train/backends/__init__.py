@@ -76,7 +76,8 @@ def _transformers_for_training(cfg, model_path: str, *, device: str, policy, tok
 
         weights = HFBackend.from_pretrained(model_path, dtype=_torch_dtype(cfg.model.dtype), device=device).model
     return _transformers(model_path, dtype=cfg.model.dtype, seed=cfg.seed, device=device, weights=weights,
-                         tokenizer=tokenizer, max_batch_size=cfg.backend.max_batch_size)
+                         tokenizer=tokenizer, max_batch_size=cfg.backend.max_batch_size,
+                         prefix_cache_bytes=cfg.backend.prefix_cache_bytes)
 
 
 def _torch_dtype(name: str):

@@ -5,9 +5,10 @@ The decoding loop is written out (no ``model.generate``) so that it has exactly 
 ``processed_logprobs``), vLLM's stop rules and top-p rule. Prompts of a
 batch are left-padded; the ``n`` samples of a request share one prefill whose key/value cache is copied
 to each sample, so ``n - 1`` of them report their prompt as served from cache. A prefix that every prompt
-of a batch starts with (an agent's system prompt and tool list, a tree's common history) is computed once
-and its cache copied to every prompt (:func:`shared_prefix_length`): the prompts after the first report it
-as served from cache. Nothing is cached across ``generate`` calls.
+of a batch starts with (an agent's system prompt and tool list) is computed once and its cache copied to
+every prompt (:func:`shared_prefix_length`), and a prefix cache kept across calls (:mod:`.prefix_cache`:
+whole blocks of earlier prompts and completions, emptied on every weight update) serves a multi-turn
+rollout's history and a continuation's prefix; what comes from either is reported as served from cache.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), as vLLM does, with one
 ``torch.Generator`` per sample; the random streams differ from vLLM's, so sampled outputs agree with
@@ -21,9 +22,16 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests, pad_token_id
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-__all__ = ["HFBackend", "shared_prefix_length", "MIN_SHARED_PREFIX"]
+from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests, pad_token_id
+from .prefix_cache import PrefixCache
+
+__all__ = ["HFBackend", "shared_prefix_length", "MIN_SHARED_PREFIX", "PREFIX_CACHE_BYTES"]
+
+PREFIX_CACHE_BYTES = 2**30
+"""Default size of the transformers back end's prefix cache (1 GiB of keys and values)."""
 
 
 class HFBackend:
@@ -39,12 +47,17 @@ class HFBackend:
     max_batch_size : int
         Most samples decoded together; larger calls run in chunks of prompts of similar lengths (a
         request's samples stay together).
+    prefix_cache_bytes : int
+        Size of the prefix cache kept across calls (:mod:`.prefix_cache`); 0 turns it off. Models whose
+        cache is not plain full attention (sliding windows, linear attention) run without it.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch_size: int = 64):
+    def __init__(self, model, tokenizer, *, max_batch_size: int = 64, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         if max_batch_size < 1:
             raise ValueError(f"`max_batch_size` must be at least 1, got {max_batch_size}")
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if _full_attention(model) else 0)
+        self._weights_version: tuple[int, ...] | None = None
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.stats = GenerationStats()
@@ -68,12 +81,28 @@ class HFBackend:
     # -----------------------------------------------------------------------------------------------
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy ``state_dict`` into the model's parameters (strict: every name must match)."""
+        """Copy ``state_dict`` into the model's parameters (strict: every name must match); the prefix cache
+        is emptied."""
         self.model.load_state_dict(dict(state_dict), strict=True)
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache: call it whenever the model's weights change other than through
+        :meth:`update_weights` (a trainer that shares its model with this back end, after each update).
+        :meth:`generate` also empties it when a parameter's version counter moved (an in-place change
+        such as ``p.add_`` or a foreach optimiser step), but a fused optimiser does not move them."""
+        self.prefix_cache.clear()
+
+    def _check_weights(self) -> None:
+        version = tuple(p._version for p in self.model.parameters())
+        if version != self._weights_version:
+            self.prefix_cache.clear()
+            self._weights_version = version
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
         requests = check_requests(requests, sampling)
+        self._check_weights()
         results: list[list[Completion]] = [[] for _ in requests]
         chunks: list[list[int]] = [[]]
         for i in sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids)):  # less padding
@@ -96,11 +125,11 @@ class HFBackend:
         """Decode the samples of the requests in ``chunk`` together and store them in ``results``."""
         reqs = [requests[i] for i in chunk]
         prompts = [r.prompt_ids for r in reqs]
-        shared = shared_prefix_length(prompts)
-        logits, cache, mask = self._prefill(prompts, shared)
+        logits, cache, mask, cached = self._prefill(prompts)
         owner = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs]))
         cache.reorder_cache(owner.to(self.device))
-        logits, mask = logits[owner], mask[owner]
+        logits, prompt_mask = logits[owner], mask[owner]
+        mask = prompt_mask
         positions = torch.tensor([len(p) for p in prompts])[owner].to(self.device)  # the next token's position
         samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
         decoder = _Decoder(self, samples, sampling)
@@ -117,39 +146,85 @@ class HFBackend:
             logits, cache = out.logits[:, -1].float(), out.past_key_values
         for k, (r, j) in enumerate(samples):
             o = int(owner[k])
-            cached = len(r.prompt_ids) if j else (shared if o else 0)  # the shared prefix: computed for the first
-            results[chunk[o]].append(decoder.completion(k, cached=cached))
+            results[chunk[o]].append(decoder.completion(k, cached=len(r.prompt_ids) if j else cached[o]))
+        self._keep(cache, prompt_mask, samples, decoder)
 
-    def _prefill(self, prompts: Sequence[Sequence[int]], shared: int = 0):
-        """Forward pass over distinct prompts whose first ``shared`` tokens are the same; returns the last
-        logits, the key/value cache and its attention mask (one row per prompt).
+    def _keep(self, cache, prompt_mask: torch.Tensor, samples, decoder: "_Decoder") -> None:
+        """Put each sample's prompt and completion (but its last token, never fed back) in the prefix cache."""
+        if self.prefix_cache.max_bytes == 0:
+            return
+        width = prompt_mask.shape[1]
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        for k, (r, _) in enumerate(samples):
+            new = decoder.tokens[k][:-1]
+            where = torch.cat([prompt_mask[k].nonzero()[:, 0].cpu(), width + torch.arange(len(new))])
 
-        Without a shared prefix the prompts are left-padded. With one, the prefix runs once and its cache
-        is copied to every prompt; the rest of each prompt follows it, left-padded, so a row of the cache
-        reads ``prefix | padding | rest`` (the mask hides the padding, the position ids skip it).
+            def gather(start, stop, k=k, where=where):
+                idx = where[start:stop].to(self.device)
+                return [(keys[k][:, idx], values[k][:, idx]) for keys, values in layers]
+
+            self.prefix_cache.add(r.prompt_ids + tuple(new), gather)
+
+    def _prefill(self, prompts: Sequence[Sequence[int]]):
+        """Forward pass over distinct prompts; returns the last logits, the key/value cache, its attention mask
+        (one row per prompt) and how many tokens of each prompt were not computed here.
+
+        Each prompt starts from its longest prefix in the prefix cache, or, where longer, from the prefix that
+        every prompt of the batch shares (:func:`shared_prefix_length`), computed once here (the first prompt
+        that uses it counts it as computed, the others as cached). A row of the cache reads
+        ``padding | prefix | padding | rest``: the mask hides the padding, the position ids skip it.
         """
         device = self.device
-        cache, head = None, torch.zeros((len(prompts), 0), dtype=torch.long)
-        if shared:
+        limit = [len(p) - 1 for p in prompts]  # the last token is always computed: its logits start the decoding
+        hits = [self.prefix_cache.lookup(p, n) for p, n in zip(prompts, limit)]
+        cached = [c for c, _ in hits]
+        shared = shared_prefix_length(prompts)
+        if any(c < shared for c in cached):
             out = self.model(input_ids=torch.tensor([list(prompts[0][:shared])], device=device), use_cache=True,
                              logits_to_keep=1)
-            cache = out.past_key_values
-            cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=device))
-            head = torch.ones((len(prompts), shared), dtype=torch.long)
-        rests = [p[shared:] for p in prompts]
+            common = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
+            users = [i for i, c in enumerate(cached) if c < shared]
+            for i in users:
+                hits[i] = (shared, common)
+                cached[i] = shared if i != users[0] else cached[i]
+        lengths = [c for c, _ in hits]
+        head, past = max(lengths), None
+        if head:
+            past = []
+            for layer in range(len(next(kv for c, kv in hits if c))):
+                k0, v0 = next(kv for c, kv in hits if c)[layer]
+                keys = k0.new_zeros((len(prompts), k0.shape[0], head, k0.shape[2]))
+                values = v0.new_zeros((len(prompts), v0.shape[0], head, v0.shape[2]))
+                for i, (c, kv) in enumerate(hits):
+                    if c:
+                        keys[i, :, head - c:], values[i, :, head - c:] = kv[layer]
+                past.append((keys, values))
+            past = DynamicCache(ddp_cache_data=past, config=self.model.config)
+        rests = [p[c:] for p, c in zip(prompts, lengths)]
         width = max(len(r) for r in rests)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, r in enumerate(rests):
+        mask = torch.zeros((len(prompts), head + width), dtype=torch.long)
+        position_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, (r, c) in enumerate(zip(rests, lengths)):
             ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = 1
-        position_ids = shared + (mask.cumsum(-1) - 1).clamp(min=0)
-        mask = torch.cat([head, mask], dim=1).to(device)
+            mask[i, head - c:head] = 1
+            mask[i, head + width - len(r):] = 1
+            position_ids[i, width - len(r):] = torch.arange(c, c + len(r))
+        mask = mask.to(device)
         out = self.model(
             input_ids=ids.to(device), attention_mask=mask, position_ids=position_ids.to(device),
-            past_key_values=cache, use_cache=True, logits_to_keep=1,  # last position only
+            past_key_values=past, use_cache=True, logits_to_keep=1,  # last position only
         )
-        return out.logits[:, -1].float(), out.past_key_values, mask
+        return out.logits[:, -1].float(), out.past_key_values, mask, cached
+
+
+def _full_attention(model) -> bool:
+    """Whether every layer of ``model``'s key/value cache is plain full attention (what the prefix cache
+    can splice)."""
+    try:
+        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+    except Exception:  # noqa: BLE001 - a model this transformers cannot describe: no prefix cache
+        return False
 
 
 MIN_SHARED_PREFIX = 16
