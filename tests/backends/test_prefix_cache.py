@@ -1,5 +1,5 @@
-"""The transformers back end's prefix cache: whole blocks keyed by their prefix, least recently used first out,
-and a back end that serves multi-turn histories from it without changing a sample."""
+"""The transformers back end's prefix cache: whole blocks keyed by their prefix, least recently used
+first out, and a back end that serves multi-turn histories from it without changing a sample."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ SAMPLE = Sampling(temperature=1.0, max_new_tokens=12)
 
 
 def _kv(tokens, layers=2):
-    """Keys and values that name their token: (1 head, len(tokens), 2) per layer."""
+    """Keys and values that name their token and layer: shape (layers, 2, 1 head, len(tokens), 2)."""
     t = torch.tensor(tokens, dtype=torch.float32)
-    return [(torch.stack([t, t + layer], -1)[None], -torch.stack([t, t + layer], -1)[None]) for layer in range(layers)]
+    per_layer = [torch.stack([t, t + layer], -1) for layer in range(layers)]
+    return torch.stack([torch.stack([x, -x]) for x in per_layer])[:, :, None]
 
 
 def _add(cache, tokens):
@@ -34,7 +35,7 @@ def test_lookup_returns_the_longest_cached_prefix_in_whole_blocks_within_the_lim
     seq = list(range(100, 100 + 3 * BLOCK + 5))
     assert _add(cache, seq) == [(0, 3 * BLOCK)]  # whole blocks only
     n, kv = cache.lookup(seq + [1, 2], limit=len(seq) + 1)
-    assert n == 3 * BLOCK and torch.equal(kv[1][0], _kv(seq[:n])[1][0]) and torch.equal(kv[0][1], _kv(seq[:n])[0][1])
+    assert n == 3 * BLOCK and torch.equal(kv, _kv(seq[:n]))
     assert cache.lookup(seq, limit=3 * BLOCK - 1)[0] == 2 * BLOCK  # the limit keeps a prompt's last token
     assert cache.lookup(seq[:BLOCK - 1] + [7] + seq[BLOCK:], limit=10**6) == (0, None)
 
@@ -50,7 +51,7 @@ def test_a_block_is_shared_only_by_prompts_that_share_everything_before_it():
 
 
 def test_the_least_recently_used_blocks_go_first_once_the_cache_is_full():
-    one_block = sum(k.nbytes + v.nbytes for k, v in _kv(list(range(BLOCK))))
+    one_block = _kv(list(range(BLOCK))).nbytes
     cache = PrefixCache(3 * one_block)
     a, b = list(range(2 * BLOCK)), list(range(1000, 1000 + 2 * BLOCK))
     _add(cache, a)
@@ -93,7 +94,8 @@ def _turns(backend, first, answer, turns=3, n=2):
 def test_a_multi_turn_history_comes_from_the_cache_and_no_sample_changes(tiny_dir, game, tokenizer):
     from trace_train.backends.hf_backend import HFBackend
 
-    cached, plain = HFBackend.from_pretrained(tiny_dir), HFBackend.from_pretrained(tiny_dir, prefix_cache_bytes=0)
+    cached = HFBackend.from_pretrained(tiny_dir)
+    plain = HFBackend.from_pretrained(tiny_dir, prefix_cache_bytes=0)
     answer = tuple(tokenizer.encode(" Higher. Guess again."))
     with_cache, without = _turns(cached, game, answer), _turns(plain, game, answer)
     for a, b in zip(with_cache, without):
@@ -102,7 +104,8 @@ def test_a_multi_turn_history_comes_from_the_cache_and_no_sample_changes(tiny_di
             assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-5)
     prompt = game
     for t, samples in enumerate(with_cache):
-        # sample 0 of turn t > 0 finds the last turn's prompt and completion, but its last token, in whole blocks
+        # sample 0 of turn t > 0 finds the last turn's prompt and completion (but its last token), in
+        # whole blocks
         known = len(prompt) - len(answer) - 1 if t else 0
         assert samples[0].cached_prompt_tokens == min(known, len(prompt) - 1) // BLOCK * BLOCK
         assert [c.cached_prompt_tokens for c in without[t]] == [0, len(prompt)]

@@ -21,7 +21,6 @@ import os
 from typing import Mapping, Sequence
 
 import torch
-
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -52,7 +51,8 @@ class HFBackend:
         cache is not plain full attention (sliding windows, linear attention) run without it.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch_size: int = 64, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+    def __init__(self, model, tokenizer, *, max_batch_size: int = 64,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         if max_batch_size < 1:
             raise ValueError(f"`max_batch_size` must be at least 1, got {max_batch_size}")
         self.model = model
@@ -130,7 +130,7 @@ class HFBackend:
         cache.reorder_cache(owner.to(self.device))
         logits, prompt_mask = logits[owner], mask[owner]
         mask = prompt_mask
-        positions = torch.tensor([len(p) for p in prompts])[owner].to(self.device)  # the next token's position
+        positions = torch.tensor([len(p) for p in prompts])[owner].to(self.device)  # of the next token
         samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
         decoder = _Decoder(self, samples, sampling)
         while True:
@@ -150,7 +150,8 @@ class HFBackend:
         self._keep(cache, prompt_mask, samples, decoder)
 
     def _keep(self, cache, prompt_mask: torch.Tensor, samples, decoder: "_Decoder") -> None:
-        """Put each sample's prompt and completion (but its last token, never fed back) in the prefix cache."""
+        """Put each sample's prompt and completion (but its last token, never fed back) in the prefix
+        cache."""
         if self.prefix_cache.max_bytes == 0:
             return
         width = prompt_mask.shape[1]
@@ -161,13 +162,14 @@ class HFBackend:
 
             def gather(start, stop, k=k, where=where):
                 idx = where[start:stop].to(self.device)
-                return [(keys[k][:, idx], values[k][:, idx]) for keys, values in layers]
+                return torch.stack([torch.stack([keys[k][:, idx], values[k][:, idx]])
+                                    for keys, values in layers])
 
             self.prefix_cache.add(r.prompt_ids + tuple(new), gather)
 
     def _prefill(self, prompts: Sequence[Sequence[int]]):
-        """Forward pass over distinct prompts; returns the last logits, the key/value cache, its attention mask
-        (one row per prompt) and how many tokens of each prompt were not computed here.
+        """Forward pass over distinct prompts; returns the last logits, the key/value cache, its attention
+        mask (one row per prompt) and how many tokens of each prompt were not computed here.
 
         Each prompt starts from its longest prefix in the prefix cache, or, where longer, from the prefix that
         every prompt of the batch shares (:func:`shared_prefix_length`), computed once here (the first prompt
@@ -175,14 +177,15 @@ class HFBackend:
         ``padding | prefix | padding | rest``: the mask hides the padding, the position ids skip it.
         """
         device = self.device
-        limit = [len(p) - 1 for p in prompts]  # the last token is always computed: its logits start the decoding
+        limit = [len(p) - 1 for p in prompts]  # the last token is always computed: its logits start decoding
         hits = [self.prefix_cache.lookup(p, n) for p, n in zip(prompts, limit)]
         cached = [c for c, _ in hits]
         shared = shared_prefix_length(prompts)
         if any(c < shared for c in cached):
-            out = self.model(input_ids=torch.tensor([list(prompts[0][:shared])], device=device), use_cache=True,
-                             logits_to_keep=1)
-            common = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
+            ids = torch.tensor([list(prompts[0][:shared])], device=device)
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            common = torch.stack([torch.stack([layer.keys[0], layer.values[0]])
+                                  for layer in out.past_key_values.layers])
             users = [i for i, c in enumerate(cached) if c < shared]
             for i in users:
                 hits[i] = (shared, common)
@@ -190,16 +193,14 @@ class HFBackend:
         lengths = [c for c, _ in hits]
         head, past = max(lengths), None
         if head:
-            past = []
-            for layer in range(len(next(kv for c, kv in hits if c))):
-                k0, v0 = next(kv for c, kv in hits if c)[layer]
-                keys = k0.new_zeros((len(prompts), k0.shape[0], head, k0.shape[2]))
-                values = v0.new_zeros((len(prompts), v0.shape[0], head, v0.shape[2]))
-                for i, (c, kv) in enumerate(hits):
-                    if c:
-                        keys[i, :, head - c:], values[i, :, head - c:] = kv[layer]
-                past.append((keys, values))
-            past = DynamicCache(ddp_cache_data=past, config=self.model.config)
+            kv = next(kv for c, kv in hits if c)
+            layers, _, heads, _, dim = kv.shape
+            full = kv.new_zeros((layers, 2, len(prompts), heads, head, dim))
+            for i, (c, kv) in enumerate(hits):
+                if c:
+                    full[:, :, i, :, head - c:] = kv
+            past = DynamicCache(ddp_cache_data=[(full[layer, 0], full[layer, 1]) for layer in range(layers)],
+                                config=self.model.config)
         rests = [p[c:] for p, c in zip(prompts, lengths)]
         width = max(len(r) for r in rests)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)

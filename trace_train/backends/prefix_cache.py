@@ -10,9 +10,11 @@ generated token than shallow ones.
 The cache holds whole blocks of :data:`BLOCK` tokens. A block's key is ``(hash of the previous block's key,
 the block's tokens)``, so a key names the block *and everything before it* (two prompts share a cached block
 only if they share the whole prefix up to it), and a dictionary lookup compares the tokens themselves.
-:meth:`PrefixCache.lookup` walks a prompt's blocks until the first one that is missing; :meth:`PrefixCache.add`
-stores the blocks of a finished sample that are not there yet. Blocks are evicted least recently used first
-once the cache holds more than ``max_bytes``; a block whose parent was evicted is unreachable and goes next.
+:meth:`PrefixCache.lookup` walks a prompt's blocks until the first one that is missing;
+:meth:`PrefixCache.add` stores the blocks of a finished sample that are not there yet. Blocks are evicted
+least recently used first once the cache holds more than ``max_bytes``; a block whose parent was evicted is
+unreachable and goes next. A block is one tensor holding every layer's keys and values (:data:`KV`), so
+a prompt's cached prefix is one concatenation however deep the model.
 
 What is cached is only valid for the weights that computed it: :meth:`PrefixCache.clear` on every weight
 change (``HFBackend.update_weights`` does; a trainer that shares its model with the back end calls
@@ -31,8 +33,8 @@ __all__ = ["PrefixCache", "BLOCK"]
 BLOCK = 16
 """Tokens per cached block (vLLM's default block size)."""
 
-LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
-"""Per layer, keys and values of shape (key/value heads, tokens, head dim)."""
+KV = torch.Tensor
+"""Keys and values of every layer for some tokens: shape (layers, 2, key/value heads, tokens, head dim)."""
 
 
 class PrefixCache:
@@ -49,7 +51,7 @@ class PrefixCache:
             raise ValueError(f"the prefix cache's size must be at least 0 bytes, got {max_bytes}")
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._blocks: OrderedDict[tuple, LayerKV] = OrderedDict()
+        self._blocks: OrderedDict[tuple, KV] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -68,9 +70,9 @@ class PrefixCache:
             parent = hash(key)
         return keys
 
-    def lookup(self, tokens: Sequence[int], limit: int) -> tuple[int, LayerKV | None]:
-        """The longest cached prefix of ``tokens`` of at most ``limit`` tokens, in whole blocks: its length and
-        its keys and values per layer (concatenated), or ``(0, None)``."""
+    def lookup(self, tokens: Sequence[int], limit: int) -> tuple[int, KV | None]:
+        """The longest cached prefix of ``tokens`` of at most ``limit`` tokens, in whole blocks: its length
+        and its keys and values, or ``(0, None)``."""
         if not self._blocks:
             return 0, None
         found = []
@@ -82,11 +84,9 @@ class PrefixCache:
             found.append(block)
         if not found:
             return 0, None
-        layers = [(torch.cat([b[layer][0] for b in found], dim=1), torch.cat([b[layer][1] for b in found], dim=1))
-                  for layer in range(len(found[0]))]
-        return len(found) * BLOCK, layers
+        return len(found) * BLOCK, torch.cat(found, dim=3)
 
-    def add(self, tokens: Sequence[int], gather: Callable[[int, int], LayerKV]) -> None:
+    def add(self, tokens: Sequence[int], gather: Callable[[int, int], KV]) -> None:
         """Store the whole blocks of ``tokens`` that are not cached; ``gather(start, stop)`` returns the keys
         and values of positions ``start:stop`` of ``tokens`` (called once, for the missing ones only)."""
         if self.max_bytes == 0:
@@ -102,10 +102,9 @@ class PrefixCache:
             if key in self._blocks:  # cached, though a block before it was evicted
                 self._blocks.move_to_end(key)
                 continue
-            cut = slice(b * BLOCK, (b + 1) * BLOCK)
-            block = [(k[:, cut].clone(), v[:, cut].clone()) for k, v in kv]
+            block = kv[:, :, :, b * BLOCK:(b + 1) * BLOCK].clone()
             self._blocks[key] = block
-            self.bytes += sum(k.nbytes + v.nbytes for k, v in block)
+            self.bytes += block.nbytes
         while self.bytes > self.max_bytes and self._blocks:
             _, block = self._blocks.popitem(last=False)
-            self.bytes -= sum(k.nbytes + v.nbytes for k, v in block)
+            self.bytes -= block.nbytes

@@ -101,16 +101,17 @@ class StopOnSignal:
         except (OSError, ValueError):  # no pipes or not allowed here: the handler alone
             return
         self._wakeup = (r, w)
-        self._watchdog = threading.Thread(target=_watch, args=(r, self._ended, self.grace_s, weakref.ref(self)),
-                                          name="trace-signal-watchdog", daemon=True)
+        args = (r, self._ended, self.grace_s, weakref.ref(self))
+        self._watchdog = threading.Thread(target=_watch, args=args, name="trace-signal-watchdog", daemon=True)
         self._watchdog.start()
 
     def _exit_now(self, signum: int) -> None:
         """The watchdog's end of a held process: one line, then ``os._exit(128 + signum)``."""
         try:
             sys.stdout.flush()
-            print(f"{self.prog}: stopped at once by a second signal, {self.grace_s:.0f} s after it: the process "
-                  f"was held (a stuck thread or native call); {self._saved()}", file=sys.stderr, flush=True)
+            print(f"{self.prog}: stopped at once by a second signal, {self.grace_s:.0f} s after it: the "
+                  f"process was held (a stuck thread or native call); {self._saved()}", file=sys.stderr,
+                  flush=True)
         finally:
             os._exit(128 + signum)
 
