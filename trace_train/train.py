@@ -348,7 +348,13 @@ def _rollout(run: Run, step: int) -> RolloutBatch | None:
     ``algorithm.train_env_failures``). Pipelined expansion: the previous step's trees, completed by this
     step's wave; None on the first step (the pipeline fills). The run's last step drains the pipeline
     (grows the pending continuations and plants nothing; a run of one step plants, then drains), so that
-    the last trees are trained too."""
+    the last trees are trained too.
+
+    Every step starts from an empty prefix cache (where the back end has one), so a resumed run computes
+    what the uninterrupted one did: the pipeline's fill step changes no weights, and evaluation fills the
+    cache between steps."""
+    if hasattr(run.backend, "reset_prefix_cache"):
+        run.backend.reset_prefix_cache()
     engine, cfg = run.engine, run.cfg
     seed = _step_seed(cfg.seed, step, run.info.rank)
     last = step == cfg.steps - 1
