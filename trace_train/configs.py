@@ -471,6 +471,10 @@ class BackendConfig:
 
     def __post_init__(self):
         BACKENDS.check(self.kind)
+        if isinstance(self.prefix_cache_bytes, bool) or not isinstance(self.prefix_cache_bytes, int) \
+                or self.prefix_cache_bytes < 0:
+            raise ValueError("`prefix_cache_bytes` must be a whole number of bytes, at least 0 (0 turns the "
+                             f"transformers back end's prefix cache off), got {self.prefix_cache_bytes!r}")
 
 
 @dataclass(frozen=True)

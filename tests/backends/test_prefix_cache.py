@@ -155,3 +155,30 @@ def test_weights_changed_in_place_empty_the_cache_at_the_next_call(tiny_dir, gam
     with torch.no_grad():
         next(backend.model.parameters()).add_(0.1)
     assert backend.generate([GenerationRequest(game + (5,), seed=1)], SAMPLE)[0][0].cached_prompt_tokens == 0
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_bf16_generator_at_temperature_0_7_samples_the_same_with_the_cache(tiny_dir, game, tokenizer, attention):
+    """What a GPU generator runs: bf16 weights, a temperature below 1, either attention kernel; the cached
+    keys and values are bf16 too, so the cache must change no token there either."""
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.backends.hf_backend import HFBackend
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.bfloat16, attn_implementation=attention)
+    cached, plain = HFBackend(model, tokenizer), HFBackend(model, tokenizer, prefix_cache_bytes=0)
+    answer = tuple(tokenizer.encode(" Lower. Guess again."))
+    warm = Sampling(temperature=0.7, max_new_tokens=12)
+    out = {}
+    for name, backend in (("cached", cached), ("plain", plain)):
+        prompt, turns = game, []
+        for t in range(3):
+            [samples] = backend.generate([GenerationRequest(prompt, n=2, seed=5 * t)], warm)
+            turns.append(samples)
+            prompt = prompt + samples[0].token_ids + answer
+        out[name] = turns
+    for a, b in zip(out["cached"], out["plain"]):
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        for ca, cb in zip(a, b):
+            assert ca.logprobs == pytest.approx(cb.logprobs, abs=0.05)  # bf16 rounding of recomputed keys
+    assert out["cached"][2][0].cached_prompt_tokens > 0

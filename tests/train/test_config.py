@@ -94,6 +94,8 @@ def test_every_shipped_preset_is_a_valid_training_config():
     ("rollout.pool_size=0", "rollout: `pool_size` must be a positive integer, got 0"),
     ("rollout.max_turns=3", "config key 'rollout.max_turns' is now 'rollout.limits.max_turns'"),
     ("rollout.limits.max_turns=0", "rollout.limits: `max_turns` must be a positive integer, got 0"),
+    ("backend.prefix_cache_bytes=-1", "backend: `prefix_cache_bytes` must be a whole number of bytes, at least 0 "
+                                      "(0 turns the transformers back end's prefix cache off), got -1"),
 ])
 def test_impossible_training_configs_are_refused(override, message):
     from trace_train.configs import TrainConfig
