@@ -261,7 +261,31 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     >>> int(threshold_spend(0.5, 1.0, 1, 0.0)[0])  # the budget binds
     1
     """
-    scalar = np.ndim(v) == 0
+    if np.ndim(v) == 0 and objective == "additive" and all(np.ndim(x) == 0 for x in (price, budget, v_later)):
+        return _scalar_spend(float(v), float(price), float(budget), threshold, max_per_anchor,
+                             float(v) if v_later is None else float(v_later))
+    k, spent, _ = _spend(v, price, budget, threshold, max_per_anchor, objective, stay, v_later)
+    if np.ndim(v) == 0:
+        return k[0], float(spent[0])
+    return k, spent
+
+
+def _scalar_spend(v: float, price: float, budget: float, threshold: float, max_per_anchor, w: float):
+    """:func:`threshold_spend` at one prefix with the additive objective, in plain floats (a turn
+    boundary's decision; numpy's per-call overhead is most of the vector rule's cost at one prefix)."""
+    cap = int(np.floor(budget / price * (1.0 + 1e-9) + 1e-9))
+    if max_per_anchor is not None:
+        cap = min(cap, int(max_per_anchor))
+    k = 0
+    while k < cap and (w * v**k * (1.0 - v) + (1.0 - w) * (1.0 - v) ** k * v) / price > threshold:
+        k += 1  # gains fall along k: the units above the threshold are a prefix
+    return np.int64(k), float(k * price)
+
+
+def _spend(v, price, budget, threshold, max_per_anchor, objective, stay, v_later):
+    """:func:`threshold_spend` on arrays, and the interval [a, b) of thresholds over which every comparison
+    it made comes out the same (a: the largest gain per price at or below ``threshold``, b: the smallest
+    above it), so that over it the rule takes the same decisions."""
     v = np.atleast_1d(np.asarray(v, dtype=float))
     w = v if v_later is None else np.broadcast_to(np.asarray(v_later, dtype=float), v.shape)
     price = np.broadcast_to(np.asarray(price, dtype=float), v.shape)
@@ -272,6 +296,7 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     cap = np.maximum(cap, 0)
     width = int(cap.max(initial=0))
     k = np.zeros(v.size, dtype=np.int64)
+    stable = (-np.inf, np.inf)
     if width:
         units = np.arange(width)[None, :]
         if objective == "joint":
@@ -282,12 +307,13 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
         vv, ww = v[:, None], w[:, None]
         with np.errstate(under="ignore"):
             gain = ww * s1 * vv**units * (1.0 - vv) + (1.0 - ww) * s0 * (1.0 - vv) ** units * vv
+        per_price = gain / price[:, None]
+        above = per_price > threshold
         # gains fall along k: the units above the threshold (and within the cap) are a prefix
-        k = np.count_nonzero((gain / price[:, None] > threshold) & (units < cap[:, None]), axis=1)
-    spent = k * price
-    if scalar:
-        return k[0], float(spent[0])
-    return k.astype(np.int64), spent
+        k = np.count_nonzero(above & (units < cap[:, None]), axis=1)
+        stable = (float(np.max(per_price, where=~above, initial=-np.inf)),
+                  float(np.min(per_price, where=above, initial=np.inf)))
+    return k.astype(np.int64), k * price, stable
 
 
 def replay_spend(v, price, rollout, budgets, threshold, *, max_per_anchor=None, objective="additive",
@@ -299,26 +325,35 @@ def replay_spend(v, price, rollout, budgets, threshold, *, max_per_anchor=None, 
     All rollouts advance together, one prefix position at a time, which is what the online rule does
     whatever the order they reach their boundaries in.
     """
+    return _replay(v, price, rollout, budgets, threshold, max_per_anchor, objective, v_later)[0]
+
+
+def _replay(v, price, rollout, budgets, threshold, max_per_anchor, objective, v_later):
+    """:func:`replay_spend`, and the interval of thresholds over which it takes the same decisions (the
+    intersection of :func:`_spend`'s: the same comparisons at one position leave the same budgets and
+    stays to the next)."""
     v, price = np.asarray(v, float), np.asarray(price, float)
     w = v if v_later is None else np.asarray(v_later, float)
     rollout = np.asarray(rollout, np.int64)
     left = np.asarray(budgets, dtype=float).copy()
     s1, s0 = np.ones(left.size), np.ones(left.size)
     k = np.zeros(v.size, dtype=np.int64)
+    low, high = -np.inf, np.inf
     if v.size == 0:
-        return k
+        return k, (low, high)
     first = np.r_[True, rollout[1:] != rollout[:-1]]
     position = np.arange(v.size) - np.maximum.accumulate(np.where(first, np.arange(v.size), 0))
     for p in range(int(position.max()) + 1):
         at = np.flatnonzero(position == p)
         j = rollout[at]
-        k[at], spent = threshold_spend(v[at], price[at], left[j], threshold, max_per_anchor=max_per_anchor,
-                                       objective=objective, stay=(s1[j], s0[j]), v_later=w[at])
+        k[at], spent, (a, b) = _spend(v[at], price[at], left[j], threshold, max_per_anchor, objective,
+                                      (s1[j], s0[j]), w[at])
+        low, high = max(low, a), min(high, b)
         left[j] -= spent
         with np.errstate(under="ignore"):
             s1[j] *= v[at] ** k[at]
             s0[j] *= (1.0 - v[at]) ** k[at]
-    return k
+    return k, (low, high)
 
 
 def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, objective="additive",
@@ -337,10 +372,15 @@ def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, ob
     if v.size == 0 or target <= 0:
         return float(np.max(expected_flip_probability_gain(v, 0) / price, initial=0.0))
 
+    seen: list[tuple[float, float, float]] = []  # (a, b, spend): thresholds in [a, b) spend the same
+
     def spend(t):
-        k = replay_spend(v, price, rollout, budgets, t, max_per_anchor=max_per_anchor, objective=objective,
-                         v_later=v_later)
-        return float(np.dot(k, price))
+        for a, b, total in seen:  # a replay is the step's whole rule; the bisection revisits few intervals
+            if a <= t < b:
+                return total
+        k, (a, b) = _replay(v, price, rollout, budgets, t, max_per_anchor, objective, v_later)
+        seen.append((a, b, float(np.dot(k, price))))
+        return seen[-1][2]
 
     target = min(target, spend(0.0))  # what no threshold can spend (rollouts without prefixes) is not aimed at
     if target <= 0:

@@ -141,6 +141,51 @@ def test_replay_never_overspends_a_rollout_and_the_level_hits_the_target():
     assert replay_spend(v, np.ones(v.size), rollout, budgets, tau * 1.01 + 1e-9).sum() < target
 
 
+def plain_bisection_level(v, price, rollout, budgets, target, **kw):
+    """offline_level's search written out with a replay at every step (no reuse): the reference."""
+    def spend(t):
+        return float(np.dot(replay_spend(v, price, rollout, budgets, t, **kw), price))
+
+    target = min(target, spend(0.0))
+    if target <= 0:
+        return 0.0
+    lo, hi = -30.0, float(np.log(max(np.max(expected_flip_probability_gain(v, 0) / price), 1e-300)))
+    if spend(np.exp(hi)) >= target - 1e-9:
+        return float(np.exp(hi))
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if spend(np.exp(mid)) >= target - 1e-9 else (lo, mid)
+    return float(np.exp(lo))
+
+
+@pytest.mark.parametrize("objective", ["additive", "joint"])
+def test_the_level_reuses_replays_only_where_they_decide_alike(objective):
+    """offline_level replays the rule once per interval of thresholds that take the same decisions: its
+    level is the plain bisection's to the last bit, and a threshold anywhere in a replay's interval spends
+    what that replay spent."""
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        rollout = np.repeat(np.arange(12), rng.integers(0, 6, 12))
+        v, later = rng.uniform(0, 1, rollout.size), rng.uniform(0, 1, rollout.size)
+        price = rng.uniform(0.3, 2.0, rollout.size) if trial % 2 else np.ones(rollout.size)
+        budgets = rng.integers(0, 4, 12).astype(float)
+        kw = dict(max_per_anchor=None if trial % 3 else 2, objective=objective, v_later=later)
+        target = float(rng.uniform(0, budgets.sum() + 1))
+        assert offline_level(v, price, rollout, budgets, target, **kw) == \
+            plain_bisection_level(v, price, rollout, budgets, target, **kw)
+
+
+def test_a_turn_boundary_decision_equals_the_vector_rule():
+    """One prefix (floats in: the engine's turn boundaries) decides as the same prefix inside a vector."""
+    rng = np.random.default_rng(3)
+    for v, w, price, left in zip(*rng.uniform(0, 1, (2, 200)), rng.uniform(0.2, 2, 200), rng.integers(0, 6, 200)):
+        for tau in (0.0, 0.05, 0.2):
+            k, spent = threshold_spend(v, price, float(left), tau, v_later=w, max_per_anchor=3)
+            kv, sv = threshold_spend(np.array([v, 0.5]), np.array([price, 1.0]), np.array([left, 1.0]), tau,
+                                     v_later=np.array([w, 0.5]), max_per_anchor=3)
+            assert (k, spent) == (kv[0], sv[0]) and isinstance(k, np.integer) and isinstance(spent, float)
+
+
 def test_rollout_budgets_and_plan_checks():
     assert [b.tolist() for b in rollout_budgets([7, 2], [3, 4])] == [[3, 2, 2], [1, 1, 0, 0]]
     assert EagerPlan(reserve=0.25).eager_budget([8, 3]).tolist() == [6, 2]
