@@ -149,6 +149,20 @@ def test_lazy_adam_moves_only_the_features_present_and_matches_dense_adam_on_the
     assert not np.array_equal(dense.weights[absent], before_w)  # dense Adam keeps moving them (momentum, L2)
 
 
+@pytest.mark.parametrize("ngram", [1, 2, 3])
+def test_one_history_at_a_time_predicts_what_the_sparse_product_does_to_the_last_bit(ngram):
+    """A turn boundary's prediction (one history, no sparse matrix) equals the batch path's X @ w, bit
+    for bit, so a decision does not depend on how the predictions were grouped."""
+    rng = np.random.default_rng(ngram)
+    pred = HashedSuccessPredictor(PredictorConfig(ngram=ngram, n_buckets=64 if ngram == 3 else 2**18))
+    pred.weights, pred.bias = rng.normal(size=pred.weights.size), 0.3
+    histories = [make(rng.integers(0, 300, int(rng.integers(1, 300))).tolist(), depth=int(rng.integers(0, 20)))
+                 for _ in range(60)]
+    batch = pred._probability(pred.features(histories))
+    assert (np.concatenate([pred.model_probability([h]) for h in histories]) == batch).all()
+    assert (pred.model_probability(histories) == batch).all()
+
+
 def test_dense_adam_is_the_fit_of_before():
     """``fit: adam`` reproduces the pre-lazy update formula step by step (a transcription of it)."""
     from scipy.special import expit

@@ -45,36 +45,47 @@ class HashedSuccessPredictor(PosteriorPredictor):
         self._adam_v = np.zeros(self._dim + 1)
         self._adam_t = 0
 
+    def _row(self, h: HistoryLike) -> tuple[np.ndarray, np.ndarray]:
+        """One history's feature columns (ascending: its n-gram buckets, then its depth) and values."""
+        nb = self.config.n_buckets
+        ids = np.asarray(h.token_ids, dtype=np.uint64)
+        grams = [ids]
+        for n in range(2, self.config.ngram + 1):
+            if len(ids) >= n:
+                mixed = ids[: len(ids) - n + 1].copy()
+                for j in range(1, n):
+                    mixed = mixed * np.uint64(0x9E3779B97F4A7C15) + ids[j: len(ids) - n + 1 + j]
+                grams.append(mixed + np.uint64(n))
+        hashed = np.concatenate(grams) * np.uint64(0xBF58476D1CE4E5B9)
+        hashed ^= hashed >> np.uint64(31)
+        bucket = (hashed % np.uint64(nb)).astype(np.int64)
+        sign = np.where((hashed >> np.uint64(63)) == 1, -1.0, 1.0)
+        uniq, inverse = np.unique(bucket, return_inverse=True)
+        value = np.bincount(inverse, weights=sign, minlength=len(uniq))
+        norm = np.linalg.norm(value)
+        if norm > 0:
+            value = value / norm
+        return np.append(uniq, nb + min(int(h.depth), MAX_DEPTH)), np.append(value, 1.0)
+
     def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
         """Sparse features: signed hashed n-grams (L2-normalised), a depth one-hot and nothing else."""
-        rows, cols, vals = [], [], []
-        nb = self.config.n_buckets
-        for i, h in enumerate(histories):
-            ids = np.asarray(h.token_ids, dtype=np.uint64)
-            grams = [ids]
-            for n in range(2, self.config.ngram + 1):
-                if len(ids) >= n:
-                    mixed = ids[: len(ids) - n + 1].copy()
-                    for j in range(1, n):
-                        mixed = mixed * np.uint64(0x9E3779B97F4A7C15) + ids[j: len(ids) - n + 1 + j]
-                    grams.append(mixed + np.uint64(n))
-            hashed = np.concatenate(grams) * np.uint64(0xBF58476D1CE4E5B9)
-            hashed ^= hashed >> np.uint64(31)
-            bucket = (hashed % np.uint64(nb)).astype(np.int64)
-            sign = np.where((hashed >> np.uint64(63)) == 1, -1.0, 1.0)
-            uniq, inverse = np.unique(bucket, return_inverse=True)
-            value = np.bincount(inverse, weights=sign, minlength=len(uniq))
-            norm = np.linalg.norm(value)
-            if norm > 0:
-                value = value / norm
-            rows.append(np.full(len(uniq) + 1, i))
-            cols.append(np.concatenate([uniq, [nb + min(int(h.depth), MAX_DEPTH)]]))
-            vals.append(np.concatenate([value, [1.0]]))
+        rows = [self._row(h) for h in histories]
         if not rows:
             return sp.csr_matrix((0, self._dim))
-        return sp.csr_matrix(
-            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(histories), self._dim)
-        )
+        indptr = np.cumsum([0] + [len(c) for c, _ in rows])
+        return sp.csr_matrix((np.concatenate([v for _, v in rows]), np.concatenate([c for c, _ in rows]), indptr),
+                             shape=(len(rows), self._dim))
+
+    def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
+        """p(history), row by row without a sparse matrix (a turn boundary asks about one history): each
+        row's dot product summed term by term in column order, as the sparse product sums it, so the value
+        is the same to the last bit."""
+        histories = list(histories)
+        z = np.empty(len(histories))
+        for i, h in enumerate(histories):
+            cols, vals = self._row(h)
+            z[i] = np.cumsum(vals * self.weights[cols])[-1]
+        return np.clip(expit(z + self.bias), EPS, 1 - EPS)
 
     _encode = features
 
