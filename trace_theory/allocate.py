@@ -353,6 +353,9 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None, 
     if cost is not None:
         price = _checks.positive("cost", _checks.vector("cost", cost))
         _checks.same_length(v=v, cost=price)
+    if not budget.any():  # nothing to place (eager expansion with no reserve, at a tree's end)
+        return PrefixAllocation(k=np.zeros(len(v), dtype=np.int64), unspent=np.zeros(len(budget), dtype=np.int64))
+    if cost is not None:
         start = np.zeros(len(v), dtype=np.int64) if start is None else start
         k, unspent = _priced.priced_prefixes(q, price, prompt, budget, cap - start, start)
         return PrefixAllocation(k=k, unspent=unspent)

@@ -479,3 +479,15 @@ def test_the_order_within_groups_is_lexsort_of_group_then_key_with_ties_in_index
     if sort_groups:  # the padded-rows path needs sorted groups; unsorted ones take lexsort
         group = np.sort(group)
     np.testing.assert_array_equal(_order_in_groups(key, group, 6), np.lexsort((key, group)))
+
+
+def test_prefix_allocation_with_no_budget_places_nothing_in_every_form():
+    """No budget (eager expansion without a reserve, at a tree's end): zero counts and nothing unspent,
+    whether the units are rollouts or tokens and whatever was placed before."""
+    v, r, prompt = [0.3, 0.9, 0.5], [1, 0, 1], [0, 1, 1]
+    for kwargs in ({}, {"cost": [0.5, 1.0, 2.0]}, {"start": [1, 0, 2]}, {"start": [1, 0, 2], "max_per_anchor": 2}):
+        out = allocate_prefixes(v, r, prompt, [0, 0], **kwargs)
+        assert out.k.tolist() == [0, 0, 0] and out.unspent.tolist() == [0, 0]
+        assert out.k.dtype == np.int64 and out.unspent.dtype == np.int64
+    with pytest.raises(ValueError, match="`start` must not exceed"):
+        allocate_prefixes(v, r, prompt, [0, 0], start=[3, 0, 0], max_per_anchor=2)
