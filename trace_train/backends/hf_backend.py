@@ -9,6 +9,8 @@ of a batch starts with (an agent's system prompt and tool list) is computed once
 every prompt (:func:`shared_prefix_length`), and a prefix cache kept across calls (:mod:`.prefix_cache`:
 whole blocks of earlier prompts and completions, emptied on every weight update) serves a multi-turn
 rollout's history and a continuation's prefix; what comes from either is reported as served from cache.
+A decoding batch's key/value cache is allocated once with room for every token it can add
+(:class:`_PreallocatedLayer`), so a step writes one position instead of copying the cache.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), as vLLM does, with one
 ``torch.Generator`` per sample; the random streams differ from vLLM's, so sampled outputs agree with
@@ -127,19 +129,24 @@ class HFBackend:
         prompts = [r.prompt_ids for r in reqs]
         logits, cache, mask, cached = self._prefill(prompts)
         owner = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs]))
-        cache.reorder_cache(owner.to(self.device))
-        logits, prompt_mask = logits[owner], mask[owner]
-        mask = prompt_mask
-        positions = torch.tensor([len(p) for p in prompts])[owner].to(self.device)  # of the next token
         samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
         decoder = _Decoder(self, samples, sampling)
+        room = max(decoder.limits)  # positions the decoding can add (its last token is never fed back)
+        cache.layers = [_PreallocatedLayer(layer.keys, layer.values, owner.to(self.device), room)
+                        for layer in cache.layers]
+        logits, prompt_mask = logits[owner], mask[owner]
+        width = prompt_mask.shape[1]
+        mask = torch.ones((len(owner), width + room), dtype=torch.long, device=self.device)
+        mask[:, :width] = prompt_mask
+        positions = torch.tensor([len(p) for p in prompts])[owner].to(self.device)  # of the next token
+        step = 0
         while True:
             tokens = decoder.step(logits)
             if decoder.finished:
                 break
-            mask = torch.cat([mask, torch.ones(len(owner), 1, dtype=torch.long, device=self.device)], dim=1)
+            step += 1
             out = self.model(
-                input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                input_ids=tokens[:, None], attention_mask=mask[:, :width + step], position_ids=positions[:, None],
                 past_key_values=cache, use_cache=True, logits_to_keep=1,
             )
             positions = positions + 1
@@ -217,6 +224,38 @@ class HFBackend:
             past_key_values=past, use_cache=True, logits_to_keep=1,  # last position only
         )
         return out.logits[:, -1].float(), out.past_key_values, mask, cached
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer for one decoding batch: its keys and values live in buffers with room for
+    every token the batch can add, so a decoding step writes one position where transformers'
+    :class:`DynamicLayer` copies the whole cache (``torch.cat``); ``keys`` and ``values`` are views of the
+    filled part. Rows are the prefill's rows picked by ``owner`` (a request's ``n`` samples share a row)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: torch.Tensor, room: int):
+        super().__init__()
+        rows, heads, length, dim = keys.shape
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._buffers = []
+        for states in (keys, values):
+            buffer = states.new_empty((len(owner), heads, length + room, dim))
+            buffer[:, :, :length] = states if len(owner) == rows and bool((owner == torch.arange(
+                rows, device=owner.device)).all()) else states.index_select(0, owner)
+            self._buffers.append(buffer)
+        self._set(length)
+
+    def _set(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = (buffer[:, :, :length] for buffer in self._buffers)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self._buffers[0].shape[2]:
+            raise RuntimeError(f"the decoding batch outgrew its cache ({end} > {self._buffers[0].shape[2]} positions)")
+        for buffer, states in zip(self._buffers, (key_states, value_states)):
+            buffer[:, :, self.length:end] = states
+        self._set(end)
+        return self.keys, self.values
 
 
 def _full_attention(model) -> bool:
