@@ -182,3 +182,26 @@ def test_a_bf16_generator_at_temperature_0_7_samples_the_same_with_the_cache(tin
         for ca, cb in zip(a, b):
             assert ca.logprobs == pytest.approx(cb.logprobs, abs=0.05)  # bf16 rounding of recomputed keys
     assert out["cached"][2][0].cached_prompt_tokens > 0
+
+
+def test_a_model_with_sliding_window_layers_generates_without_the_cache_and_its_buffers(
+        tiny_dir, tokenizer, game, reference_logprobs):
+    """A cache that is not plain full attention (here a sliding window of 8 on the first layer) runs on
+    transformers' own cache: no prefix cache, no shared prefix spliced in, no preallocated buffers; its
+    samples' log-probabilities are still the model's own, prompts sharing a long prefix included."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trace_train.backends.hf_backend import HFBackend
+
+    config = AutoConfig.from_pretrained(tiny_dir, use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                                        layer_types=["sliding_attention", "full_attention"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, config=config, dtype=torch.float32).eval()
+    backend = HFBackend(model, tokenizer)
+    assert backend.prefix_cache.max_bytes == 0
+    prompts = [game + tuple(tokenizer.encode(f" {n} guesses left.")) for n in (1, 2, 3)]
+    for _ in range(2):  # a second call would find the first's prompts, were they cached
+        results = backend.generate([GenerationRequest(p, n=2, seed=3 * i) for i, p in enumerate(prompts)], SAMPLE)
+        for prompt, samples in zip(prompts, results):
+            for c in samples:
+                assert c.cached_prompt_tokens == (len(prompt) if c is samples[1] else 0)
+                assert c.logprobs == pytest.approx(reference_logprobs(model, prompt, c.token_ids), abs=1e-4)

@@ -58,7 +58,10 @@ class HFBackend:
         if max_batch_size < 1:
             raise ValueError(f"`max_batch_size` must be at least 1, got {max_batch_size}")
         self.model = model
-        self.prefix_cache = PrefixCache(prefix_cache_bytes if _full_attention(model) else 0)
+        self._plain_cache = _full_attention(model)
+        """Whether every cache layer is plain full attention: the prefix cache and preallocated decoding
+        buffers (:class:`_PreallocatedLayer`) are used only then."""
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if self._plain_cache else 0)
         self._weights_version: tuple[int, ...] | None = None
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -127,13 +130,17 @@ class HFBackend:
         """Decode the samples of the requests in ``chunk`` together and store them in ``results``."""
         reqs = [requests[i] for i in chunk]
         prompts = [r.prompt_ids for r in reqs]
-        logits, cache, mask, cached = self._prefill(prompts)
         owner = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs]))
         samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
         decoder = _Decoder(self, samples, sampling)
         room = max(decoder.limits)  # positions the decoding can add (its last token is never fed back)
-        cache.layers = [_PreallocatedLayer(layer.keys, layer.values, owner.to(self.device), room)
-                        for layer in cache.layers]
+        logits, cache, mask, cached = self._prefill(prompts, room)
+        if len(owner) != len(reqs):  # a request's n samples decode from copies of its one prefill
+            if self._plain_cache:
+                for layer in cache.layers:
+                    layer.select_rows(owner.to(self.device))
+            else:
+                cache.reorder_cache(owner.to(self.device))
         logits, prompt_mask = logits[owner], mask[owner]
         width = prompt_mask.shape[1]
         mask = torch.ones((len(owner), width + room), dtype=torch.long, device=self.device)
@@ -174,20 +181,24 @@ class HFBackend:
 
             self.prefix_cache.add(r.prompt_ids + tuple(new), gather)
 
-    def _prefill(self, prompts: Sequence[Sequence[int]]):
-        """Forward pass over distinct prompts; returns the last logits, the key/value cache, its attention
-        mask (one row per prompt) and how many tokens of each prompt were not computed here.
+    def _prefill(self, prompts: Sequence[Sequence[int]], room: int):
+        """Forward pass over distinct prompts; returns the last logits, the key/value cache (with ``room``
+        positions to decode into), its attention mask (one row per prompt) and how many tokens of each
+        prompt were not computed here.
 
         Each prompt starts from its longest prefix in the prefix cache, or, where longer, from the prefix that
         every prompt of the batch shares (:func:`shared_prefix_length`), computed once here (the first prompt
         that uses it counts it as computed, the others as cached). A row of the cache reads
-        ``padding | prefix | padding | rest``: the mask hides the padding, the position ids skip it.
+        ``padding | prefix | padding | rest``: the mask hides the padding, the position ids skip it. The
+        prefixes are copied once, straight into the decoding buffers, and the forward pass writes the rests
+        after them.
         """
         device = self.device
         limit = [len(p) - 1 for p in prompts]  # the last token is always computed: its logits start decoding
-        hits = [self.prefix_cache.lookup(p, n) for p, n in zip(prompts, limit)]
-        cached = [c for c, _ in hits]
-        shared = shared_prefix_length(prompts)
+        hits = [self.prefix_cache.lookup_blocks(p, n) for p, n in zip(prompts, limit)]
+        lengths = [sum(b.shape[3] for b in blocks) for blocks in hits]
+        cached = list(lengths)
+        shared = shared_prefix_length(prompts) if self._plain_cache else 0
         if any(c < shared for c in cached):
             ids = torch.tensor([list(prompts[0][:shared])], device=device)
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
@@ -195,21 +206,27 @@ class HFBackend:
                                   for layer in out.past_key_values.layers])
             users = [i for i, c in enumerate(cached) if c < shared]
             for i in users:
-                hits[i] = (shared, common)
+                hits[i], lengths[i] = [common], shared
                 cached[i] = shared if i != users[0] else cached[i]
-        lengths = [c for c, _ in hits]
-        head, past = max(lengths), None
-        if head:
-            kv = next(kv for c, kv in hits if c)
-            layers, _, heads, _, dim = kv.shape
-            full = kv.new_zeros((layers, 2, len(prompts), heads, head, dim))
-            for i, (c, kv) in enumerate(hits):
-                if c:
-                    full[:, :, i, :, head - c:] = kv
-            past = DynamicCache(ddp_cache_data=[(full[layer, 0], full[layer, 1]) for layer in range(layers)],
-                                config=self.model.config)
+        head = max(lengths)
         rests = [p[c:] for p, c in zip(prompts, lengths)]
         width = max(len(r) for r in rests)
+        past = None
+        if self._plain_cache:
+            past = DynamicCache(config=self.model.config)
+            first = next((blocks[0] for blocks in hits if blocks), None)
+            if first is None:
+                past.layers = [_PreallocatedLayer(None, None, 0, room) for _ in past.layers]
+            else:
+                layers, _, heads, _, dim = first.shape
+                buffers = first.new_zeros((layers, 2, len(prompts), heads, head + width + room, dim))
+                for i, blocks in enumerate(hits):
+                    at = head - lengths[i]
+                    for block in blocks:
+                        buffers[:, :, i, :, at:at + block.shape[3]] = block
+                        at += block.shape[3]
+                past.layers = [_PreallocatedLayer(buffers[layer, 0], buffers[layer, 1], head, room)
+                               for layer in range(layers)]
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), head + width), dtype=torch.long)
         position_ids = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -228,27 +245,32 @@ class HFBackend:
 
 class _PreallocatedLayer(DynamicLayer):
     """A full-attention cache layer for one decoding batch: its keys and values live in buffers with room for
-    every token the batch can add, so a decoding step writes one position where transformers'
-    :class:`DynamicLayer` copies the whole cache (``torch.cat``); ``keys`` and ``values`` are views of the
-    filled part. Rows are the prefill's rows picked by ``owner`` (a request's ``n`` samples share a row)."""
+    every token the batch adds, so the prefill writes its rests after the prefixes and a decoding step
+    writes one position, where transformers' :class:`DynamicLayer` copies the whole cache (``torch.cat``);
+    ``keys`` and ``values`` are views of the filled part.
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: torch.Tensor, room: int):
+    ``keys`` and ``values``: buffers holding ``length`` positions already (the cached prefixes), with room
+    for the prefill's rest and ``room`` more; None: allocated at the first update, with ``room`` more.
+    """
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, length: int, room: int):
         super().__init__()
-        rows, heads, length, dim = keys.shape
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._buffers = []
-        for states in (keys, values):
-            buffer = states.new_empty((len(owner), heads, length + room, dim))
-            buffer[:, :, :length] = states if len(owner) == rows and bool((owner == torch.arange(
-                rows, device=owner.device)).all()) else states.index_select(0, owner)
-            self._buffers.append(buffer)
-        self._set(length)
+        self.room = room
+        self._buffers = [] if keys is None else [keys, values]
+        if keys is not None:
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self._set(length)
 
     def _set(self, length: int) -> None:
         self.length = length
         self.keys, self.values = (buffer[:, :, :length] for buffer in self._buffers)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:  # nothing cached before the prefill: its rest opens the buffers
+            rows, heads, length, dim = key_states.shape
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+            self._buffers = [key_states.new_zeros((rows, heads, length + self.room, dim)) for _ in range(2)]
+            self.length = 0
         end = self.length + key_states.shape[-2]
         if end > self._buffers[0].shape[2]:
             raise RuntimeError(f"the decoding batch outgrew its cache ({end} > {self._buffers[0].shape[2]} positions)")
@@ -256,6 +278,11 @@ class _PreallocatedLayer(DynamicLayer):
             buffer[:, :, self.length:end] = states
         self._set(end)
         return self.keys, self.values
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep ``rows`` (repeats allowed: a request's samples), each its own copy."""
+        self._buffers = [buffer.index_select(0, rows) for buffer in self._buffers]
+        self._set(self.length)
 
 
 def _full_attention(model) -> bool:

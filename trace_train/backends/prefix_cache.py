@@ -73,18 +73,21 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[int], limit: int) -> tuple[int, KV | None]:
         """The longest cached prefix of ``tokens`` of at most ``limit`` tokens, in whole blocks: its length
         and its keys and values, or ``(0, None)``."""
+        found = self.lookup_blocks(tokens, limit)
+        return (len(found) * BLOCK, torch.cat(found, dim=3)) if found else (0, None)
+
+    def lookup_blocks(self, tokens: Sequence[int], limit: int) -> list[KV]:
+        """:meth:`lookup`'s blocks, one tensor each, in order (for a caller that copies them where they go)."""
+        found: list[KV] = []
         if not self._blocks:
-            return 0, None
-        found = []
+            return found
         for key in self._keys(tokens, max(limit, 0) // BLOCK):
             block = self._blocks.get(key)
             if block is None:
                 break
             self._blocks.move_to_end(key)
             found.append(block)
-        if not found:
-            return 0, None
-        return len(found) * BLOCK, torch.cat(found, dim=3)
+        return found
 
     def add(self, tokens: Sequence[int], gather: Callable[[int, int], KV]) -> None:
         """Store the whole blocks of ``tokens`` that are not cached; ``gather(start, stop)`` returns the keys
