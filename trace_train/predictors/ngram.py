@@ -20,9 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
+from .adam_worker import shared_worker
 from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor
-
-_BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
 
 
 @PREDICTORS.register("ngram")
@@ -101,25 +100,13 @@ class HashedSuccessPredictor(PosteriorPredictor):
         self._adam(local, active, y, w)
 
     def _adam(self, X: sp.csr_matrix, cols: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
-        """``steps_per_update`` Adam steps on weighted MSE over the weights ``cols`` (X's columns) and the bias."""
+        """``steps_per_update`` Adam steps on weighted MSE over the weights ``cols`` (X's columns) and the bias,
+        in the fit process (:mod:`.adam_worker`: off the trainer's GIL, the same numbers as inline)."""
         cfg = self.config
         idx = np.append(cols, self._dim)  # moment entries: the columns, then the bias
-        theta = np.append(self.weights[cols], self.bias)
-        m, v = self._adam_m[idx], self._adam_v[idx]
-        XT = X.T.tocsr()
-        t = self._adam_t
-        grad = np.empty_like(theta)
-        for _ in range(cfg.steps_per_update):
-            p = expit(X @ theta[:-1] + theta[-1])
-            residual = w * 2.0 * (p - y) * p * (1.0 - p)  # d/dz of w (sigmoid(z) - y)^2
-            grad[:-1] = XT @ residual + 2.0 * cfg.l2 * theta[:-1]
-            grad[-1] = residual.sum()
-            t += 1
-            m = _BETA1 * m + (1 - _BETA1) * grad
-            v = _BETA2 * v + (1 - _BETA2) * grad * grad
-            m_hat = m / (1 - _BETA1**t)
-            v_hat = v / (1 - _BETA2**t)
-            theta -= cfg.learning_rate * m_hat / (np.sqrt(v_hat) + _ADAM_EPS)
+        theta, m, v, t = shared_worker()(
+            X, np.append(self.weights[cols], self.bias), self._adam_m[idx], self._adam_v[idx], self._adam_t, y, w,
+            steps=cfg.steps_per_update, learning_rate=cfg.learning_rate, l2=cfg.l2)
         self.weights[cols], self.bias = theta[:-1], float(theta[-1])
         self._adam_m[idx], self._adam_v[idx], self._adam_t = m, v, t
 
