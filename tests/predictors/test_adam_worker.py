@@ -92,3 +92,26 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"  # a zombie has ended (its parent, gone, cannot reap it)
     except FileNotFoundError:
         return False
+
+
+def test_a_forked_trainer_starts_its_own_child_and_leaves_its_parents_alone():
+    """A process forked after the first fit must not talk over its parent's pipes (the answers would
+    cross): it starts a child of its own, and the parent's child still answers the parent."""
+    worker = AdamWorker()
+    args, kwargs = _problem()
+    expected = adam_steps(*args, **kwargs)
+    worker(*args, **kwargs)
+    parents_child = worker._proc.pid
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the forked copy: fit, and report which child answered
+        try:
+            ok = _same(worker(*args, **kwargs), expected) and worker._proc.pid != parents_child
+            worker.close()
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert worker._proc.pid == parents_child and _same(worker(*args, **kwargs), expected)
+    worker.close()

@@ -15,6 +15,7 @@ This file imports nothing from ``trace_train`` (the child runs it by path).
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import subprocess
@@ -63,6 +64,7 @@ def shared_worker() -> "AdamWorker":
     global _SHARED
     if _SHARED is None:
         _SHARED = AdamWorker()
+        atexit.register(_SHARED.close)  # before the interpreter tears modules down
     return _SHARED
 
 
@@ -75,6 +77,7 @@ class AdamWorker:
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self.failed: str | None = None
         """Why the child is not used (it could not start or died); the fits then run inline."""
@@ -89,7 +92,10 @@ class AdamWorker:
         return adam_steps(*args, **kwargs)
 
     def _remote(self, args, kwargs):
+        if self._proc is not None and self._pid != os.getpid():  # a forked copy: the child is the parent's
+            self._proc = None
         if self._proc is None:
+            self._pid = os.getpid()
             env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, os.path.abspath(__file__)],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
@@ -109,7 +115,7 @@ class AdamWorker:
     def close(self) -> None:
         """End the child (it exits when its input closes)."""
         proc, self._proc = self._proc, None
-        if proc is None:
+        if proc is None or self._pid != os.getpid():  # a forked copy leaves the parent's child alone
             return
         for pipe in (proc.stdin, proc.stdout):
             try:
