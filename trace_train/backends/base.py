@@ -77,7 +77,7 @@ class GenerationRequest:
     """Overrides ``Sampling.max_new_tokens`` for this request."""
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt_ids", tuple(map(int, self.prompt_ids)))  # 3x faster than a generator
+        object.__setattr__(self, "prompt_ids", tuple(map(int, self.prompt_ids)))  # map: cheaper than a generator
         if not self.prompt_ids:
             raise ValueError("`prompt_ids` must not be empty")
         _positive_int("n", self.n)

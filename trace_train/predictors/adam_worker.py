@@ -2,8 +2,9 @@
 
 A training step fits the predictor on a worker thread while the policy updates (:mod:`.fitting`). On a CPU
 the two contend for the GIL: the fit's 200 small NumPy/SciPy steps hold it between kernels, and the
-policy update's Python (module calls, autograd, the optimiser) waits for it; measured on 2 cores with a
-tiny Qwen3, the update took 1.64x as long beside a fit thread and 0.95x beside a fit process.
+policy update's Python (module calls, autograd, the optimiser) waits for it. What the fit still costs a
+step is measured by ``python -m trace_train.bench.fit --compare --arms grpo_fit grpo`` (GRPO that fits the
+predictor it never reads, against GRPO; ``benchmarks/round12/fit_process_*.json``).
 :class:`AdamWorker` runs :func:`adam_steps` in a child interpreter that imports NumPy and SciPy only
 (this file is run by path, not as part of the package), fed over pipes with pickles; the fit thread waits
 for the answer without holding the GIL. The child computes with the same code on the same machine, so a
