@@ -66,3 +66,40 @@ def test_a_device_other_than_the_local_ranks_is_refused(monkeypatch):
     assert engine_placement("cuda:1") == engine_placement("cpu") == {"distributed_executor_backend": "external_launcher"}
     with pytest.raises(ValueError, match=r"places the engine on cuda:1 \(LOCAL_RANK\), not on cuda:0"):
         engine_placement("cuda:0")
+
+
+def _build_one(monkeypatch, device: str, overrides: list[str], model: str = "Qwen/Qwen3-8B", preset="math_qwen3_8b"):
+    import vllm
+
+    from trace_train.backends import training_backend
+    from trace_train.config_loader import load_config
+    from trace_train.configs import TrainConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(vllm, "LLM", RecordedLLM)
+    RecordedLLM.built = []
+    cfg = load_config(TrainConfig, preset, overrides)
+    training_backend(cfg, model, device=device, policy=None, tokenizer=None, sharded=False)
+    (built,) = RecordedLLM.built
+    return built["kwargs"]
+
+
+def test_on_gpus_the_kv_block_is_vllms_unless_the_config_sets_one(monkeypatch):
+    assert "block_size" not in _build_one(monkeypatch, "cuda:0", [])
+    assert _build_one(monkeypatch, "cuda:0", ["backend.block_size=64"])["block_size"] == 64
+
+
+def test_on_cpu_the_kv_block_is_32_tokens_so_short_prompts_are_cached(monkeypatch, tmp_path):
+    """vLLM-CPU's own block is 128 tokens; the CPU demo's prompts are shorter, and prefix caching serves
+    whole blocks only."""
+    from transformers import Qwen3Config
+
+    Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                hidden_size=32).save_pretrained(tmp_path)
+    kwargs = _build_one(monkeypatch, "cpu", ["backend.kind=vllm"], str(tmp_path), "cpu_demo")
+    assert kwargs["block_size"] == 32 and kwargs["kv_cache_memory_bytes"] > 0
+    kwargs = _build_one(monkeypatch, "cpu", ["backend.kind=vllm", "backend.kv_cache_memory_bytes=268435456"],
+                        str(tmp_path), "cpu_demo")
+    assert kwargs["block_size"] == 32 and kwargs["kv_cache_memory_bytes"] == 268435456
+    assert _build_one(monkeypatch, "cpu", ["backend.kind=vllm", "backend.block_size=128"], str(tmp_path),
+                      "cpu_demo")["block_size"] == 128

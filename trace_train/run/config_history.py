@@ -24,7 +24,8 @@ REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0,
                                                                              "eager_lag": 1},
                         "model": {"activation_checkpointing": False}, "optim": {"mini_batches": 1},
-                        "algorithm": {"recompute_old_logprobs": None}, "backend": {"prefix_cache_bytes": 2**30}}
+                        "algorithm": {"recompute_old_logprobs": None},
+                        "backend": {"prefix_cache_bytes": 2**30, "block_size": None}}
 """Fields added after checkpoints existed: left out of the hash while they hold the default every older run
 had, so older runs still resume (a run that sets another value is another trajectory, and hashes it)."""
 
