@@ -188,16 +188,20 @@ class PosteriorPredictor:
             raise ValueError("`targets` must lie in [0, 1]")
         if not (np.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
             raise ValueError("`weights` must be finite, non-negative and not all zero")
-        encoded = self._encode(histories)
-        before = self._probability(encoded)
-        metrics = {
+        before, after = self._scored_fit(histories, y, w / w.sum())
+        return {
             "predictor_examples": float(len(y)),
             "predictor_brier": brier_score(before, y),
             "predictor_ece": expected_calibration_error(before, y),
+            "predictor_brier_after": brier_score(after, y),
         }
-        self._fit(encoded, y, w / w.sum())
-        metrics["predictor_brier_after"] = brier_score(self._probability(encoded), y)
-        return metrics
+
+    def _scored_fit(self, histories: list[HistoryLike], y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_fit` on the histories' encoding; returns p of the histories before and after it."""
+        encoded = self._encode(histories)
+        before = self._probability(encoded)
+        self._fit(encoded, y, w)
+        return before, self._probability(encoded)
 
     # Capabilities (see ``needs_states``) -------------------------------------------------------------
 

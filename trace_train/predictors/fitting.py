@@ -69,9 +69,9 @@ class PredictorFit:
     the model and optimiser. Nothing reads the predictor before :meth:`result` (the next step's allocation
     and every checkpoint wait for it), so a run is bitwise the same as with the fit done inline. The work
     is NumPy/SciPy and the policy update is PyTorch; both release the GIL in their kernels but hold it
-    between them, so the ``ngram`` predictor's Adam steps, most of the fit, run in a child process
-    (:mod:`.adam_worker`; ``python -m trace_train.bench.fit --compare --arms grpo_fit grpo`` measures what
-    the fit still costs the step).
+    between them, so the ``ngram`` predictor's fit (hashing, calibration, Adam steps) runs in a child
+    process (:mod:`.fit_process`; ``python -m trace_train.bench.fit --compare --arms grpo_fit grpo`` measures
+    what the fit still costs the step).
 
     ``fits`` False (policies that never read V~, unless ``log_predictor`` asks for its calibration) skips
     the fit. ``gather`` (every rank's object, in rank order: a collective, so it runs here in the main

@@ -14,13 +14,14 @@ every bucket (the fit before lazy Adam). Both are deterministic functions of the
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from .adam_worker import shared_worker
+from .fit_process import hashed_row, shared_process
 from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor
 
 
@@ -46,25 +47,8 @@ class HashedSuccessPredictor(PosteriorPredictor):
 
     def _row(self, h: HistoryLike) -> tuple[np.ndarray, np.ndarray]:
         """One history's feature columns (ascending: its n-gram buckets, then its depth) and values."""
-        nb = self.config.n_buckets
-        ids = np.asarray(h.token_ids, dtype=np.uint64)
-        grams = [ids]
-        for n in range(2, self.config.ngram + 1):
-            if len(ids) >= n:
-                mixed = ids[: len(ids) - n + 1].copy()
-                for j in range(1, n):
-                    mixed = mixed * np.uint64(0x9E3779B97F4A7C15) + ids[j: len(ids) - n + 1 + j]
-                grams.append(mixed + np.uint64(n))
-        hashed = np.concatenate(grams) * np.uint64(0xBF58476D1CE4E5B9)
-        hashed ^= hashed >> np.uint64(31)
-        bucket = (hashed % np.uint64(nb)).astype(np.int64)
-        sign = np.where((hashed >> np.uint64(63)) == 1, -1.0, 1.0)
-        uniq, inverse = np.unique(bucket, return_inverse=True)
-        value = np.bincount(inverse, weights=sign, minlength=len(uniq))
-        norm = np.linalg.norm(value)
-        if norm > 0:
-            value = value / norm
-        return np.append(uniq, nb + min(int(h.depth), MAX_DEPTH)), np.append(value, 1.0)
+        return hashed_row(np.asarray(h.token_ids, dtype=np.uint64), h.depth, n_buckets=self.config.n_buckets,
+                          ngram=self.config.ngram, max_depth=MAX_DEPTH)
 
     def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
         """Sparse features: signed hashed n-grams (L2-normalised), a depth one-hot and nothing else."""
@@ -91,24 +75,29 @@ class HashedSuccessPredictor(PosteriorPredictor):
     def _probability(self, X: sp.csr_matrix) -> np.ndarray:
         return np.clip(expit(X @ self.weights + self.bias), EPS, 1 - EPS)
 
-    def _fit(self, X: sp.csr_matrix, y: np.ndarray, w: np.ndarray) -> None:
-        if self.config.fit == "adam":
-            self._adam(X, np.arange(self._dim), y, w)
-            return
-        active = np.unique(X.indices)  # the features present: lazy Adam moves only these (and the bias)
-        local = sp.csr_matrix((X.data, np.searchsorted(active, X.indices), X.indptr), shape=(X.shape[0], active.size))
-        self._adam(local, active, y, w)
-
-    def _adam(self, X: sp.csr_matrix, cols: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
-        """``steps_per_update`` Adam steps on weighted MSE over the weights ``cols`` (X's columns) and the bias,
-        in the fit process (:mod:`.adam_worker`: off the trainer's GIL, the same numbers as inline)."""
+    def _scored_fit(self, histories, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``steps_per_update`` Adam steps on weighted MSE over the batch's features (lazy) or every feature
+        (``fit: adam``) and the bias, all of it in the fit process (:mod:`.fit_process`: hashing, Adam and
+        both calibrations off the trainer's GIL; the same numbers as inline)."""
         cfg = self.config
-        idx = np.append(cols, self._dim)  # moment entries: the columns, then the bias
-        theta, m, v, t = shared_worker()(
-            X, np.append(self.weights[cols], self.bias), self._adam_m[idx], self._adam_v[idx], self._adam_t, y, w,
-            steps=cfg.steps_per_update, learning_rate=cfg.learning_rate, l2=cfg.l2)
+        lengths = np.fromiter((len(h.token_ids) for h in histories), dtype=np.int64, count=len(histories))
+        tokens = np.fromiter(itertools.chain.from_iterable(h.token_ids for h in histories), dtype=np.uint64,
+                             count=int(lengths.sum()))
+        depths = np.fromiter((h.depth for h in histories), dtype=np.int64, count=len(histories))
+        encoding = dict(tokens=tokens, lengths=lengths, depths=depths, n_buckets=cfg.n_buckets, ngram=cfg.ngram,
+                        max_depth=MAX_DEPTH)
+
+        def state(cols: np.ndarray) -> tuple:
+            idx = np.append(cols, self._dim)  # moment entries: the columns, then the bias
+            return np.append(self.weights[cols], self.bias), self._adam_m[idx], self._adam_v[idx], self._adam_t
+
+        cols, before, theta, m, v, t, after = shared_process().fit(
+            encoding, state, y, w, dense=cfg.fit == "adam", eps=EPS, steps=cfg.steps_per_update,
+            learning_rate=cfg.learning_rate, l2=cfg.l2)
+        idx = np.append(cols, self._dim)
         self.weights[cols], self.bias = theta[:-1], float(theta[-1])
         self._adam_m[idx], self._adam_v[idx], self._adam_t = m, v, t
+        return before, after
 
     def _model_state(self) -> dict[str, Any]:
         return {"weights": self.weights.copy(), "bias": self.bias, "adam_m": self._adam_m.copy(),
