@@ -17,7 +17,9 @@ tokens generated per step (its wave's, ``wave_tokens``: under ``pipelined`` this
 the previous step's continuations; the tokens trained are ``trained_tokens``, with their
 ``stale_token_share``), leaving out the first step (warm-up; under ``pipelined`` the pipeline fill) and,
 under ``pipelined``, the last (it drains the pipeline: continuations only); reported: each policy's mean over pairs,
-the ratio to GRPO (mean of the per-pair ratios ± its standard error) and the load average.
+the ratio to GRPO (mean of the per-pair ratios ± its standard error), the same per generated token (a
+run's step seconds over its tokens per step, against its pair's GRPO run: the budget is met to within a
+few tokens, not exactly) and the load average.
 
 Without ``--compare``: each run is the ``cpu_demo`` preset without evaluation; ``log_predictor=true``
 makes a policy that does not read V~ fit it anyway. Reported: the mean ``rollout_seconds`` and
@@ -98,17 +100,20 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
                 print(json.dumps(results[-1]), flush=True)
     by = {arm: [r for r in results if r["arm"] == arm] for arm in arms}
     grpo = np.array([r["step_seconds"] for r in by["grpo"]])
-    lines = ["| arm | step s | ratio to GRPO (± SE) | tokens / step | predict | allocation | bare gen | expansion gen "
-             "| update | sync | fit wait | fit (wall) | fit CPU-s |", "|---" * 13 + "|"]
+    grpo_per_token = grpo / np.array([r["generated_tokens"] for r in by["grpo"]])
+    lines = ["| arm | step s | ratio to GRPO (± SE) | per token (± SE) | tokens / step | predict | allocation | bare gen "
+             "| expansion gen | update | sync | fit wait | fit (wall) | fit CPU-s |", "|---" * 14 + "|"]
     summary = {"backend": backend, "pairs": pairs, "steps": steps, "token_budget": token_budget}
     for arm, rows in by.items():
         ratio = np.array([r["step_seconds"] for r in rows]) / grpo
+        per_token = np.array([r["step_seconds"] / r["generated_tokens"] for r in rows]) / grpo_per_token
         mean = {k: float(np.mean([r[k] for r in rows])) for k in ("step_seconds", "generated_tokens", "trained_tokens",
                                                                    "stale_token_share", *PHASES)}
-        se = float(ratio.std(ddof=1) / np.sqrt(len(ratio))) if len(ratio) > 1 else float("nan")
-        summary[arm] = {**mean, "ratio_to_grpo": float(ratio.mean()), "ratio_se": se}
+        se, token_se = _se(ratio), _se(per_token)
+        summary[arm] = {**mean, "ratio_to_grpo": float(ratio.mean()), "ratio_se": se,
+                        "per_token_ratio_to_grpo": float(per_token.mean()), "per_token_ratio_se": token_se}
         lines.append(f"| {arm} | {mean['step_seconds']:.3f} | {ratio.mean():.2f} ± {se:.2f} | "
-                     f"{mean['generated_tokens']:.0f} | " + " | ".join(
+                     f"{per_token.mean():.2f} ± {token_se:.2f} | {mean['generated_tokens']:.0f} | " + " | ".join(
                          f"{mean[k]:.3f}" for k in ("predict_seconds", "allocation_seconds", "bare_generation_seconds",
                                                     "expansion_generation_seconds", "update_seconds", "sync_seconds",
                                                     "fit_wait_seconds", "predictor_fit_seconds",
@@ -117,6 +122,11 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
     print("\n".join(lines))
     print(f"load average: {summary['load_average']}")
     return summary
+
+
+def _se(x: np.ndarray) -> float:
+    """The standard error of the mean of ``x`` (NaN for one value)."""
+    return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
 def main(argv=None):
