@@ -449,7 +449,8 @@ class BackendConfig:
     """vLLM: tokens per KV-cache block, the granularity of its prefix cache (a prompt's tokens are served
     from the cache in whole blocks). None: on CPU, 32 (``vllm_backend.CPU_BLOCK_SIZE``; vLLM-CPU's own
     default, 128, serves nothing of a prompt shorter than 128 tokens: 1% of the CPU demo's prompt tokens
-    came from the cache, 69% with 32: ``benchmarks/round13/block_size_vllm.json``); on GPUs, vLLM's choice (16)."""
+    came from the cache, 69% with 32, ``benchmarks/round13/block_size_vllm.json``); on GPUs, vLLM's
+    choice (16)."""
     gpu_memory_utilization: float | None = None
     """vLLM: share of GPU memory it may take (None: vLLM's default)."""
     enforce_eager: bool = True
