@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from .fit_process import hashed_row, shared_process
+from .fit_process import feature_matrix, hashed_row, shared_process
 from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor
 
 
@@ -52,12 +52,16 @@ class HashedSuccessPredictor(PosteriorPredictor):
 
     def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
         """Sparse features: signed hashed n-grams (L2-normalised), a depth one-hot and nothing else."""
-        rows = [self._row(h) for h in histories]
-        if not rows:
-            return sp.csr_matrix((0, self._dim))
-        indptr = np.cumsum([0] + [len(c) for c, _ in rows])
-        return sp.csr_matrix((np.concatenate([v for _, v in rows]), np.concatenate([c for c, _ in rows]), indptr),
-                             shape=(len(rows), self._dim))
+        return feature_matrix(**self._encoding(list(histories)))
+
+    def _encoding(self, histories: list[HistoryLike]) -> dict:
+        """The histories as :func:`.fit_process.feature_matrix` takes them: one array of tokens cut by lengths."""
+        lengths = np.fromiter((len(h.token_ids) for h in histories), dtype=np.int64, count=len(histories))
+        tokens = np.fromiter(itertools.chain.from_iterable(h.token_ids for h in histories), dtype=np.uint64,
+                             count=int(lengths.sum()))
+        depths = np.fromiter((h.depth for h in histories), dtype=np.int64, count=len(histories))
+        return dict(tokens=tokens, lengths=lengths, depths=depths, n_buckets=self.config.n_buckets,
+                    ngram=self.config.ngram, max_depth=MAX_DEPTH)
 
     def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
         """p(history), row by row without a sparse matrix (a turn boundary asks about one history): each
@@ -80,12 +84,7 @@ class HashedSuccessPredictor(PosteriorPredictor):
         (``fit: adam``) and the bias, all of it in the fit process (:mod:`.fit_process`: hashing, Adam and
         both calibrations off the trainer's GIL; the same numbers as inline)."""
         cfg = self.config
-        lengths = np.fromiter((len(h.token_ids) for h in histories), dtype=np.int64, count=len(histories))
-        tokens = np.fromiter(itertools.chain.from_iterable(h.token_ids for h in histories), dtype=np.uint64,
-                             count=int(lengths.sum()))
-        depths = np.fromiter((h.depth for h in histories), dtype=np.int64, count=len(histories))
-        encoding = dict(tokens=tokens, lengths=lengths, depths=depths, n_buckets=cfg.n_buckets, ngram=cfg.ngram,
-                        max_depth=MAX_DEPTH)
+        encoding = self._encoding(histories)
 
         def state(cols: np.ndarray) -> tuple:
             idx = np.append(cols, self._dim)  # moment entries: the columns, then the bias
