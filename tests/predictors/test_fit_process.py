@@ -173,3 +173,45 @@ def test_a_forked_trainer_starts_its_own_child_and_leaves_its_parents_alone():
     out = subprocess.run([sys.executable, "-c", _FORK, root], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "True"]
+
+
+_FORK_WHILE_FITTING = """
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from trace_train.predictors.fit_process import FitProcess, fit_inline
+encoding = dict(tokens=np.arange(40, dtype=np.uint64) % 11, lengths=np.array([15, 25]), depths=np.array([0, 1]),
+                n_buckets=32, ngram=2, max_depth=16)
+state = lambda cols: (np.zeros(cols.size + 1), np.zeros(cols.size + 1), np.zeros(cols.size + 1), 0)
+fit = dict(dense=False, eps=1e-4, steps=5, learning_rate=0.1, l2=0.0)
+y, w = np.full(2, 0.3), np.ones(2)
+want = fit_inline(encoding, state, y, w, **fit)
+worker = FitProcess()
+worker.fit(encoding, state, y, w, **fit)
+held, release = threading.Event(), threading.Event()
+def fitting():  # the trainer's fit thread, in the middle of a fit
+    with worker._lock:
+        held.set()
+        release.wait()
+threading.Thread(target=fitting).start()
+held.wait()
+pid = os.fork()
+if pid == 0:  # the copy has no fit thread: its lock must not be the held one
+    got = worker.fit(encoding, state, y, w, **fit)
+    worker.close()
+    os._exit(0 if all(np.array_equal(a, b) for a, b in zip(got, want)) else 1)
+release.set()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+worker.close()
+"""
+
+
+def test_a_copy_forked_during_a_fit_fits_on_its_own():
+    """The lock a fit holds is copied held into a process forked meanwhile, where no thread will release
+    it: the copy gets a fresh lock and its own child (in a fresh interpreter, for the reason above)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", _FORK_WHILE_FITTING, root], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["0"]

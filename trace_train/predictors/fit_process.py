@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import warnings
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -140,6 +141,13 @@ _BOOT = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
 """The child's command: this file by path, without the working directory on ``sys.path``."""
 
 _SHARED: "FitProcess | None" = None
+_LIVE: "weakref.WeakSet[FitProcess]" = weakref.WeakSet()
+"""Every :class:`FitProcess` of this process, for :func:`_after_fork`."""
+
+
+def _after_fork() -> None:
+    for fit_process in list(_LIVE):
+        fit_process._forked()
 
 
 def shared_process() -> "FitProcess":
@@ -164,6 +172,13 @@ class FitProcess:
         self._lock = threading.Lock()
         self.failed: str | None = None
         """Why the child is not used (it could not start or died); the fits then run inline."""
+        _LIVE.add(self)
+
+    def _forked(self) -> None:
+        """In a forked copy of this process: a fresh lock (the parent's may have been held by its fit thread,
+        which the copy does not have) and no child (the parent's child answers the parent only)."""
+        self._lock = threading.Lock()
+        self._proc = None
 
     def fit(self, encoding: dict, state: State, y: np.ndarray, w: np.ndarray, *, dense: bool, eps: float,
             steps: int, learning_rate: float, l2: float) -> tuple:
@@ -255,6 +270,9 @@ def _serve(stdin, stdout) -> None:
         pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
         stdout.flush()
 
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 if __name__ == "__main__":
     import signal
