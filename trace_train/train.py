@@ -61,7 +61,7 @@ from .run.checkpoint import (Checkpoint, CheckpointError, check_world_size, clea
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                               gather_objects, init_distributed, iter_full_tensors, load_full_optimizer_state_dict,
-                              max_over_ranks)
+                              leave_distributed, max_over_ranks)
 from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_dir
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import (checkpoint_activations, export, load_policy, load_policy_weights, load_sharded_policy,
@@ -537,6 +537,7 @@ def cli(argv=None) -> int:
     except KeyboardInterrupt:  # before the run started (loading, building)
         print("trace-train: stopped by Ctrl-C before the first step; nothing saved", file=sys.stderr)
         return 130
+    leave_distributed()  # every rank ended well: leave together (a lone early exit could abort the last one)
     return 0
 
 

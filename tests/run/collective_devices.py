@@ -104,7 +104,7 @@ def generator_weights(info) -> list:
 def main(out: str, run_dir: str) -> None:
     import trace_train.predictors.fitting as fitting
     from trace_train.config_loader import load_config
-    from trace_train.run.distributed import init_distributed
+    from trace_train.run.distributed import init_distributed, leave_distributed
     from trace_train.train import TrainConfig
     from trace_train.train import main as train
 
@@ -136,6 +136,7 @@ def main(out: str, run_dir: str) -> None:
         train(load_config(TrainConfig, "cpu_demo", [*small, "steps=3"]))  # resumes from step 2
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / f"rank{info.rank}.json").write_text(json.dumps(log))
+    leave_distributed()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def main(out: Path, model_dir: Path) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from trace_train.run.distributed import init_distributed, shard_policy
+    from trace_train.run.distributed import init_distributed, leave_distributed, shard_policy
     from trace_train.run.policy import load_sharded_policy
     from trace_train.tiny import build_tokenizer
 
@@ -65,7 +65,7 @@ def main(out: Path, model_dir: Path) -> None:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{info.rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    leave_distributed()
 
 
 if __name__ == "__main__":

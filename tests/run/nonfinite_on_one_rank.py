@@ -16,6 +16,7 @@ import torch.distributed as dist
 import trace_train.train as train
 import trace_train.update.loss as loss_module
 from trace_train.config_loader import load_config
+from trace_train.run.distributed import leave_distributed
 
 out, run_dir = Path(sys.argv[1]), sys.argv[2]
 updates = {"n": 0}
@@ -46,3 +47,4 @@ except train.NonFiniteLossError as err:
 out.mkdir(parents=True, exist_ok=True)
 rank = dist.get_rank() if dist.is_initialized() else int(__import__("os").environ["RANK"])
 (out / f"rank{rank}.json").write_text(json.dumps({"error": error, "updates": updates["n"]}))
+leave_distributed()

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from trace_train.config_loader import load_config
 from trace_train.rollout.engine import RolloutEngine
+from trace_train.run.distributed import leave_distributed
 from trace_train.train import TrainConfig, main as train
 
 out, root = Path(sys.argv[1]), Path(sys.argv[2])
@@ -44,3 +45,4 @@ for name, extra in (("grpo", []), ("trace", []), ("dapo", ["rollout.dapo_target=
     dist.barrier()
 out.mkdir(parents=True, exist_ok=True)
 (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(shares))
+leave_distributed()

@@ -71,7 +71,7 @@ def main(out: Path, run_dir: Path) -> None:
 
     from trace_train.run.checkpoint import load_checkpoint, save_checkpoint
     from trace_train.run.distributed import (checkpoint_state_dict, full_optimizer_state_dict, init_distributed,
-                                             load_full_optimizer_state_dict, load_full_weights)
+                                             leave_distributed, load_full_optimizer_state_dict, load_full_weights)
 
     info = init_distributed("cpu")
     model, optimizer = build()
@@ -110,7 +110,7 @@ def main(out: Path, run_dir: Path) -> None:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{info.rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    leave_distributed()
 
 
 if __name__ == "__main__":

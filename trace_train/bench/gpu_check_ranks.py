@@ -106,7 +106,7 @@ def engines(info, model, tokenizer) -> dict:
 
 
 def main(out: str, device: str) -> None:
-    from ..run.distributed import init_distributed
+    from ..run.distributed import init_distributed, leave_distributed
     from .gpu_check import importable
 
     info = init_distributed(device)
@@ -132,18 +132,7 @@ def main(out: str, device: str) -> None:
     result["ok"] = all(result[name].get("ok") for name in checks)
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / f"rank{info.rank}.json").write_text(json.dumps(result, default=float))
-    _leave_together()
-
-
-def _leave_together() -> None:
-    """Every rank has written its row: wait for the others, then destroy the group while the interpreter is
-    whole. Leaving it to exit, a rank whose peer had already gone aborted once in 13 CPU runs here
-    (SIGABRT after its checks passed, which torchrun reports as a failed job)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_distributed()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@
 On CUDA this is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (tensors only). On
 CPU it is Linux's high-water mark of the resident set (``VmHWM`` in ``/proc/self/status``), reset on
 entry by writing 5 to ``/proc/self/clear_refs``: every allocation counts (tensors, allocator slack,
-Python objects), so it is an upper bound on the tensors' peak. Elsewhere :attr:`PeakMemory.supported` is
+Python objects). Memory a block frees stays resident or not as glibc's sliding mmap threshold decides,
+so one block measured -1 to 58 MB in repeated fresh processes; started with ``MALLOC_MMAP_THRESHOLD_=131072``
+every allocation over 128 kB is mapped and unmapped by itself and the same block measured 17 MB each time
+(``tests/update/test_logprobs.py``). Elsewhere :attr:`PeakMemory.supported` is
 False and ``bytes`` is None.
 """
 
