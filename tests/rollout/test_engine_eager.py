@@ -69,6 +69,41 @@ def test_eager_decisions_do_not_depend_on_environment_timing(hf_backend):
     _same(a, run(GuessNumberEnv, schedule="lockstep"))
 
 
+def test_a_round_of_boundaries_predicted_together_decides_as_one_at_a_time(hf_backend, monkeypatch):
+    """The engine predicts the turn boundaries of one scheduler round in one predictor call (``ahead``); with
+    an n-gram predictor of random weights, the batch and every prediction are those of asking at each
+    boundary alone, to the last bit."""
+    import trace_train.rollout.scheduler as scheduler
+    from trace_train.configs import PredictorConfig
+    from trace_train.predictors import build_predictor
+
+    predictor = build_predictor(PredictorConfig(kind="ngram"))
+    predictor.weights = np.random.default_rng(0).normal(0.0, 3.0, predictor.weights.shape)
+    sizes: list[int] = []
+
+    class Counted(type(predictor)):
+        def __call__(self, histories):
+            sizes.append(len(histories))
+            return super().__call__(histories)
+
+    predictor.__class__ = Counted
+
+    def run():
+        kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
+        return make_engine(hf_backend, expansion="eager", **kw).rollout(UNEVEN, predictor=predictor, seed=4)
+
+    together = run()
+    batched = max(sizes)
+    grow = scheduler.Scheduler.grow
+    monkeypatch.setattr(scheduler.Scheduler, "grow", lambda self, *a, ahead=None, **kw: grow(self, *a, **kw))
+    sizes.clear()
+    alone = run()
+    assert batched > 1 and max(sizes) == len(UNEVEN)  # rounds of several; alone, only the prompts' one call
+    assert len(set(together.predictions[np.isfinite(together.predictions)].round(6))) > 3
+    _same(together, alone)
+    assert np.array_equal(together.predictions, alone.predictions, equal_nan=True)
+
+
 @pytest.mark.parametrize("lag", [-1, 2, True, 0.5])
 def test_eager_lag_is_zero_or_one(lag):
     with pytest.raises(ValueError, match=r"`eager_lag` must be 0 or 1 \(turns between a prefix and its decision\)"):

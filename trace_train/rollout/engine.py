@@ -219,6 +219,13 @@ def _bare_starts(f: RolloutForest) -> np.ndarray:
     return np.flatnonzero(f.starts_rollout & (f.origin == Origin.BARE))
 
 
+def _row(prediction: Prediction, i: int) -> Prediction:
+    """Row ``i`` of a batch's :class:`Prediction`, as a prediction of one node."""
+    def pick(a):
+        return None if a is None else a[i:i + 1]
+    return Prediction(pick(prediction.v), pick(prediction.concentration), pick(prediction.cost))
+
+
 def _extras(top_ups, more) -> list[Extra]:
     """The driver's ``rest()`` (top-ups per tree, more continuations per anchor of each tree) as the
     scheduler's records."""
@@ -363,7 +370,22 @@ class _Run:
             histories = [history(s, p) for p in prefixes]
             return expand(s, reward, lambda concentration: self._predict(histories, concentration))
 
+        round_: dict[int, tuple[Callable[[bool], Prediction], int]] = {}  # id(prefix) -> (its round, row)
+
+        def ahead(items):  # one round's boundaries: predicted together, when the driver first asks
+            histories, asked = [history(s, p) for s, p in items], {}
+
+            def predict(concentration: bool) -> Prediction:
+                if concentration not in asked:
+                    asked[concentration] = self._predict(histories, concentration)
+                return asked[concentration]
+            round_.clear()
+            round_.update({id(p): (predict, i) for i, (_, p) in enumerate(items)})
+
         def boundary(s: int, j: int, depth: int, prefix):
+            if id(prefix) in round_:
+                predict, i = round_.pop(id(prefix))
+                return commit(s, j, depth, lambda concentration: _row(predict(concentration), i))
             one = [history(s, prefix)]
             return commit(s, j, depth, lambda concentration: self._predict(one, concentration))
 
@@ -377,7 +399,7 @@ class _Run:
         if roots:
             report = self.engine.scheduler.grow(
                 self.builder, [(root, "bare", int(k)) for root, k in zip(roots, counts)], seed=self.next_seed,
-                branch=branch, rest=more, boundary=boundary, finished=finished)
+                branch=branch, rest=more, boundary=boundary, finished=finished, ahead=ahead)
             self.next_seed += report.seeds
             self.grown = self.grown + report
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0

@@ -129,6 +129,10 @@ Finished = Callable[..., Sequence[PrefixBranch]]
 """``finished(s, j, length, reward) -> [Branch(depth, count), ...]`` (eager expansion): walker ``j`` of start
 ``s`` ended after ``length`` turns; the rollouts to start at once, as for :data:`Boundary`."""
 
+Ahead = Callable[[list[tuple[int, Prefix]]], None]
+"""``ahead([(s, prefix), ...])`` (eager expansion): the boundaries ``boundary`` is about to hear of, one
+round's, in the order it will (so that a world can predict them in one batch); it decides nothing."""
+
 Rest = Callable[[], Sequence[Extra]]
 """``rest() -> [Extra(start, prefix, count), ...]``: called once ``branch`` has been called for every start:
 more continuations from a prefix of a start, or top-ups at its node (:class:`Extra`)."""
@@ -199,7 +203,7 @@ class Scheduler:
 
     def grow(self, builder: BatchBuilder, starts: Sequence[Start | tuple[int, str, int]], *, seed: int,
              branch: Branch | None = None, rest: Rest | None = None, boundary: Boundary | None = None,
-             finished: Finished | None = None) -> GrowReport:
+             finished: Finished | None = None, ahead: Ahead | None = None) -> GrowReport:
         """Generate ``k`` rollouts of kind ``kind`` from each ``(node, kind, k)`` of ``builder`` (a
         ``trace_theory.step.Start`` or a plain tuple), add their turns and rewards to it, and report the
         rest; walker ``i``'s ``t``-th turn samples with seed ``seed + t W + i`` (``W`` walkers).
@@ -213,9 +217,11 @@ class Scheduler:
 
         ``boundary`` and ``finished`` (eager expansion) are told each walker's turn boundaries and its end
         as they happen, before ``branch`` hears of its start, and the rollouts they return start at once;
-        their seeds come from (seed, start, walker, depth, count so far), whatever the timing.
+        their seeds come from (seed, start, walker, depth, count so far), whatever the timing. ``ahead``
+        (optional) hears of each round's boundaries first, all together (:data:`Ahead`).
         """
-        return _Grower(self, builder, [_start(s) for s in starts], seed, branch, rest, boundary, finished).run()
+        return _Grower(self, builder, [_start(s) for s in starts], seed, branch, rest, boundary, finished,
+                       ahead).run()
 
 
 class _Grower:
@@ -224,7 +230,7 @@ class _Grower:
 
     def __init__(self, scheduler: Scheduler, builder: BatchBuilder, starts: list[Start], seed: int,
                  branch: Branch | None = None, rest: Rest | None = None,
-                 boundary: Boundary | None = None, finished: Finished | None = None):
+                 boundary: Boundary | None = None, finished: Finished | None = None, ahead: Ahead | None = None):
         self.scheduler, self.builder, self.starts, self.seed = scheduler, builder, starts, seed
         self.cfg, self.chat = scheduler.config, scheduler.chat
         self.lockstep = self.cfg.schedule == "lockstep"
@@ -240,13 +246,13 @@ class _Grower:
         self.planted, self.planted_starts = len(self.walkers), len(starts)
         """Walkers and starts of ``starts``; streamed ones come after them."""
         self.branch, self.rest = branch, rest
-        self.boundary, self.finished = boundary, finished
+        self.boundary, self.finished, self.ahead = boundary, finished, ahead
         self.place = {w.index: _Place(s, j) for s, group in self.first.items() for j, w in enumerate(group)}
         """Planted walker -> where it stands, for the eager hooks."""
         self.told: dict[int, int] = {}
         """Planted walker -> turn boundaries reported to ``boundary``."""
-        self.told_end: set[int] = set()
-        """Planted walkers whose end was reported to ``finished``."""
+        self.untold = list(self.walkers) if boundary is not None else []
+        """Planted walkers whose end was not reported yet, in walker order."""
         self.eager_started: dict[tuple[int, int, int], int] = {}
         """(start, walker number, depth) -> rollouts started there by the eager hooks (their seeds)."""
         self.waiting = set(self.first) if branch is not None else set()
@@ -319,20 +325,26 @@ class _Grower:
 
     def _tell_eager(self, stream, sampling) -> None:
         """Eager expansion: report every planted walker's new turn boundaries, then its end, and start what
-        the hooks return (walker order; each walker's own events in order, which is all that decides)."""
-        for w in self.walkers[:self.planted]:
-            if w.index in self.told_end:
-                continue
+        the hooks return (walker order; each walker's own events in order, which is all that decides).
+        ``ahead`` first sees every boundary of the round, so that its predictions can be one batch."""
+        events = []  # (walker, start, number, boundary's depth and Prefix; or None: its end)
+        for w in self.untold:
             told = self.told.get(w.index, 0)
             s, j = self.place[w.index]
             for t in range(told, len(w.boundaries)):
-                depth = w.start_depth + t + 1
-                self.told[w.index] = t + 1
-                self._start_eager(stream, sampling, s, j, w, self.boundary(s, j, depth, self._prefix(w, t, math.nan)))
+                events.append((w, s, j, (w.start_depth + t + 1, self._prefix(w, t, math.nan))))
+            self.told[w.index] = len(w.boundaries)
             if w.ended and len(w.boundaries) == len(w.turns) - 1:
-                self.told_end.add(w.index)
-                self._start_eager(stream, sampling, s, j, w,
-                                  self.finished(s, j, w.start_depth + len(w.turns), float(w.turns[-1].reward)))
+                events.append((w, s, j, None))
+        if self.ahead is not None and any(e[3] is not None for e in events):
+            self.ahead([(s, e[1]) for _, s, _, e in events if e is not None])
+        for w, s, j, event in events:
+            if event is not None:
+                branches = self.boundary(s, j, *event)
+            else:
+                self.untold.remove(w)
+                branches = self.finished(s, j, w.start_depth + len(w.turns), float(w.turns[-1].reward))
+            self._start_eager(stream, sampling, s, j, w, branches)
 
     def _prefix(self, w: Walker, t: int, reward: float) -> Prefix:
         """Walker ``w``'s turn boundary after its turn ``t`` as a :class:`Prefix`."""
