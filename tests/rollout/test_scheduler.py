@@ -333,7 +333,7 @@ def test_the_barrier_benchmark_runs_every_arm_side_by_side(tiny_dir, tmp_path):
     for arm, (policy, expansion, _) in ARMS.items():
         runs = result["runs"][arm]
         assert len(runs) == 2 and all(r["policy"] == policy and r["generated_tokens"] > 0 for r in runs)
-        assert all(r["streamed"] == (arm in ("trace_streamed", "trace_eager", "trace_eager_now")) for r in runs)
+        assert all(r["streamed"] == (arm in ("trace_streamed", "trace_eager", "trace_eager_lag1")) for r in runs)
         assert all(r["expansion"] == expansion for r in runs)
         assert len(result["summary"][arm]["occupancy_by_tenth"]) == 10
     assert result["summary"]["grpo"]["per_token_ratio_to_grpo"] == 1.0

@@ -197,3 +197,36 @@ def test_a_field_added_later_keeps_older_fingerprints_at_its_default():
 
     assert resume_fingerprint(TrainConfig()) == "23bb254bc7ce58df"
     assert resume_fingerprint(load_config(TrainConfig, None, ["predictor.probe_step=0.5"])) != "23bb254bc7ce58df"
+
+
+def test_the_eager_lag_default_change_leaves_other_runs_resuming_and_names_the_fix_for_eager_ones(tmp_path):
+    """``rollout.eager_lag``'s default went from 1 to 0 (round 14). A run of another expansion stored lag 1
+    (it never read it): its directory and fingerprint still match. An eager run started at lag 1 is another
+    trajectory: refused, the refusal naming the override that resumes it, which then matches."""
+    import dataclasses
+
+    import yaml
+
+    from trace_train.configs import TrainConfig
+    from trace_train.run.resume import check_or_write_config, resume_fingerprint
+
+    def stored(run_dir, cfg, lag):
+        run_dir.mkdir()
+        data = config_to_dict(cfg)
+        data["rollout"]["eager_lag"] = lag  # as a run before round 14 wrote it
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
+        return run_dir
+
+    grpo = load_config(TrainConfig, "cpu_demo", ["rollout.policy=grpo"])
+    assert grpo.rollout.eager_lag == 0
+    check_or_write_config(grpo, stored(tmp_path / "grpo", grpo, 1))  # resumes
+    lag1 = dataclasses.replace(grpo, rollout=dataclasses.replace(grpo.rollout, eager_lag=1))
+    assert resume_fingerprint(grpo) == resume_fingerprint(lag1) == "c47b04860ebc23de"  # round 13's code's value
+
+    eager = load_config(TrainConfig, "cpu_demo", ["rollout.expansion=eager"])
+    with pytest.raises(ValueError, match=r"differs in rollout\.eager_lag\).*default changed from 1 to 0 in "
+                                         r"round 14: add rollout\.eager_lag=1 to resume this run"):
+        check_or_write_config(eager, stored(tmp_path / "eager", eager, 1))
+    old = load_config(TrainConfig, "cpu_demo", ["rollout.expansion=eager", "rollout.eager_lag=1"])
+    check_or_write_config(old, tmp_path / "eager")
+    assert resume_fingerprint(old) == "a880684dc582b1fa" != resume_fingerprint(eager)  # round 13's value at lag 1

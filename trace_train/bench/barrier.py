@@ -18,9 +18,10 @@ its M derived from the arm's running token estimates after one untimed warm-up c
   (``rollout.expansion=streamed``, the default);
 * ``trace_barrier``: TRACE, continuations started after every bare rollout has ended;
 * ``trace_eager``: TRACE, continuations committed at the bare rollouts' turn boundaries
-  (``rollout.expansion=eager``, reserve 0), each decided one turn after its prefix forms
-  (``rollout.eager_lag=1``): one turn deeper than GRPO's step;
-* ``trace_eager_now``: the same, decided as each prefix forms (``rollout.eager_lag=0``): as deep as GRPO's;
+  (``rollout.expansion=eager``, reserve 0), each decided as its prefix forms (``rollout.eager_lag=0``, the
+  default since round 14): as deep as GRPO's step;
+* ``trace_eager_lag1``: the same, each decided one turn after its prefix forms (``rollout.eager_lag=1``, the
+  default before): one turn deeper than GRPO's step;
 * ``trace_pipelined``: TRACE, the barrier's continuations grown in the next call's wave beside that call's
   bare rollouts (``rollout.expansion=pipelined``): a call is one episode deep. Its warm-up call fills the
   pipeline and a second one its first wave (so that the timed waves grow continuations of calls planned
@@ -54,7 +55,7 @@ __all__ = ["BenchConfig", "main"]
 
 ARMS = {"grpo": ("grpo", "barrier", {}), "trace_streamed": ("trace", "streamed", {}),
         "trace_barrier": ("trace", "barrier", {}), "trace_eager": ("trace", "eager", {}),
-        "trace_eager_now": ("trace", "eager", {"eager_lag": 0}), "trace_pipelined": ("trace", "pipelined", {})}
+        "trace_eager_lag1": ("trace", "eager", {"eager_lag": 1}), "trace_pipelined": ("trace", "pipelined", {})}
 
 
 @dataclass(frozen=True)

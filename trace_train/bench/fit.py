@@ -49,7 +49,7 @@ PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "e
           "predictor_fit_cpu_seconds")
 ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
         "trace_eager": ["rollout.policy=trace", "rollout.expansion=eager"],
-        "trace_eager_now": ["rollout.policy=trace", "rollout.expansion=eager", "rollout.eager_lag=0"],
+        "trace_eager_lag1": ["rollout.policy=trace", "rollout.expansion=eager", "rollout.eager_lag=1"],
         "trace_pipelined": ["rollout.policy=trace", "rollout.expansion=pipelined"],
         "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
         "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"],

@@ -9,7 +9,7 @@ here once, so that runs started before it still resume. (Renamed and removed *ke
 from __future__ import annotations
 
 __all__ = ["ADDED_SINKS", "NOT_IN_FINGERPRINT", "REMOVED_IN_FINGERPRINT", "ADDED_IN_FINGERPRINT",
-           "DEFAULT_CHANGED_IN_FINGERPRINT"]
+           "DEFAULT_CHANGED_IN_FINGERPRINT", "EAGER_ONLY", "DEFAULT_CHANGED_IN_TRAJECTORY"]
 
 ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
 """Top-level fields added after checkpoints existed that only say where results and warnings go."""
@@ -32,3 +32,14 @@ had, so older runs still resume (a run that sets another value is another trajec
 DEFAULT_CHANGED_IN_FINGERPRINT = {"backend": {"sleep_during_update": (None, False)}}
 """Fields whose default changed after checkpoints existed, and that do not change the trajectory: the new
 default (first) is hashed as the old one (second), so older runs still resume."""
+
+EAGER_ONLY = {"rollout": {"eager_reserve": 0.0, "eager_lag": 1}}
+"""Fields read only under ``rollout.expansion=eager``: a run with another expansion is hashed and compared at
+these values (the ones every older run had), whatever it holds, so that a default changed here changes no
+such run."""
+
+DEFAULT_CHANGED_IN_TRAJECTORY = {"rollout": {"eager_lag": (0, 1, "round 14")}}
+"""Fields whose default changed after checkpoints existed and that do change the trajectory: (new default,
+old default, when). A run started under the old default resumes only with it set again; the refusal says
+so."""
+

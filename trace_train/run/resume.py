@@ -19,8 +19,8 @@ import yaml
 
 from ..config_loader import config_to_dict, drop_removed
 from ..configs import TrainConfig
-from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, DEFAULT_CHANGED_IN_FINGERPRINT, NOT_IN_FINGERPRINT,
-                             REMOVED_IN_FINGERPRINT)
+from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, DEFAULT_CHANGED_IN_FINGERPRINT,
+                             DEFAULT_CHANGED_IN_TRAJECTORY, EAGER_ONLY, NOT_IN_FINGERPRINT, REMOVED_IN_FINGERPRINT)
 from .files import write_file
 from .step_state import RESUME_OVERRIDES, describe_overrides
 
@@ -34,7 +34,8 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
     so older runs still resume."""
     default = TrainConfig()
     plain = dataclasses.replace(cfg, **{k: getattr(default, k) for k in NOT_IN_FINGERPRINT})
-    data = {k: v for k, v in config_to_dict(plain).items() if k not in ADDED_SINKS}
+    data = _eager_only(config_to_dict(plain))
+    data = {k: v for k, v in data.items() if k not in ADDED_SINKS}
     for section, fields in REMOVED_IN_FINGERPRINT.items():
         data[section] = {**data[section], **fields}
     for section, fields in ADDED_IN_FINGERPRINT.items():
@@ -54,15 +55,38 @@ def check_or_write_config(cfg: TrainConfig, run_dir: Path, *, write: bool = True
     """
     stored = run_dir / "config.yaml"
     if stored.exists():
-        differs = differing_fields(_stored_config(stored), config_to_dict(cfg))
+        before, now = _eager_only(_stored_config(stored)), _eager_only(config_to_dict(cfg))
+        differs = differing_fields(before, now)
         if differs:
             raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
                              "use another run_dir (only steps, optim.lr, optim.grad_clip, checkpointing and "
-                             "logging may change)")
+                             f"logging may change){_changed_defaults(differs, before, now)}")
         for change in describe_overrides(_stored_config(stored), config_to_dict(cfg)) if write else ():
             print(f"trace-train: resuming with {change}", file=sys.stderr)
     if write:
         write_file(stored, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))  # replaces a link, never follows
+
+
+def _eager_only(data: dict) -> dict:
+    """``data`` (a config as a dict) with the fields only eager expansion reads at their old values
+    (:data:`EAGER_ONLY`) unless it runs eager expansion."""
+    rollout = data.get("rollout")
+    if not isinstance(rollout, dict) or rollout.get("expansion") == "eager":
+        return data
+    return {**data, "rollout": {**rollout, **EAGER_ONLY["rollout"]}}
+
+
+def _changed_defaults(differs: list[str], before: dict, now: dict) -> str:
+    """The refusal's hint where a differing field is one whose default changed (:data:`DEFAULT_CHANGED_IN_TRAJECTORY`)
+    and the stored run had the old one while this one has the new."""
+    hints = []
+    for section, fields in DEFAULT_CHANGED_IN_TRAJECTORY.items():
+        for key, (new, old, when) in fields.items():
+            name = f"{section}.{key}"
+            if name in differs and before.get(section, {}).get(key) == old and now.get(section, {}).get(key) == new:
+                hints.append(f"; {name}'s default changed from {old!r} to {new!r} in {when}: add {name}={old} "
+                             "to resume this run")
+    return "".join(hints)
 
 
 def _stored_config(path: Path) -> dict:
