@@ -192,7 +192,9 @@ class EagerPlan:
     lag: int = 1
     """Turns between a prefix forming and its decision: 0 (at once, w = v) or 1 (at the rollout's next
     boundary, with its prediction w there, or at its end with w = r): one turn later, never past one
-    turn beyond the longest bare rollout, and with one more turn of the factual branch known."""
+    turn beyond the longest bare rollout, and with one more turn of the factual branch known. The
+    simulator's ``eager_<reserve>`` arms run 1; the trainer's ``rollout.eager_lag`` defaults to 0 (a step
+    as deep as GRPO's), since with a learned predictor the turn of waiting keeps no more contrast."""
 
     def __post_init__(self):
         if not (isinstance(self.reserve, (int, float)) and 0.0 <= self.reserve <= 1.0):
