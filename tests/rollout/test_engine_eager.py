@@ -147,3 +147,28 @@ def test_eager_expansion_resumes_exactly(tmp_path):
     main(small_config(tmp_path / "resumed", *eager))
     a = _same_run(tmp_path / "straight", tmp_path / "resumed")
     assert a.extra["eager_threshold"] is not None
+
+
+def test_top_ups_are_priced_as_units_of_the_continuation_budget(hf_backend):
+    """A one-turn bare rollout's eager budget tops up its prompt at once. The running token estimates then
+    read the planted bare rollouts alone (the plan's M; a top-up's start comes after theirs) and count a
+    top-up's tokens as a unit of the continuation budget beside the continuations: before, the cheap
+    one-turn top-ups were priced as continuations and a token budget was under-spent."""
+    from trace_train.rollout.engine import _planted_and_top_ups, _rollout_tokens
+
+    config = RolloutConfig(policy="trace", token_budget=400, continuations_per_root=1, group_size=4, limits=LIMITS,
+                           pool_size=len(UNEVEN), expansion="eager")
+    engine = RolloutEngine(hf_backend, GuessNumberEnv, config)
+    prior = engine.continuation_cost_ratio
+    batch = engine.rollout(UNEVEN, predictor=TurnPredictor(), seed=2)
+    f, report = batch.forest, batch.report
+    planted, top_ups = _planted_and_top_ups(f, report.top_up_rollouts)
+    assert report.top_up_rollouts > 0 and len(planted) == report.planned.roots
+    turns = {int(s): len(f.path_to_root(int(f.factual_leaf[s]))) - 1 for s in planted}
+    one_turn_trees = {int(f.tree_index[s]) for s, n in turns.items() if n == 1}
+    assert {int(f.tree_index[s]) for s in top_ups} <= one_turn_trees  # each top-up follows a one-turn rollout
+    bare = np.mean([_rollout_tokens(f, s) for s in planted])
+    continuations = np.flatnonzero(f.starts_rollout & (f.origin == Origin.CONTINUATION))
+    units = np.mean([_rollout_tokens(f, s) for s in np.concatenate([continuations, top_ups])])
+    assert engine.tokens_per_rollout == pytest.approx(bare)
+    assert engine.continuation_cost_ratio == pytest.approx(0.5 * (prior + units / bare))

@@ -194,10 +194,14 @@ class RolloutEngine:
 
     def _learn_costs(self, batch: RolloutBatch | None, fresh: RolloutForest | None) -> None:
         """Update the running token estimates used by :meth:`plan` (halving the weight of the past): tokens
-        and turns per bare rollout from ``fresh``'s (the bare rollouts this call generated: the batch's, or
-        under pipelined expansion the new pending's), the continuation cost ratio from ``batch``."""
+        and turns per planted bare rollout from ``fresh``'s (the bare rollouts this call planted: the
+        batch's, or under pipelined expansion the new pending's), the continuation cost ratio from
+        ``batch``: what a unit of the continuation budget cost, a continuation or a top-up (a fresh rollout
+        of its tree's prompt, which eager expansion starts when a one-turn rollout ends), over a planted
+        bare rollout's tokens."""
         if fresh is not None:
-            bare = _bare_starts(fresh)
+            top_ups = batch.report.top_up_rollouts if batch is not None and fresh is batch.forest else 0
+            bare, _ = _planted_and_top_ups(fresh, top_ups)
             if bare.size:
                 mean = float(np.mean([_rollout_tokens(fresh, s) for s in bare]))
                 previous = mean if self.tokens_per_rollout is None else self.tokens_per_rollout
@@ -207,8 +211,10 @@ class RolloutEngine:
         if batch is None:
             return
         f = batch.forest
-        bare = [_rollout_tokens(f, s) for s in _bare_starts(f)]
-        branch = [_rollout_tokens(f, s) for s in np.flatnonzero(f.starts_rollout & (f.origin == Origin.CONTINUATION))]
+        planted, top_ups = _planted_and_top_ups(f, batch.report.top_up_rollouts)
+        bare = [_rollout_tokens(f, s) for s in planted]
+        continuations = np.flatnonzero(f.starts_rollout & (f.origin == Origin.CONTINUATION))
+        branch = [_rollout_tokens(f, s) for s in np.concatenate([continuations, top_ups])]
         mean = float(np.mean(bare)) if bare else 0.0
         if branch and mean > 0:
             ratio = float(np.mean(branch)) / mean
@@ -217,6 +223,15 @@ class RolloutEngine:
 
 def _bare_starts(f: RolloutForest) -> np.ndarray:
     return np.flatnonzero(f.starts_rollout & (f.origin == Origin.BARE))
+
+
+def _planted_and_top_ups(f: RolloutForest, top_ups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The starts of ``f``'s bare rollouts, split into the planted ones and the last ``top_ups``: a top-up
+    grows after every planted bare rollout of its step has its nodes (the scheduler adds the planted
+    walkers' turns first), so its first node's id is larger than theirs."""
+    starts = _bare_starts(f)
+    cut = len(starts) - int(top_ups)
+    return starts[:cut], starts[cut:]
 
 
 def _row(prediction: Prediction, i: int) -> Prediction:
