@@ -221,3 +221,24 @@ def test_two_ranks_each_train_with_their_own_vllm_engine(tmp_path):
     assert (out.stdout + out.stderr).count("'distributed_executor_backend': 'external_launcher'") == 2
     [row] = read_metrics(tmp_path / "metrics.jsonl")
     assert row["rollouts"] == 16 and row["sync_seconds"] > 0
+
+
+LEAVE = """
+import torch.distributed as dist
+from trace_train.run.distributed import init_distributed, leave_distributed
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)  # as vLLM in-process
+init_distributed("cpu")  # a single process (WORLD_SIZE unset): joins nothing
+leave_distributed()
+print(dist.is_initialized())
+"""
+
+
+def test_leaving_does_not_destroy_a_group_the_trainer_did_not_make():
+    """A single-process run whose in-process vLLM made its own process group: the CLI's
+    ``leave_distributed`` after a success leaves it alone (destroying it broke the next engine in the
+    process and vLLM's own clean-up at exit)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", LEAVE.format(port=_free_port())], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"

@@ -56,6 +56,10 @@ class DistInfo:
         return self.rank == 0
 
 
+_joined: list = []
+"""The process group :func:`init_distributed` made (at most one), for :func:`leave_distributed`."""
+
+
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs); a single process otherwise."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -67,6 +71,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         # CPU tensors (object collectives, scalars) go through gloo and CUDA tensors through NCCL: an
         # NCCL-only group refuses a CPU tensor, so the first multi-GPU update would raise
         dist.init_process_group(_backend(use_cuda))
+        _joined.append(dist.group.WORLD)
         atexit.register(_leave_process_group)
     if use_cuda:
         torch.cuda.set_device(local)
@@ -86,12 +91,15 @@ def _leave_process_group() -> None:
 
 
 def leave_distributed() -> None:
-    """End a job that every rank finished: wait for the others, then destroy the process group while the
-    interpreter is whole. Only after a success (a failed rank's peer may be inside another collective, and a
-    barrier would wait there for the timeout; the exit hook destroys without one). Without the barrier the
-    last rank to leave aborted about once in 10 two-rank CPU jobs ("terminate called without an active
-    exception", SIGABRT, after its work was done), which torchrun reports as a failed job."""
-    if dist.is_initialized():
+    """End a job that every rank finished: wait for the others, then destroy the process group
+    :func:`init_distributed` joined while the interpreter is whole (a group someone else made, such as the
+    one in-process vLLM makes for itself, is left alone). Only after a success (a failed rank's peer may be
+    inside another collective, and a barrier would wait there for the timeout; the exit hook destroys
+    without one). Without the barrier the last rank to leave aborted about once in 10 two-rank CPU jobs
+    ("terminate called without an active exception", SIGABRT, after its work was done), which torchrun
+    reports as a failed job."""
+    if dist.is_initialized() and _joined and _joined[-1] is dist.group.WORLD:
+        _joined.clear()
         dist.barrier()
         dist.destroy_process_group()
 
