@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import signal
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -109,7 +110,8 @@ class Units:
         bar = tqdm(total=len(todo), desc=desc, disable=None if self.progress else True, leave=False)
         if self.workers > 1 and len(todo) > 1:
             _PENDING[:] = todo  # before the fork: the workers inherit it (closures need no pickling)
-            with multiprocessing.get_context("fork").Pool(min(self.workers, len(todo))) as pool:
+            workers = min(self.workers, len(todo))
+            with multiprocessing.get_context("fork").Pool(workers, initializer=_default_sigterm) as pool:
                 for _ in pool.imap_unordered(_run_unit, range(len(todo))):
                     bar.update()
             _PENDING.clear()
@@ -119,6 +121,13 @@ class Units:
                 bar.update()
         bar.close()
         return pd.concat([_read_unit(path) for path in paths], ignore_index=True)
+
+
+def _default_sigterm() -> None:
+    """A forked worker ends on the SIGTERM of ``Pool.terminate`` whatever handler its parent had installed:
+    one worker that inherited a test's handler was left waiting on the pool's queue and ``Units.map``
+    never returned (a full test run held at 33%)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 _PENDING: list = []

@@ -146,9 +146,13 @@ def test_the_arms_of_a_seed_run_next_to_each_other(tmp_path, monkeypatch):
     order = []
     monkeypatch.setattr(bench, "run_one", lambda out, p, s, lr, **kw: order.append((p, s)) or dict(
         _timed(p, s, 1.0, [0.1, 0.2, 0.3]), policy=p, lr=lr))
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
     bench.cli(["--policies", "trace", "grpo", "--lrs", "1e-3", "--shared-lr", "none", "--seeds", "0", "1",
                "--steps", "4", "--out", str(tmp_path)])
     assert order == [("trace", 0), ("grpo", 0), ("trace", 1), ("grpo", 1)]
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back (forked pools inherit it)
 
 
 def test_rates_chosen_earlier_skip_the_sweep(tmp_path):

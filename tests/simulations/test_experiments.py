@@ -252,3 +252,19 @@ def test_units_in_forked_workers_give_the_same_table_and_are_not_rerun(tmp_path)
     pd.testing.assert_frame_equal(Units(tmp_path / "two", progress=False, workers=2).map(unit, range(6), desc="u"), two)
     with pytest.raises(ValueError, match="`workers` must be a positive integer, got 0"):
         Units(workers=0)
+
+
+def test_forked_workers_end_on_sigterm_whatever_their_parent_handles(tmp_path):
+    """``Pool.terminate`` ends the workers with SIGTERM: a worker must not inherit a handler its parent (a
+    test, a CLI) installed, or a worker that keeps waiting holds ``Units.map`` forever."""
+    import signal
+
+    def unit(key):
+        return pd.DataFrame({"key": [key], "default": [signal.getsignal(signal.SIGTERM) == signal.SIG_DFL]})
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # notes nothing, ends nothing
+    try:
+        table = Units(tmp_path, progress=False, workers=2).map(unit, range(4), desc="u")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert table["default"].all()

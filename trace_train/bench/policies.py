@@ -374,8 +374,11 @@ def cli(argv=None) -> int:
             parser.error(f"--policies {policy}: {err}")
     if set(args.tuning_seeds) & set(args.seeds):
         parser.error("--tuning-seeds and --seeds must differ (rates are chosen on seeds that are not reported)")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds `run_all`, which stops its workers
-    summary = benchmark(args)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds `run_all`, which stops its workers
+    try:
+        summary = benchmark(args)
+    finally:  # called in-process (tests), the caller keeps its own handler: one left behind was inherited
+        signal.signal(signal.SIGTERM, previous)  # by later forked pool workers and held `Pool.terminate`
     path = args.out / args.task / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=2) + "\n")
