@@ -163,6 +163,28 @@ def test_hf_samples_of_one_request_share_their_prefill(hf_backend, prompts):
     assert delta.computed_prompt_tokens == len(prompts[0])
 
 
+def test_hf_requests_with_one_prompt_share_its_prefill_and_draw_their_own_samples(hf_backend, prompts):
+    """A continuation and the rollout it branches from ask for the same next turn: one prefill row serves both
+    requests, and every sample is the one its own seed draws alone."""
+    requests = [GenerationRequest(prompts[0], n=2, seed=0), GenerationRequest(prompts[1], seed=5),
+                GenerationRequest(prompts[0], seed=7)]
+    computed = []
+    for batch in (requests[:2], requests):
+        hf_backend.reset_prefix_cache()
+        before = hf_backend.stats.copy()
+        together = hf_backend.generate(batch, SAMPLE)
+        computed.append(hf_backend.stats.since(before).computed_prompt_tokens)
+    assert computed[1] == computed[0]  # the third request's prompt is not computed again
+    assert [c.cached_prompt_tokens for c in together[2]] == [len(prompts[0])]
+    assert [c.cached_prompt_tokens for c in together[0]] == [0, len(prompts[0])]
+    hf_backend.reset_prefix_cache()
+    alone = [hf_backend.generate([r], SAMPLE)[0] for r in requests]
+    for t, a in zip(together, alone):
+        assert [c.token_ids for c in t] == [c.token_ids for c in a]
+        for ct, ca in zip(t, a):
+            assert ct.logprobs == pytest.approx(ca.logprobs, abs=1e-5)
+
+
 def _agent_prompts(prompts):
     """The games' prompts behind one long system text (an agent's tool list), of three lengths."""
     from trace_train.backends.hf_backend import MIN_SHARED_PREFIX

@@ -2,10 +2,11 @@
 
 The decoding loop is written out (no ``model.generate``) so that it has exactly the semantics of
 :mod:`.base`: per-sample seeds, log-probabilities of the sampling distribution (vLLM's
-``processed_logprobs``), vLLM's stop rules and top-p rule. Prompts of a
-batch are left-padded; the ``n`` samples of a request share one prefill whose key/value cache is copied
-to each sample, so ``n - 1`` of them report their prompt as served from cache. A prefix that every prompt
-of a batch starts with (an agent's system prompt and tool list) is computed once and its cache copied to
+``processed_logprobs``), vLLM's stop rules and top-p rule. Prompts of a batch are left-padded; the
+samples of one prompt (a request's ``n``, and those of other requests with the same prompt: a continuation
+and the rollout it branches from ask for the same next turn) share one prefill whose key/value cache is
+copied to each sample, so all but one of them report their prompt as served from cache. A prefix that
+every prompt of a batch starts with (an agent's system prompt and tool list) is computed once and its cache copied to
 every prompt (:func:`shared_prefix_length`), and a prefix cache kept across calls (:mod:`.prefix_cache`:
 whole blocks of earlier prompts and completions, emptied on every weight update) serves a multi-turn
 rollout's history and a continuation's prefix; what comes from either is reported as served from cache.
@@ -109,11 +110,15 @@ class HFBackend:
         requests = check_requests(requests, sampling)
         self._check_weights()
         results: list[list[Completion]] = [[] for _ in requests]
+        same: dict[tuple[int, ...], list[int]] = {}  # a prompt's requests, kept together: one prefill row
+        for i, r in enumerate(requests):
+            same.setdefault(r.prompt_ids, []).append(i)
         chunks: list[list[int]] = [[]]
-        for i in sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids)):  # less padding
-            if chunks[-1] and sum(requests[c].n for c in chunks[-1]) + requests[i].n > self.max_batch_size:
-                chunks.append([])
-            chunks[-1].append(i)
+        for group in sorted(same.values(), key=lambda g: len(requests[g[0]].prompt_ids)):  # less padding
+            for i in group:
+                if chunks[-1] and sum(requests[c].n for c in chunks[-1]) + requests[i].n > self.max_batch_size:
+                    chunks.append([])
+                chunks[-1].append(i)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -129,13 +134,17 @@ class HFBackend:
     def _run(self, requests, chunk: list[int], sampling: Sampling, results) -> None:
         """Decode the samples of the requests in ``chunk`` together and store them in ``results``."""
         reqs = [requests[i] for i in chunk]
-        prompts = [r.prompt_ids for r in reqs]
-        owner = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs]))
-        samples = [(reqs[int(o)], j) for o, j in zip(owner.tolist(), _ranks(owner.tolist()))]
+        rows: dict[tuple[int, ...], int] = {}  # one prefill row per distinct prompt
+        row_of = [rows.setdefault(r.prompt_ids, len(rows)) for r in reqs]
+        prompts = list(rows)
+        request_of = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor([r.n for r in reqs])).tolist()
+        samples = [(reqs[o], j) for o, j in zip(request_of, _ranks(request_of))]
         decoder = _Decoder(self, samples, sampling)
         room = max(decoder.limits)  # positions the decoding can add (its last token is never fed back)
         logits, cache, mask, cached = self._prefill(prompts, room)
-        if len(owner) != len(reqs):  # a request's n samples decode from copies of its one prefill
+        row_list = [row_of[o] for o in request_of]
+        owner = torch.tensor(row_list)  # each sample's prefill row
+        if len(owner) != len(prompts):  # the samples of a prompt decode from copies of its one prefill
             if self._plain_cache:
                 for layer in cache.layers:
                     layer.select_rows(owner.to(self.device))
@@ -158,9 +167,10 @@ class HFBackend:
             )
             positions = positions + 1
             logits, cache = out.logits[:, -1].float(), out.past_key_values
-        for k, (r, j) in enumerate(samples):
-            o = int(owner[k])
-            results[chunk[o]].append(decoder.completion(k, cached=len(r.prompt_ids) if j else cached[o]))
+        paid = {row: k for k, row in reversed(list(enumerate(row_list)))}  # a row's first sample computed it
+        for k, ((r, _), o, row) in enumerate(zip(samples, request_of, row_list)):
+            served = cached[row] if paid[row] == k else len(r.prompt_ids)
+            results[chunk[o]].append(decoder.completion(k, cached=served))
         self._keep(cache, prompt_mask, samples, decoder)
 
     def _keep(self, cache, prompt_mask: torch.Tensor, samples, decoder: "_Decoder") -> None:
