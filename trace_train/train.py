@@ -52,6 +52,7 @@ from .data.sampler import PromptSampler
 from .envs.tooling import chat_format
 from .run.collapse import CollapseWatch
 from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
+from .run.heap import startup_objects_frozen
 from .preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
 from .predictors.fitting import PredictorFit, attach_policy_states, check_one_predictor
@@ -306,35 +307,36 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
     run = build_run(cfg)
     metrics: dict[str, Any] = {}
     stop = StopOnSignal(lambda: run.saved_step, announce=run.info.is_main)
-    try:
-        if run.start_step == 0:
-            _evaluate_start(run)
-        for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
-            # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
-            before = StepState.capture(run) if run.saved_step != step else None
-            t0 = time.perf_counter()
-            batch = _rollout(run, step)     # candidate prompts; predict V~, allocate roots and prefixes, generate
-            if batch is None:               # pipelined expansion's first step fills the pipeline: nothing to train
-                _after_step(run, step + 1, None, _fill_metrics(run, step + 1, time.perf_counter() - t0), stop)
-                continue
-            t1 = time.perf_counter()
-            advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
-            sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
-            fit = _start_fit(run, batch)    # predictor update (background), started after the Python-heavy
-            t2 = time.perf_counter()        # packing so as not to contend with it
-            update = _guarded_policy_update(run, sequences, fit, step, before)  # clipped policy gradient
-            t3 = time.perf_counter()
-            _sync_weights(run)                                                   # generator gets the new weights
-            t4 = time.perf_counter()
-            fitted = fit.result()
-            times = {"prepare_seconds": t2 - t1, "update_seconds": t3 - t2, "sync_seconds": t4 - t3,
-                     "fit_wait_seconds": time.perf_counter() - t4}
-            metrics = step_metrics(batch, {**update, **times}, fitted, t1 - t0, time.perf_counter() - t1, run.info)
-            metrics.update(run.evaluate(step + 1))
-            run.log(step + 1, metrics)
-            _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
-    finally:
-        _close(run, stop)
+    with startup_objects_frozen():  # the model, tokenizer and engines: full collections skip them
+        try:
+            if run.start_step == 0:
+                _evaluate_start(run)
+            for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
+                # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
+                before = StepState.capture(run) if run.saved_step != step else None
+                t0 = time.perf_counter()
+                batch = _rollout(run, step)     # candidate prompts; predict V~, allocate roots and prefixes, generate
+                if batch is None:               # pipelined expansion's first step fills the pipeline: nothing to train
+                    _after_step(run, step + 1, None, _fill_metrics(run, step + 1, time.perf_counter() - t0), stop)
+                    continue
+                t1 = time.perf_counter()
+                advantages = compute_advantages(batch.forest, cfg.algorithm.advantage)   # tree advantages
+                sequences = training_batch_for(batch, advantages, cfg, pad_token_id=pad_token_id(run.tokenizer))
+                fit = _start_fit(run, batch)    # predictor update (background), started after the Python-heavy
+                t2 = time.perf_counter()        # packing so as not to contend with it
+                update = _guarded_policy_update(run, sequences, fit, step, before)  # clipped policy gradient
+                t3 = time.perf_counter()
+                _sync_weights(run)                                                   # generator gets the new weights
+                t4 = time.perf_counter()
+                fitted = fit.result()
+                times = {"prepare_seconds": t2 - t1, "update_seconds": t3 - t2, "sync_seconds": t4 - t3,
+                         "fit_wait_seconds": time.perf_counter() - t4}
+                metrics = step_metrics(batch, {**update, **times}, fitted, t1 - t0, time.perf_counter() - t1, run.info)
+                metrics.update(run.evaluate(step + 1))
+                run.log(step + 1, metrics)
+                _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
+        finally:
+            _close(run, stop)
     export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
     if run.info.is_main:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
