@@ -354,6 +354,15 @@ def test_requests_are_validated(kwargs, message):
         GenerationRequest(**kwargs)
 
 
+
+@pytest.mark.parametrize("ids", [np.array([5, 1, 2]), [np.int64(5), 1, True + 1], (i for i in (5, 1, 2)), (5, 1, 2)])
+def test_a_request_holds_its_prompt_as_a_tuple_of_plain_ints(ids):
+    """What a back end hashes, compares and hands to vLLM: numpy integers, lists and generators become the
+    same tuple of Python ints as a tuple of them."""
+    request = GenerationRequest(ids)
+    assert request.prompt_ids == (5, 1, 2)
+    assert type(request.prompt_ids) is tuple and {type(t) for t in request.prompt_ids} == {int}
+
 def test_hf_generation_leaves_a_shared_model_in_its_mode(hf_backend, prompts):
     hf_backend.model.train()
     [[c]] = hf_backend.generate(

@@ -185,8 +185,12 @@ def test_a_trace_arm_with_another_predictor_kind_is_paired_against_every_arm(tmp
     assert bench.arm("trace@eager") == ("trace", None, "eager")
     assert bench.arm_overrides("trace+probe@eager") == ["rollout.policy=trace", "predictor.kind=probe",
                                                          "rollout.expansion=eager"]
-    with pytest.raises(ValueError, match="POLICY"):
-        bench.arm("trace@")
+    assert bench.arm_overrides("trace@eager:eager_lag=1:eager_reserve=0.5") == [
+        "rollout.policy=trace", "rollout.expansion=eager", "rollout.eager_lag=1", "rollout.eager_reserve=0.5"]
+    assert bench.is_variant("trace@eager:eager_lag=1") and not bench.is_variant("grpo:token_budget=300")
+    for bad in ("trace@", "trace@eager:", "trace@eager:eager_lag", "trace:=1"):
+        with pytest.raises(ValueError, match="POLICY"):
+            bench.arm(bad)
     assert bench.cli(["--policies", "trace", "trace+probe", "grpo", "--lrs", "1e-3", "--shared-lr", "none",
                       "--seeds", "0", "1", "--steps", "5", "--out", str(tmp_path)]) == 0
     best = json.loads((tmp_path / "mixed" / "summary.json").read_text())["best"]
@@ -194,7 +198,7 @@ def test_a_trace_arm_with_another_predictor_kind_is_paired_against_every_arm(tmp
     assert best["variants_minus"]["trace+probe"]["trace"]["mean"] == pytest.approx(0.045)
     assert best["trace_minus"]["trace+probe"]["mean"] == pytest.approx(-0.045)
     assert "trace+probe minus grpo: +0.235" in capsys.readouterr().out
-    for bad in ("trace+", "trace+oracle", "nope+probe"):
+    for bad in ("trace+", "trace+oracle", "nope+probe", "trace@eager:no_such_field=1"):
         with pytest.raises(SystemExit):
             bench.cli(["--policies", bad, "--out", str(tmp_path)])
     assert "--policies trace+oracle" in capsys.readouterr().err

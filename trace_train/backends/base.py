@@ -77,7 +77,10 @@ class GenerationRequest:
     """Overrides ``Sampling.max_new_tokens`` for this request."""
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt_ids", tuple(map(int, self.prompt_ids)))  # map: cheaper than a generator
+        ids = self.prompt_ids if type(self.prompt_ids) is tuple else tuple(self.prompt_ids)
+        if not set(map(type, ids)) <= {int}:  # numpy integers, bools, ...: plain ints (the check is cheaper)
+            ids = tuple(map(int, ids))
+        object.__setattr__(self, "prompt_ids", ids)
         if not self.prompt_ids:
             raise ValueError("`prompt_ids` must not be empty")
         _positive_int("n", self.n)

@@ -58,23 +58,38 @@ TASKS = {
 of the prompts almost always solved, a third almost never, as in real RL data sets)."""
 
 
+ARM_FORM = "POLICY[+PREDICTOR_KIND][@EXPANSION][:ROLLOUT_FIELD=VALUE...]"
+
+
 def arm(policy: str) -> tuple[str, str | None, str | None]:
-    """``POLICY[+KIND][@EXPANSION]`` -> (policy, predictor kind or None, expansion or None).
+    """``POLICY[+KIND][@EXPANSION][:FIELD=VALUE...]`` -> (policy, predictor kind or None, expansion or None).
 
     ``trace+probe`` runs TRACE with ``predictor.kind=probe``; ``trace@eager`` runs it with
-    ``rollout.expansion=eager`` (continuations committed at turn boundaries, a step one episode deep)."""
-    head, at, expansion = policy.partition("@")
+    ``rollout.expansion=eager`` (continuations committed at turn boundaries, a step one episode deep);
+    ``trace@eager:eager_lag=1`` also sets ``rollout.eager_lag=1`` (:func:`rollout_fields`)."""
+    head = policy.partition(":")[0]
+    head, at, expansion = head.partition("@")
     name, plus, kind = head.partition("+")
     if (plus and not kind) or (at and not expansion) or not name:
-        raise ValueError(f"an arm is POLICY[+PREDICTOR_KIND][@EXPANSION], got {policy!r}")
+        raise ValueError(f"an arm is {ARM_FORM}, got {policy!r}")
+    rollout_fields(policy)
     return name, kind or None, expansion or None
+
+
+def rollout_fields(policy: str) -> list[str]:
+    """The ``:FIELD=VALUE`` parts of an arm, as ``rollout.FIELD=VALUE`` overrides."""
+    _, colon, rest = policy.partition(":")
+    parts = rest.split(":") if colon else []
+    if any(not field or not value for field, _, value in (part.partition("=") for part in parts)):
+        raise ValueError(f"an arm is {ARM_FORM}, got {policy!r}")
+    return [f"rollout.{part}" for part in parts]
 
 
 def arm_overrides(policy: str) -> list[str]:
     """The config overrides of an arm (:func:`arm`)."""
     name, kind, expansion = arm(policy)
     return [f"rollout.policy={name}", *([f"predictor.kind={kind}"] if kind else []),
-            *([f"rollout.expansion={expansion}"] if expansion else [])]
+            *([f"rollout.expansion={expansion}"] if expansion else []), *rollout_fields(policy)]
 
 
 def is_variant(policy: str) -> bool:
@@ -344,7 +359,8 @@ def cli(argv=None) -> int:
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES),
                         help="policies to run (without trace: each policy's own numbers, no paired differences); "
                              "POLICY+KIND runs POLICY with predictor.kind=KIND (trace+probe, trace+running_mean), "
-                             "POLICY@EXPANSION with rollout.expansion=EXPANSION (trace@eager), and each such "
+                             "POLICY@EXPANSION with rollout.expansion=EXPANSION (trace@eager), a suffix "
+                             ":FIELD=VALUE sets rollout.FIELD (trace@eager:eager_lag=1), and each such "
                              "TRACE arm is also paired against every other arm")
     parser.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
                         help="learning-rate grid")
