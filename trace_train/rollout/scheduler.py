@@ -51,13 +51,13 @@ the :class:`GrowReport` a call returns (both in :mod:`.timeline`); a rollout in 
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
-
-import numpy as np
 
 from trace_theory.step import Branch as PrefixBranch  # (depth, count): an eager decision
 from trace_theory.step import Start  # (node, kind, count): a start of a grow call
@@ -161,8 +161,9 @@ class _Place(NamedTuple):
 @dataclass(frozen=True)
 class _seeds:
     """Seeds of a streamed rollout, the ``j``-th of start ``start`` in pass ``pass_`` (0: as its start
-    ended, 1: continuations from ``rest``, 2: top-ups from ``rest``): turn t samples with a seed drawn
-    from (grow seed, start, j, t, pass), so they do not depend on the order starts end in."""
+    ended, 1: continuations from ``rest``, 2: top-ups from ``rest``, 3: eager): turn t samples with the
+    32-bit BLAKE2b hash of (grow seed, start, j, t, pass), so they do not depend on the order starts end in
+    (0.4 us a turn; numpy's ``SeedSequence``, used before round 15, took 7)."""
 
     seed: int
     start: int
@@ -170,7 +171,11 @@ class _seeds:
     pass_: int = 0
 
     def __call__(self, t: int) -> int:
-        return int(np.random.SeedSequence([self.seed, self.start, self.j, t, self.pass_]).generate_state(1)[0])
+        key = _SEED_KEY.pack(self.seed, self.start, self.j, t, self.pass_)
+        return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
+
+
+_SEED_KEY = struct.Struct("<5q")
 
 
 # ---------------------------------------------------------------------------------------------------
