@@ -163,6 +163,39 @@ def test_one_history_at_a_time_predicts_what_the_sparse_product_does_to_the_last
     assert (pred.model_probability(histories) == batch).all()
 
 
+
+@pytest.mark.parametrize("ngram", [1, 2, 3])
+def test_a_history_that_extends_a_known_opening_hashes_its_new_grams_only_with_the_same_result(ngram, monkeypatch):
+    """Turn boundaries extend their prompt's opening: their rows come from the opening's kept gram counts plus
+    the grams that end after it, bit for bit the rows of hashing them whole (the sparse product's); a history
+    whose tokens do not start with the kept opening (same prompt key) is hashed whole."""
+    import trace_train.predictors.ngram as ngram_module
+
+    rng = np.random.default_rng(10 + ngram)
+    pred = HashedSuccessPredictor(PredictorConfig(ngram=ngram, n_buckets=64 if ngram == 3 else 2**18))
+    pred.weights, pred.bias = rng.normal(size=pred.weights.size), -0.2
+    openings = [make(rng.integers(0, 300, int(rng.integers(1, 200))).tolist(), prompt=f"q{i}") for i in range(6)]
+    later, expected = [], []  # and the tokens each one's hashing should see
+    for i, o in enumerate(openings):
+        for depth in (1, 2, 5):
+            tail = rng.integers(0, 300, int(rng.integers(1, 40))).tolist()
+            later.append(make(list(o.token_ids) + tail, depth=depth, prompt=f"q{i}"))
+            expected.append(len(tail) + min(ngram - 1, len(o.token_ids)))  # its grams that end after the opening
+        later.append(make(rng.integers(0, 300, 50).tolist(), depth=1, prompt=f"q{i}"))  # not an extension
+        expected.append(50)
+    hashed = []  # tokens handed to the hashing
+    counts = ngram_module.gram_counts
+    monkeypatch.setattr(ngram_module, "gram_counts", lambda ids, **kw: hashed.append(len(ids)) or counts(ids, **kw))
+    pred.model_probability(openings)
+    assert hashed == [len(o.token_ids) for o in openings] and len(pred._openings) == len(openings)
+    hashed.clear()
+    cached = pred.model_probability(later)
+    assert hashed == expected
+    assert (cached == pred._probability(pred.features(later))).all()
+    fresh = HashedSuccessPredictor(pred.config)
+    fresh.weights, fresh.bias = pred.weights, pred.bias
+    assert (fresh.model_probability(later) == cached).all()  # nothing kept: every history hashed whole
+
 def test_dense_adam_is_the_fit_of_before():
     """``fit: adam`` reproduces the pre-lazy update formula step by step (a transcription of it)."""
     from scipy.special import expit

@@ -44,24 +44,58 @@ def hashed_row(ids: np.ndarray, depth: int, *, n_buckets: int, ngram: int,
     """One history's feature columns (ascending: its n-gram buckets, then the one-hot of min(depth,
     ``max_depth``) at ``n_buckets + min(depth, max_depth)``) and values (the signed bucket counts,
     L2-normalised; 1 for the depth)."""
+    return normalised_row(*gram_counts(ids, n_buckets=n_buckets, ngram=ngram), depth, n_buckets=n_buckets,
+                          max_depth=max_depth)
+
+
+def gram_counts(ids: np.ndarray, *, n_buckets: int, ngram: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The signed bucket counts of the token n-grams (n <= ``ngram``) of ``ids`` that end at position
+    ``start`` or later: (buckets, ascending; counts, whole numbers as floats)."""
     ids = np.asarray(ids, dtype=np.uint64)
-    grams = [ids]
+    grams = [ids[start:]]
     for n in range(2, ngram + 1):
-        if len(ids) >= n:
-            mixed = ids[: len(ids) - n + 1].copy()
+        first = max(start - n + 1, 0)  # the first gram of length n that ends at `start` or later
+        if len(ids) - first >= n:
+            mixed = ids[first: len(ids) - n + 1].copy()
             for j in range(1, n):
-                mixed = mixed * _MIX + ids[j: len(ids) - n + 1 + j]
+                mixed = mixed * _MIX + ids[first + j: len(ids) - n + 1 + j]
             grams.append(mixed + np.uint64(n))
     hashed = np.concatenate(grams) * _FINAL
     hashed ^= hashed >> np.uint64(31)
     bucket = (hashed % np.uint64(n_buckets)).astype(np.int64)
     sign = np.where((hashed >> np.uint64(63)) == 1, -1.0, 1.0)
     uniq, inverse = np.unique(bucket, return_inverse=True)
-    value = np.bincount(inverse, weights=sign, minlength=len(uniq))
-    norm = np.linalg.norm(value)
+    return uniq, np.bincount(inverse, weights=sign, minlength=len(uniq))
+
+
+def merged_counts(buckets: np.ndarray, counts: np.ndarray, more: np.ndarray,
+                  more_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bucket counts of two sets of grams together (each as :func:`gram_counts` gives them): exactly
+    the counts of hashing both at once, the sums being of whole numbers."""
+    at = np.searchsorted(buckets, more)
+    found = at < len(buckets)
+    found[found] = buckets[at[found]] == more[found]
+    counts = counts.copy()
+    counts[at[found]] += more_counts[found]
+    if found.all():
+        return buckets, counts
+    new = ~found
+    slots = at[new] + np.arange(int(new.sum()))  # where the new buckets land among the old (both ascending)
+    keep = np.ones(len(buckets) + len(slots), dtype=bool)
+    keep[slots] = False
+    merged, total = np.empty(len(keep), dtype=buckets.dtype), np.empty(len(keep))
+    merged[keep], merged[slots] = buckets, more[new]
+    total[keep], total[slots] = counts, more_counts[new]
+    return merged, total
+
+
+def normalised_row(buckets: np.ndarray, counts: np.ndarray, depth: int, *, n_buckets: int,
+                   max_depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`hashed_row` from the bucket counts: L2-normalised, the depth's one-hot appended."""
+    norm = np.linalg.norm(counts)
     if norm > 0:
-        value = value / norm
-    return np.append(uniq, n_buckets + min(int(depth), max_depth)), np.append(value, 1.0)
+        counts = counts / norm
+    return np.append(buckets, n_buckets + min(int(depth), max_depth)), np.append(counts, 1.0)
 
 
 def feature_matrix(tokens: np.ndarray, lengths: np.ndarray, depths: np.ndarray, *, n_buckets: int, ngram: int,

@@ -21,8 +21,12 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from .fit_process import feature_matrix, hashed_row, shared_process
-from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor
+from .fit_process import feature_matrix, gram_counts, merged_counts, normalised_row, shared_process
+from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor, prompt_key
+
+KEPT_OPENINGS = 256
+"""Openings whose gram counts the ``ngram`` predictor keeps (about 40 bytes per prompt token each; a step's pool
+is tens of prompts)."""
 
 
 @PREDICTORS.register("ngram")
@@ -44,11 +48,32 @@ class HashedSuccessPredictor(PosteriorPredictor):
         self._adam_m = np.zeros(self._dim + 1)  # the last entry is the bias's
         self._adam_v = np.zeros(self._dim + 1)
         self._adam_t = 0
+        self._openings: dict[str, tuple[tuple[int, ...], np.ndarray, np.ndarray]] = {}
+        """Prompt key -> an opening's token ids and gram counts (:meth:`_row`), the latest
+        :data:`KEPT_OPENINGS`."""
 
     def _row(self, h: HistoryLike) -> tuple[np.ndarray, np.ndarray]:
-        """One history's feature columns (ascending: its n-gram buckets, then its depth) and values."""
-        return hashed_row(np.asarray(h.token_ids, dtype=np.uint64), h.depth, n_buckets=self.config.n_buckets,
-                          ngram=self.config.ngram, max_depth=MAX_DEPTH)
+        """One history's feature columns (ascending: its n-gram buckets, then its depth) and values.
+
+        The grams of an opening (a depth-0 history) are kept (:attr:`_openings`, by prompt): a later
+        history of the same prompt hashes only the grams that end after the opening, and its counts are the
+        opening's plus theirs, the same numbers as hashing it whole (a turn boundary's history is mostly
+        its prompt)."""
+        cfg, ids = self.config, h.token_ids
+        known = self._openings.get(prompt_key(h)) if h.depth else None
+        if known is not None and len(known[0]) < len(ids) and tuple(ids[:len(known[0])]) == known[0]:
+            tail = max(len(known[0]) - cfg.ngram + 1, 0)  # the tokens of the grams that end after the opening
+            more = gram_counts(np.fromiter(ids[tail:], dtype=np.uint64, count=len(ids) - tail),
+                               n_buckets=cfg.n_buckets, ngram=cfg.ngram, start=len(known[0]) - tail)
+            counts = merged_counts(known[1], known[2], *more)
+        else:
+            counts = gram_counts(np.fromiter(ids, dtype=np.uint64, count=len(ids)), n_buckets=cfg.n_buckets,
+                                 ngram=cfg.ngram)
+            if not h.depth:
+                self._openings[prompt_key(h)] = (tuple(ids), *counts)
+                if len(self._openings) > KEPT_OPENINGS:
+                    del self._openings[next(iter(self._openings))]
+        return normalised_row(*counts, h.depth, n_buckets=cfg.n_buckets, max_depth=MAX_DEPTH)
 
     def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
         """Sparse features: signed hashed n-grams (L2-normalised), a depth one-hot and nothing else."""
