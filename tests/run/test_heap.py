@@ -6,9 +6,23 @@ import weakref
 from trace_train.run.heap import startup_objects_frozen
 
 
+import pytest
+
+
 class _Cycle:
     def __init__(self):
         self.me = self
+
+
+@pytest.fixture(autouse=True)
+def nothing_frozen():
+    """Each test starts with nothing frozen (an in-process vLLM engine of an earlier test freezes its own
+    objects and keeps them so); what was frozen is frozen again afterwards."""
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    yield
+    if frozen:
+        gc.freeze()
 
 
 def test_objects_alive_at_the_start_are_frozen_for_the_block_and_collectable_after_it():
@@ -39,3 +53,13 @@ def test_an_inner_block_leaves_the_outer_freeze_alone():
             assert gc.get_freeze_count() == frozen
         assert gc.get_freeze_count() == frozen  # the inner block did not unfreeze
     assert gc.get_freeze_count() == 0
+
+
+def test_a_freeze_made_before_the_block_is_kept_after_it():
+    """vLLM freezes its own objects after its engine starts (in-process, inside a run's build): the block
+    leaves that freeze as it found it."""
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    with startup_objects_frozen():
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == frozen

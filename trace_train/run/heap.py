@@ -20,8 +20,9 @@ __all__ = ["startup_objects_frozen"]
 
 @contextlib.contextmanager
 def startup_objects_frozen() -> Iterator[None]:
-    """Freeze the objects alive now for the ``with`` block (a no-op inside another such block)."""
-    if gc.get_freeze_count():  # an enclosing block froze them already: leave its freeze to it
+    """Freeze the objects alive now for the ``with`` block (a no-op where objects are frozen already: inside
+    another such block, or after an in-process vLLM engine started, which freezes its own and keeps them so)."""
+    if gc.get_freeze_count():  # whoever froze them keeps its freeze
         yield
         return
     gc.collect()
