@@ -72,7 +72,7 @@ class HashedSuccessPredictor(PosteriorPredictor):
             if not h.depth:
                 self._openings[prompt_key(h)] = (tuple(ids), *counts)
                 if len(self._openings) > KEPT_OPENINGS:
-                    del self._openings[next(iter(self._openings))]
+                    self._openings.pop(next(iter(self._openings)), None)  # the oldest; safe if another thread did
         return normalised_row(*counts, h.depth, n_buckets=cfg.n_buckets, max_depth=MAX_DEPTH)
 
     def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
