@@ -261,7 +261,16 @@ def _load_rows(config: EvalConfig) -> list[dict]:
     if spec.data == "generated":
         if source is not None:  # stored rows instead of generated ones
             return read_rows(source, size=config.limit, **kwargs)
-        return spec.rows(None, size=config.limit or _GENERATED_ROWS, **kwargs, **spec.row_options)
+        # the rows trace-train holds out with seed --seed: held-out prompts, never trained on (trace_train.tasks)
+        from .tasks import _HELD_OUT_SEED, generated_rows, prompt_keys
+
+        from_env = {name: config.env_options[name] for name in spec.env_row_options if name in config.env_options}
+        make = lambda n: spec.rows(None, size=n, **{**kwargs, "seed": config.seed + _HELD_OUT_SEED},  # noqa: E731
+                                   **{**spec.row_options, **from_env})
+        factory = _env_factory(config, "user")
+        return generated_rows(make, config.limit or _GENERATED_ROWS,
+                              lambda rows: prompt_keys(factory, rows, spec.prompt_key), held_out=True,
+                              what=f"benchmark {config.benchmark!r}")
     return spec.rows(source, size=config.limit, **kwargs, **spec.row_options)
 
 

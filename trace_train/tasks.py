@@ -27,6 +27,8 @@ trains. :meth:`Task.describe` is the start-up line saying how many rows train an
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -48,6 +50,8 @@ class Task:
     binary_rewards: bool = True
     held_out_from_train: bool = False
     """Whether ``eval_rows`` were taken out of the training rows (no separate held-out source)."""
+    dropped: int = 0
+    """Training rows left out because their prompt occurs in the held-out set (:func:`hold_out_prompts`)."""
     demonstration: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
     """The environment's scripted expert (``TaskSpec.demonstration``), if it has one."""
 
@@ -56,11 +60,48 @@ class Task:
         if not self.eval_rows:
             return f"task {name}: {len(self.train_rows)} training rows, none held out (held-out evaluation off)"
         where = "taken out of the training rows" if self.held_out_from_train else "a separate held-out set"
-        return f"task {name}: {len(self.train_rows)} training rows, {len(self.eval_rows)} held out ({where})"
+        dropped = (f"; {self.dropped} training rows whose prompt is held out were dropped" if self.dropped
+                   else "")
+        return (f"task {name}: {len(self.train_rows)} training rows, {len(self.eval_rows)} held out ({where}; "
+                f"no held-out prompt occurs in training{dropped})")
 
 
-def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
-    """The ``which`` ("train" or "eval") rows of a task, as its spec makes or loads them."""
+HELD_OUT_SHARE = 64 / 256
+"""Share of a generating task's prompts that are held out: a prompt is held out when the first byte of a
+BLAKE2b hash of it is below 64 (:func:`is_held_out_prompt`), whatever row or seed shows it."""
+
+
+def is_held_out_prompt(key: str) -> bool:
+    """Whether the prompt ``key`` (:func:`prompt_keys`) belongs to the held-out side of a generating task."""
+    return hashlib.blake2b(key.encode(), digest_size=8).digest()[0] < 256 * HELD_OUT_SHARE
+
+
+def generated_rows(make: Callable[[int], list], size: int, keys_of: Callable[[list], list[str]], *,
+                   held_out: bool, what: str) -> list:
+    """``size`` rows of a generating task on one side of the prompt split: those of ``make(n)`` whose prompt
+    is held out (``held_out``) or is not, drawing 4x more rows each try (at most 4 tries).
+
+    Splitting the prompts, not the rows, keeps every held-out prompt out of training even when the task has
+    few distinct prompts (a game whose hidden target is not in its prompt)."""
+    n, rows = size, []
+    for _ in range(4):
+        drawn = make(max(n, size))
+        rows = [row for row, key in zip(drawn, keys_of(drawn)) if is_held_out_prompt(key) == held_out]
+        if len(rows) >= size or len(drawn) < max(n, size):  # enough, or the generator has no more
+            break
+        n *= 4
+    if not rows:
+        side = "held out" if held_out else "left for training"
+        raise ValueError(f"{what}: none of its generated prompts is {side} (a quarter of the distinct prompts is held "
+                         f"out, by a hash of the prompt), so held-out rows would repeat training prompts; give the "
+                         f"rows more distinct prompts (for guess_number: a larger task.rows.shift), or set "
+                         f"eval.every=0")
+    return rows[:size]
+
+
+def load_rows(cfg: TaskConfig, which: str, *, seed: int, keys_of: Callable[[list], list[str]] | None = None) -> list[dict]:
+    """The ``which`` ("train" or "eval") rows of a task, as its spec makes or loads them. Generated rows
+    are drawn from their side of the prompt split (:func:`generated_rows`) when ``keys_of`` is given."""
     spec = find_environment(cfg.name).spec
     train = which == "train"
     source = (cfg.train if train else cfg.eval) or spec.default_sources[0 if train else 1]
@@ -70,7 +111,33 @@ def load_rows(cfg: TaskConfig, which: str, *, seed: int) -> list[dict]:
     size, seed = (cfg.train_size, seed) if train else (cfg.eval_size, seed + _HELD_OUT_SEED)
     if source is not None and spec.data == "generated":  # stored rows instead of generated ones
         return read_rows(source, split=split, subset=subset, size=size, seed=seed)
-    return spec.rows(source, split=split, subset=subset, size=size, seed=seed, **{**spec.row_options, **cfg.rows})
+    from_env = {name: cfg.env[name] for name in spec.env_row_options if name in cfg.env}
+    make = lambda n: spec.rows(source, split=split, subset=subset, size=n, seed=seed,  # noqa: E731
+                               **{**spec.row_options, **cfg.rows, **from_env})
+    if source is None and keys_of is not None:
+        return generated_rows(make, size, keys_of, held_out=not train, what=f"task {cfg.name!r}")
+    return make(size)
+
+
+def prompt_keys(make_env: Callable[[], Any], rows: Sequence[Mapping[str, Any]],
+                key: Callable[[Mapping[str, Any]], Any] | None = None) -> list[str]:
+    """What each row shows the model: ``key(row)`` where the task spec gives one, else the opening messages
+    of a fresh environment reset on the row (one environment, reset row after row), as JSON."""
+    if key is not None:
+        return [json.dumps(key(row), sort_keys=True, default=str) for row in rows]
+    env = make_env() if rows else None
+    return [json.dumps(env.reset(row), sort_keys=True, default=str) for row in rows]
+
+
+def hold_out_prompts(train: list, held_out: list, keys_of: Callable[[list], list[str]]) -> tuple[list, int]:
+    """The training rows whose prompt does not occur in ``held_out``, and how many were dropped: held-out
+    success then measures prompts the policy never trained on (a hidden target or seed alone does not
+    make a new prompt)."""
+    if not held_out:
+        return train, 0
+    seen = set(keys_of(held_out))
+    kept = [row for row, key in zip(train, keys_of(train)) if key not in seen]
+    return kept, len(train) - len(kept)
 
 
 def build_task(cfg: TaskConfig, *, seed: int, hold_out: bool = True) -> Task:
@@ -80,13 +147,20 @@ def build_task(cfg: TaskConfig, *, seed: int, hold_out: bool = True) -> Task:
     source = find_environment(cfg.name)
     options = source.spec.env_defaults(cfg.env) if source.spec.env_defaults else dict(cfg.env)
     factory = build_factory(source, options)
-    train = load_rows(cfg, "train", seed=seed)
-    held_out = load_rows(cfg, "eval", seed=seed)
-    from_train = not held_out
+    keys_of = lambda rows: prompt_keys(factory, rows, source.spec.prompt_key)  # noqa: E731
+    train = load_rows(cfg, "train", seed=seed, keys_of=keys_of if hold_out else None)
+    held_out = load_rows(cfg, "eval", seed=seed, keys_of=keys_of) if hold_out else []
+    from_train = not held_out and source.spec.data != "generated"
     if from_train:  # no separate held-out source: keep a share of the training rows aside, or none
         n = min(cfg.eval_size, len(train) // 4) if hold_out else 0
         held_out, train = train[:n], train[n:]
     if not train:
         raise ValueError(f"task {cfg.name!r} has no training rows (train_size {cfg.train_size})")
+    before = len(train)
+    train, dropped = hold_out_prompts(train, held_out, keys_of)
+    if not train:
+        raise ValueError(f"task {cfg.name!r}: all {before} training rows show a prompt that is also held out, so "
+                         f"nothing would train on an unseen prompt; make the rows' prompts distinct (for "
+                         f"guess_number: task.rows.shift), give a separate task.eval, or set eval.every=0")
     return Task(factory, train, held_out, factory.binary_rewards, held_out_from_train=from_train and bool(held_out),
-                demonstration=source.spec.demonstration)
+                demonstration=source.spec.demonstration, dropped=dropped)

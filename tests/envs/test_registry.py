@@ -12,18 +12,20 @@ from trace_train.envs import ENVIRONMENTS, EnvFactory, Environment, make_env_fac
 
 from .scripted import CORPUS, DEMO, MATH
 
-OPTIONS = {"search_qa": {"corpus": str(CORPUS)}}
+OPTIONS = {"search_qa": {"corpus": str(CORPUS)}, "reasoning_gym": {"dataset": "chain_sum", "attempts": 3}}
 ROWS = {
     "guess_number": {"target": 3, "low": 1, "high": 8, "max_guesses": 3},
     "math_python": MATH[0][0],
     "search_qa": {"question": DEMO[0]["question"], "answers": DEMO[0]["golden_answers"]},
     "bfcl": {"id": "multi_turn_long_context_7"},
+    "reasoning_gym": {"id": "chain_sum/0", "question": "State the final answer: 5 + 7 =", "answer": "12",
+                      "entry": {"question": "State the final answer: 5 + 7 =", "answer": "12", "metadata": {}}},
 }
 ACTIONS = ["4", "no idea", '<tool_call>{"name": "ls", "arguments": {}}</tool_call>']
 
 
-def test_the_four_environments_are_registered():
-    assert ENVIRONMENTS.names() == ["guess_number", "math_python", "search_qa", "bfcl"]
+def test_the_environments_are_registered():
+    assert ENVIRONMENTS.names()[:5] == ["guess_number", "math_python", "search_qa", "reasoning_gym", "bfcl"]
 
 
 @pytest.mark.parametrize("name", ENVIRONMENTS.names())
@@ -59,7 +61,7 @@ def test_factories_describe_tools_and_rewards():
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("chess", {}, "unknown environment 'chess'; known: bfcl, guess_number, math_python, search_qa"),
+    ("chess", {}, "unknown environment 'chess'; known: bfcl, guess_number, math_python, reasoning_gym, search_qa"),
     ("math_python", {"max_calls": 3}, "has no option 'max_calls'; options: max_tool_calls"),
     ("math_python", {"sandbox": {"seconds": 3}}, "fields of SandboxLimits"),
     ("math_python", {"observation_role": "system"}, "observation_role"),

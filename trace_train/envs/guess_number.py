@@ -23,7 +23,7 @@ import numpy as np
 
 from .base import Message, StepResult
 
-__all__ = ["GuessNumberEnv", "GuessState", "make_rows"]
+__all__ = ["GuessNumberEnv", "GuessState", "make_rows", "random_guesser"]
 
 SYSTEM_PROMPT = (
     "You are playing a number guessing game. The user has picked a secret whole number. "
@@ -66,6 +66,22 @@ def make_rows(n: int, *, low: int = 1, high: int = 16, max_guesses: int = 5, see
     rng = np.random.default_rng(seed)
     targets = rng.integers(low, high + 1, size=n)
     return [{"target": int(t), "low": low, "high": high, "max_guesses": max_guesses} for t in targets]
+
+
+def random_guesser(row: Mapping[str, Any]) -> list[str]:
+    """A scripted player (the tiny model's warm start): each guess drawn uniformly among the numbers still
+    possible, seeded by the row, until it finds the target or runs out of guesses. Every game is well formed,
+    and which number it picks is far from optimal, so rewards stay mixed and RL has something to learn."""
+    low, high, target = int(row["low"]), int(row["high"]), int(row["target"])
+    rng = np.random.default_rng([low, high, target, int(row["max_guesses"])])
+    guesses = []
+    for _ in range(int(row["max_guesses"])):
+        guess = int(rng.integers(low, high + 1))
+        guesses.append(str(guess))
+        if guess == target:
+            break
+        low, high = (guess + 1, high) if guess < target else (low, guess - 1)
+    return guesses
 
 
 def _check_row(low: int, high: int, max_guesses: int, target: int) -> None:

@@ -62,14 +62,26 @@ def _with_spec(spec: TaskSpec):
 
 
 def guess_rows(source: None, *, split: str, subset: str | None, size: int, seed: int, low: int = 1,
-               high: int = 16, max_guesses: int | list = 5, highs: list | None = None) -> list[dict]:
+               high: int = 16, max_guesses: int | list = 5, highs: list | None = None, shift: int = 0) -> list[dict]:
     """Generated games. ``highs`` (a list) mixes difficulties: each row draws its range [low, high] from
     it, so that, as in real data sets, some prompts are almost always solved and some almost never.
     ``max_guesses`` as a list mixes episode lengths the same way: each row draws its guess budget from it
-    (episodes of 1 to 8 turns, as agent tasks vary in length)."""
+    (episodes of 1 to 8 turns, as agent tasks vary in length). ``shift``: each row's range (and target)
+    moves up by an offset drawn from 0..shift, so rows show distinct prompts ("from 38 to 53") and held-out
+    games are ranges never trained on (the target alone is hidden: without a shift, rows of one range are
+    one prompt)."""
     import numpy as np
 
     from .guess_number import make_rows
+
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+        raise ValueError(f"`shift` must be a non-negative integer, got {shift!r}")
+    if shift:
+        rows = guess_rows(source, split=split, subset=subset, size=size, seed=seed, low=low, high=high,
+                          max_guesses=max_guesses, highs=highs)
+        offsets = np.random.default_rng([seed, 13]).integers(0, shift + 1, size)
+        return [dict(row, low=row["low"] + int(o), high=row["high"] + int(o), target=row["target"] + int(o))
+                for row, o in zip(rows, offsets)]
 
     if isinstance(max_guesses, (list, tuple)):
         if not max_guesses or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in max_guesses):
@@ -192,7 +204,15 @@ def _bfcl_eval_rows(config) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------
 
 
-@_with_spec(TaskSpec(guess_rows, {"low": 1, "high": 16, "max_guesses": 5, "highs": None}, data="generated"))
+def _guess_demonstration(row: Mapping[str, Any]) -> list[str]:
+    from .guess_number import random_guesser
+
+    return random_guesser(row)
+
+
+@_with_spec(TaskSpec(guess_rows, {"low": 1, "high": 16, "max_guesses": 5, "highs": None, "shift": 15},
+                     data="generated", demonstration=_guess_demonstration,
+                     prompt_key=lambda row: [row["low"], row["high"], row["max_guesses"]]))
 @ENVIRONMENTS.register("guess_number")
 def guess_number(*, system_prompt: str | None = None, step_seconds: float = 0.0) -> EnvFactory:
     from .guess_number import SYSTEM_PROMPT, GuessNumberEnv
@@ -245,6 +265,41 @@ def search_qa(*, corpus: str | None = None, retriever_url: str | None = None, to
     make = partial(SearchQAEnv, SearchTool(retriever, topk=topk), reward=reward, max_searches=max_searches,
                    observation_role=observation_role, system_prompt=system_prompt)
     return _checked("search_qa", make, tools=(SEARCH_TOOL,), binary_rewards=is_binary_reward(reward))
+
+
+def _rg_rows(source: None, **kwargs) -> list[dict]:
+    from .reasoning_gym_env import reasoning_gym_rows
+
+    return reasoning_gym_rows(source, **kwargs)
+
+
+def _rg_demonstration(row: Mapping[str, Any]) -> list[str]:
+    from .reasoning_gym_env import demonstration
+
+    return demonstration(row)
+
+
+def success_metrics(records, means, *, k: int) -> dict:
+    """``success`` (binary reward, mean@k), ``score`` (the raw graded score) and, for k > 1, ``pass@k``."""
+    return {"success": means["success"], "score": means["score"],
+            **(_pass_at_k(records, "success", k) if k > 1 else {})}
+
+
+@_with_spec(TaskSpec(_rg_rows, data="generated", env_row_options=("dataset", "levels", "config"),
+                     prompt_key=lambda row: row["question"], demonstration=_rg_demonstration,
+                     evaluation=EvalSpec(max_turns=1, flags=(), metrics=success_metrics)))
+@ENVIRONMENTS.register("reasoning_gym")
+def reasoning_gym(*, dataset: str | None = None, levels: list | None = (0,), config: Mapping[str, Any] | None = None,
+                  threshold: float = 1.0, attempts: int = 1, system_prompt: str | None = None) -> EnvFactory:
+    """reasoning-gym's data set ``dataset`` (``levels`` and ``config`` shape its rows: ``reasoning_gym_env``)."""
+    from .reasoning_gym_env import ReasoningGymEnv, _configs, check_dataset
+
+    if dataset is None:
+        raise ValueError("reasoning_gym: set the data set, e.g. task.env.dataset=countdown")
+    check_dataset(dataset)
+    _configs(dataset, None if levels is None else list(levels), dict(config or {}), seed=0, size=1)  # checks both
+    return _checked("reasoning_gym", partial(ReasoningGymEnv, dataset, threshold=threshold, attempts=attempts,
+                                             system_prompt=system_prompt))
 
 
 @_with_spec(TaskSpec(bfcl_task_rows, {"subsets": None}, data="optional", default_sources=("train", "test"),

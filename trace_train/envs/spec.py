@@ -133,6 +133,12 @@ class TaskSpec:
     """Whether ``verify`` returns only 0 or 1; a function of the environment options if it depends on them."""
     env_defaults: Callable[[Mapping[str, Any]], dict] | None = None
     """Completes the environment options (``task.env``) before the environment is built."""
+    env_row_options: tuple[str, ...] = ()
+    """Options of ``task.env`` that ``rows`` takes too (e.g. reasoning-gym's ``dataset`` and ``levels``: the
+    environment and its rows are set by one spelling)."""
+    prompt_key: Callable[[Mapping[str, Any]], Any] | None = None
+    """What makes two rows the same prompt, for keeping held-out prompts out of training
+    (``trace_train.tasks``); None: the opening messages of a fresh environment reset on the row."""
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     """How ``trace-eval`` plays and scores the environment (its benchmark defaults)."""
     demonstration: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
