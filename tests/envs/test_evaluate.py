@@ -187,3 +187,21 @@ def test_an_environment_plugged_in_by_import_path_is_evaluated(tmp_path, tiny_di
     assert cli(argv) == 0 and json.loads((out / "summary.json").read_text())["evaluated_now"] == 0  # resumes
     assert cli([*argv[:2], "--task", "nomodule:Env", *argv[4:]]) == 2
     assert "cannot import 'nomodule' for environment 'nomodule:Env'" in capsys.readouterr().err
+
+
+def test_reasoning_gym_scores_held_out_questions_with_success_and_the_raw_score(tmp_path, tiny_dir):
+    """``--task reasoning_gym``: the held-out questions trace-train keeps aside for the same seed (never
+    trained on), each sample's graded score recorded next to its binary success."""
+    from trace_train.tasks import TaskConfig, build_task
+
+    env = {"dataset": "chain_sum", "levels": [0, 1]}
+    out = tmp_path / "rg"
+    summary = main(EvalConfig(model=tiny_dir, benchmark="reasoning_gym", env_options=env, output_dir=str(out),
+                              k=2, limit=6, **{**FAST, "max_turns": 1, "max_turn_tokens": 16}))
+    assert (summary["tasks"], summary["samples"]) == (6, 12)
+    assert set(summary["metrics"]) == {"success", "score", "pass@2"}
+    done = records(out)
+    assert all(set(s["metrics"]) == {"success", "score"} and s["reward"] == s["metrics"]["success"]
+               and s["metrics"]["score"] >= s["metrics"]["success"] for r in done for s in r["samples"])
+    task = build_task(TaskConfig(name="reasoning_gym", env=env, train_size=64, eval_size=6), seed=0)
+    assert [r["id"] for r in done] == [row["id"] for row in task.eval_rows]
