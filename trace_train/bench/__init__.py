@@ -1,7 +1,7 @@
 """Benchmark scripts: each is ``python -m trace_train.bench.<name>`` and prints or writes its measured table.
 
-Timings live here, never in pass/fail tests. See the README's "What we measured" for each script's
-conditions and latest numbers.
+Timings live here, never in pass/fail tests. Each script's latest numbers and conditions are in
+``docs/results.md``; the evidence files they quote are under ``benchmarks/<question>/``.
 """
 
 from __future__ import annotations
