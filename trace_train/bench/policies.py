@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from . import origin
 from ..config_loader import load_config
 from ..run.metrics_log import read_metrics
 from ..train import TrainConfig, main as train
@@ -382,6 +383,7 @@ def cli(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="runs at once, one compute thread each (2 on a 2-core machine halves the time)")
     args = parser.parse_args(argv)
+    record = origin("trace_train.bench.policies", argv)
     args.rates = dict(args.rates) if args.rates else None
     for policy in args.policies:
         try:
@@ -397,7 +399,7 @@ def cli(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous)  # by later forked pool workers and held `Pool.terminate`
     path = args.out / args.task / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    path.write_text(json.dumps({**record, **summary}, indent=2) + "\n")
     evidence = args.evidence or (Path("benchmarks/learning") if args.out == Path("runs/bench_policies") else None)
     if evidence is not None and str(evidence) != "none":
         evidence.mkdir(parents=True, exist_ok=True)
