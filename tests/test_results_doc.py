@@ -1,8 +1,8 @@
 """Numbers live once: every figure the README and ``docs/*.md`` quote from an evidence file agrees with it,
 and every evidence file says which commit and command produced it.
 
-A quoted figure carries a marker right after it, ``0.119<!-- evidence: benchmarks/predictor/qa.json#results.1.anchors_brier -->``:
-the file, then the path to the value (dict keys and list indices joined by dots; in a ``.jsonl`` file the
+A quoted figure carries a marker right after it,
+``0.118<!-- evidence: benchmarks/predictor/qa.json#results.1.anchors_brier -->``: the file, then the path to the value (dict keys and list indices joined by dots; in a ``.jsonl`` file the
 first index is the line). ``<!-- evidence-file: FILE -->`` sets the file for the markers after it that
 name none (``<!-- evidence: #path -->``). A figure followed by ``%`` is compared as a percentage. The
 figure must equal the value rounded to the digits shown.
@@ -87,7 +87,7 @@ def check(doc: Path, root: Path = REPO) -> list[str]:
     for line, written, percent, file, path in figures:
         where = f"{doc.relative_to(root)}:{line}"
         if not file:
-            problems.append(f"{where}: {written} names no evidence file and no evidence-file default precedes it")
+            problems.append(f"{where}: {written} names no evidence file, and no evidence-file default precedes it")
             continue
         try:
             value = lookup(load(root / file), path)
@@ -104,7 +104,8 @@ def test_the_marker_parser_reads_figures_defaults_and_percentages():
             " | +0.014 <!-- evidence: #k.0 -->\n")
     assert quoted_figures(text) == [(2, "1.02", "", "a.json", "x.y"), (2, "77.6", "%", "b.json", "z"),
                                     (2, "+0.014", "", "a.json", "k.0")]
-    assert lookup({"trace@eager:eager_lag=1": {"grpo": [0, {"p": 3}]}}, "trace@eager:eager_lag=1.grpo.1.p") == 3
+    nested = {"trace@eager:eager_lag=1": {"grpo": [0, {"p": 3}]}}
+    assert lookup(nested, "trace@eager:eager_lag=1.grpo.1.p") == 3
     assert lookup({"a.b": {"c": 1}, "a": {"b": 2}}, "a.b.c") == 1
     assert agrees("1.02", "", 1.0155) and not agrees("1.02", "", 1.026)
     assert agrees("77.6", "%", 0.776) and agrees("-0.000", "", -0.00049) and agrees("1,177", "", 1176.8)
@@ -156,8 +157,10 @@ def test_every_evidence_file_records_its_commit_command_and_load(path):
     commit = header.get("commit")
     assert isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}", commit), \
         f"{path.relative_to(REPO)} lacks `commit` (the commit whose code was measured)"
-    assert isinstance(header.get("command"), str) and header["command"], f"{path.relative_to(REPO)} lacks `command`"
-    assert any(k in header for k in ("load", "load_average", "load_average_before")), f"{path.relative_to(REPO)} lacks `load` (the load average, or null where unknown)"
+    name = path.relative_to(REPO)
+    assert isinstance(header.get("command"), str) and header["command"], f"{name} lacks `command`"
+    assert any(k in header for k in ("load", "load_average", "load_average_before")), \
+        f"{name} lacks `load` (the load average, or null where unknown)"
 
 
 def test_evidence_lives_in_folders_named_for_questions_not_rounds():

@@ -69,7 +69,8 @@ def provenance(module: str, argv=None) -> dict:
         "dirty": bool(status) if status is not None else None,
         "command": shlex.join(["python", "-m", module, *args]),
         "load_average": list(os.getloadavg()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
     }
 
 

@@ -160,8 +160,9 @@ class RolloutConfig:
     the step is one turn deeper. With the learned predictor the simulator finds both keep the same share
     of lazy TRACE's contrast pairs (``trace-sim run eager_expansion``: 0.78, 0.85, 0.88 at lag 0 against
     0.78, 0.84, 0.88, arms ``eager_now_0.0`` and ``eager_0.0``; lag 1 gains only with an oracle), and lag 0
-    costs 2-3% less wall clock on both back ends (``benchmarks/step_cost/``: lag 1 ``trace_eager_lag1``). A run started with lag 1
-    resumes with ``rollout.eager_lag=1`` set (the refusal says so)."""
+    costs less wall clock on both back ends (``benchmarks/step_cost/``, arms ``trace_eager`` and
+    ``trace_eager_lag1``). A run started with lag 1 resumes with ``rollout.eager_lag=1`` set (the refusal
+    says so)."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     top_p: float = 1.0

@@ -13,7 +13,8 @@ from trace_train.bench import policies as bench
 
 def _head():
     """``git rev-parse HEAD`` of this checkout, None outside one."""
-    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
 

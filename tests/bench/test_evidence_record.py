@@ -10,7 +10,8 @@ from trace_train.bench import origin, write_results
 
 
 def _head():
-    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
 

@@ -64,7 +64,8 @@ def test_quick_run_writes_config_table_and_summary(quick_runs, name):
     assert summary["experiment"] == name and summary["claim"] == EXPERIMENTS[name].claim
     assert isinstance(summary["held"], bool) and summary["result"].endswith(".")
     assert summary["quick"] is True and summary["seed"] == 0 and summary["runtime_s"] >= 0
-    assert summary["command"] == f"trace-sim run {name} --quick --seed 0" and len(summary["load_average"]) == 3
+    assert summary["command"] == f"trace-sim run {name} --quick --seed 0"
+    assert len(summary["load_average"]) == 3
     assert summary["commit"] == _head(), "a summary copied under benchmarks/ must say which code it measured"
     if name in COMPARED:
         assert COMPARED[name] <= set(summary["headline"])
@@ -198,12 +199,14 @@ def test_benchmark_script_reports_turns_per_second(tmp_path):
     assert "M turns/s" in done.stdout
     numbers = json.loads(target.read_text())
     assert numbers["raw_mturns_per_s"] > 0 and numbers["batch_mturns_per_s"] > 0
-    assert numbers["commit"] == _head() and numbers["command"].startswith("python -m simulations.benchmark --rollouts 3000")
+    assert numbers["commit"] == _head()
+    assert numbers["command"].startswith("python -m simulations.benchmark --rollouts 3000")
 
 
 def _head() -> str | None:
     """``git rev-parse HEAD`` of this checkout, None outside one."""
-    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
 

@@ -48,7 +48,8 @@ def origin(module: str, argv=None) -> dict[str, Any]:
 
 def write_results(results: dict[str, Any], out: str, *, module: str | None = None, argv=None) -> None:
     """Write a benchmark's ``results`` to the JSON file ``out`` (NumPy scalars as floats) and say where,
-    after :func:`origin`'s record of the run (``module``: the script's, default the running ``__main__``'s)."""
+    after :func:`origin`'s record of the run (``module``: the script's; default, the running
+    ``__main__``'s)."""
     module = module or getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or "?"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as fh:

@@ -292,7 +292,8 @@ def logprob_memory(chunks=(0, 256, 1024), threads: int = 1, out: str = "results/
         print(f"logprob_chunk_tokens={chunk:5d}  positions {row['positions']} (trained {row['trained_positions']})  peak {row['peak_mb']:7.0f} MB "
               f"(output-layer formula {row['output_layer_formula_mb']:6.0f} MB)  update {row['update_s']:.2f} s",
               flush=True)
-    result = {**origin("trace_train.bench.packing"), "vocab": QWEN3_VOCAB, "rows": rows, "load_average": os.getloadavg()}
+    result = {**origin("trace_train.bench.packing"), "vocab": QWEN3_VOCAB, "rows": rows,
+              "load_average": os.getloadavg()}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1, default=float))
     return result

@@ -400,7 +400,8 @@ def cli(argv=None) -> int:
     path = args.out / args.task / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**record, **summary}, indent=2) + "\n")
-    evidence = args.evidence or (Path("benchmarks/learning") if args.out == Path("runs/bench_policies") else None)
+    default_out = args.out == Path("runs/bench_policies")
+    evidence = args.evidence or (Path("benchmarks/learning") if default_out else None)
     if evidence is not None and str(evidence) != "none":
         evidence.mkdir(parents=True, exist_ok=True)
         (evidence / f"{args.task}.json").write_text(path.read_text())

@@ -198,7 +198,8 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(r), flush=True)
     print(table(results))
     print(f"load average: {os.getloadavg()}")
-    summary = {**record, "task": args.task, "steps": len(stream), "load_average": os.getloadavg(), "results": results}
+    summary = {**record, "task": args.task, "steps": len(stream), "load_average": os.getloadavg(),
+               "results": results}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"results: {out / 'results.json'}")
     return results
