@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from trace_theory import RolloutBudget, get_policy
+from trace_theory.benchmark import provenance
 
 from .experiments.common import PAPER_GRPO_RATIO, calibrated
 from .model import BernoulliTreeModel
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollouts < 6 or args.repeats < 1:
         print("benchmark: error: --rollouts must be at least 6 and --repeats at least 1", file=sys.stderr)
         return 2
+    record = provenance("simulations.benchmark", argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     result = measure(args.rollouts, repeats=args.repeats)
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     result["load_average"] = round(os.getloadavg()[0], 2)  # other jobs on the machine slow every figure
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"rollouts": args.rollouts, **result}, indent=2) + "\n")
+        args.json.write_text(json.dumps({**record, "rollouts": args.rollouts, **result}, indent=2) + "\n")
     print(f"raw model:      {result['raw_mturns_per_s']:.2f} M turns/s")
     print(f"batch pipeline: {result['batch_mturns_per_s']:.2f} M turns/s (TRACE, oracle predictor; "
           f"load average {result['load_average']})")

@@ -20,9 +20,12 @@ import ast
 import dataclasses
 import json
 import math
+import shlex
 import shutil
 import time
 from pathlib import Path
+
+from trace_theory.benchmark import provenance
 
 from .experiments import get_experiment
 from .experiments.base import Units
@@ -149,6 +152,17 @@ def is_finished(folder: Path) -> bool:
     return all(key in summary for key in _SUMMARY_KEYS) and (folder / "results.csv").is_file()
 
 
+def _record(name: str, *, quick: bool, seed: int, overrides: dict | None) -> dict:
+    """What a copy of the summary under ``benchmarks/`` must record: the commit, the load, the machine, and
+    the ``trace-sim`` command that reruns this experiment with this config."""
+    argv = ["run", name, *(["--quick"] if quick else []), "--seed", str(seed)]
+    for key, value in (overrides or {}).items():
+        argv += ["--set", f"{key}={value!r}"]
+    record = provenance("simulations.cli", argv)
+    record["command"] = shlex.join(["trace-sim", *argv])
+    return record
+
+
 def run_experiment(
     name: str, *, out: Path, quick: bool = False, seed: int = 0, progress: bool = True,
     overrides: dict | None = None, workers: int = 1,
@@ -200,6 +214,7 @@ def run_experiment(
             "quick": quick,
             "seed": seed,
             "runtime_s": round(runtime, 2),
+            **_record(name, quick=quick, seed=seed, overrides=overrides),
         },
     )
     shutil.rmtree(folder / "units", ignore_errors=True)

@@ -31,7 +31,9 @@ import argparse
 import heapq
 import json
 import os
+import platform
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -41,6 +43,35 @@ import numpy as np
 
 from .allocate import allocate_prefixes, allocate_roots, root_utility
 from .contrast import flip_probability
+
+
+def provenance(module: str, argv=None) -> dict:
+    """What every evidence file records about its run: ``commit`` (``git rev-parse HEAD`` of the checkout
+    this package runs from; None outside a git checkout), ``dirty`` (uncommitted changes to tracked
+    files), ``command`` (``python -m MODULE ARGS``; ``argv`` defaults to ``sys.argv[1:]``),
+    ``load_average`` (``os.getloadavg()``, at the start of the run) and ``machine`` (CPUs, platform,
+    Python). The benchmarks of ``simulations`` and ``trace_train`` call it too (``benchmarks/README.md``).
+    """
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    return {
+        "commit": commit,
+        "dirty": bool(status) if status is not None else None,
+        "command": shlex.join(["python", "-m", module, *args]),
+        "load_average": list(os.getloadavg()),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+    }
 
 
 def _once(fn) -> tuple[object, float]:
@@ -264,6 +295,7 @@ def main(argv=None) -> int:
     parser.add_argument("--table-seconds", type=float, default=120.0, help="time limit of one doubling-table call")
     parser.add_argument("--table-memory-gb", type=float, default=4.0, help="memory cap of the doubling table's process")
     args = parser.parse_args(argv)
+    origin = provenance("trace_theory.benchmark", argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     result = run(quick=args.quick, seed=args.seed)
@@ -277,7 +309,7 @@ def main(argv=None) -> int:
     print(f"load average {result['load_average']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        args.json.write_text(json.dumps({**origin, **result}, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -160,8 +160,9 @@ class RolloutConfig:
     the step is one turn deeper. With the learned predictor the simulator finds both keep the same share
     of lazy TRACE's contrast pairs (``trace-sim run eager_expansion``: 0.78, 0.85, 0.88 at lag 0 against
     0.78, 0.84, 0.88, arms ``eager_now_0.0`` and ``eager_0.0``; lag 1 gains only with an oracle), and lag 0
-    costs 2-3% less wall clock on both back ends (``benchmarks/round14/``). A run started with lag 1
-    resumes with ``rollout.eager_lag=1`` set (the refusal says so)."""
+    costs less wall clock on both back ends (``benchmarks/step_cost/``, arms ``trace_eager`` and
+    ``trace_eager_lag1``). A run started with lag 1 resumes with ``rollout.eager_lag=1`` set (the refusal
+    says so)."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     top_p: float = 1.0
@@ -452,7 +453,7 @@ class BackendConfig:
     """vLLM: tokens per KV-cache block, the granularity of its prefix cache (a prompt's tokens are served
     from the cache in whole blocks). None: on CPU, 32 (``vllm_backend.CPU_BLOCK_SIZE``; vLLM-CPU's own
     default, 128, serves nothing of a prompt shorter than 128 tokens: 1% of the CPU demo's prompt tokens
-    came from the cache, 69% with 32, ``benchmarks/round13/block_size_vllm.json``); on GPUs, vLLM's
+    came from the cache, 69% with 32, ``benchmarks/prefix_cache/block_size_vllm.json``); on GPUs, vLLM's
     choice (16)."""
     gpu_memory_utilization: float | None = None
     """vLLM: share of GPU memory it may take (None: vLLM's default)."""

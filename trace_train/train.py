@@ -21,7 +21,7 @@ a non-finite loss stops the run with a checkpoint of the last good step and a on
 per directory (``run.lock``); Ctrl-C and SIGTERM end after the step under way, with a checkpoint of it
 and one line giving the command that resumes (exit 130 / 143); a step where more than
 ``max_env_failure_share`` of rollouts failed in their environment stops the run the same way (exit 1),
-its first traceback in ``env_errors/`` (``trace_train/README.md``, "Run directories").
+its first traceback in ``env_errors/`` (``docs/training.md``, "Run directories").
 """
 
 from __future__ import annotations

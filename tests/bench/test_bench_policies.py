@@ -1,12 +1,21 @@
 """The policy benchmark's statistics and its resumability, on result files written here (no training)."""
 
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from trace_train.bench import policies as bench
+
+
+def _head():
+    """``git rev-parse HEAD`` of this checkout, None outside one."""
+    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _result(policy, lr, seed, gain):
@@ -114,6 +123,8 @@ def test_a_subset_of_policies_without_trace_reports_their_own_numbers(tmp_path, 
     summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
     assert summary["best"]["policies"]["dapo"]["gain"] == pytest.approx(0.2)
     assert summary["best"]["trace_minus"] == {} and "no paired TRACE" in summary["best"]["conclusion"]
+    assert summary["commit"] == _head()  # the evidence says which code it measured, and how
+    assert summary["command"].startswith("python -m trace_train.bench.policies --policies dapo --lrs 1e-3")
 
 
 def _timed(policy, seed, seconds_per_step, successes):

@@ -1,9 +1,11 @@
 """``trace-sim`` end to end: every experiment's quick run, results folders, resume, bad input, layering."""
 
 import json
+import shlex
 import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -62,6 +64,9 @@ def test_quick_run_writes_config_table_and_summary(quick_runs, name):
     assert summary["experiment"] == name and summary["claim"] == EXPERIMENTS[name].claim
     assert isinstance(summary["held"], bool) and summary["result"].endswith(".")
     assert summary["quick"] is True and summary["seed"] == 0 and summary["runtime_s"] >= 0
+    assert summary["command"] == f"trace-sim run {name} --quick --seed 0"
+    assert len(summary["load_average"]) == 3
+    assert summary["commit"] == _head(), "a summary copied under benchmarks/ must say which code it measured"
     if name in COMPARED:
         assert COMPARED[name] <= set(summary["headline"])
 
@@ -194,9 +199,18 @@ def test_benchmark_script_reports_turns_per_second(tmp_path):
     assert "M turns/s" in done.stdout
     numbers = json.loads(target.read_text())
     assert numbers["raw_mturns_per_s"] > 0 and numbers["batch_mturns_per_s"] > 0
+    assert numbers["commit"] == _head()
+    assert numbers["command"].startswith("python -m simulations.benchmark --rollouts 3000")
 
 
-def test_set_changes_config_fields_and_policy_settings_ride_on_the_arm(tmp_path):
+def _head() -> str | None:
+    """``git rev-parse HEAD`` of this checkout, None outside one."""
+    done = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def test_set_changes_config_fields_and_policy_settings_ride_on_the_arm(tmp_path, capsys):
     overrides = {"arms": ["grpo", "dapo{dapo_target=2}"], "seeds": 1}
     config = resolve_config("effective_ratio", quick=True, overrides=overrides)
     assert config.arms == ("grpo", "dapo{dapo_target=2}") and config.seeds == 1
@@ -204,6 +218,9 @@ def test_set_changes_config_fields_and_policy_settings_ride_on_the_arm(tmp_path)
                  "--set", "arms=('grpo', 'dapo{dapo_target=2}')"]) == 0
     summary = json.loads((tmp_path / "effective_ratio" / "summary.json").read_text())
     assert set(summary["headline"]) == {"grpo", "dapo{dapo_target=2}"}
+    rerun = shlex.split(summary["command"])  # the recorded command reruns the same config: it is finished
+    assert rerun[0] == "trace-sim" and main([*rerun[1:], "--out", str(tmp_path)]) == 0
+    assert "already finished, skipped" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Bring your own environment: trained through the installed ``trace-train`` command, no package edits.
 
-These run the README's "Extending it" recipes: the example in ``examples/parity_game``, a module of
+These run the recipes of ``docs/extending.md``: the example in ``examples/parity_game``, a module of
 one's own named by ``task.name=module:Class``, and a third-party package's entry point.
 """
 

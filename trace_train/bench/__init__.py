@@ -1,14 +1,17 @@
 """Benchmark scripts: each is ``python -m trace_train.bench.<name>`` and prints or writes its measured table.
 
-Timings live here, never in pass/fail tests. See the README's "What we measured" for each script's
-conditions and latest numbers.
+Timings live here, never in pass/fail tests. Each script's latest numbers and conditions are in
+``docs/results.md``; the evidence files they quote are under ``benchmarks/<question>/``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
+
+from trace_theory.benchmark import provenance
 
 from ..backends import BACKENDS
 
@@ -33,11 +36,24 @@ def check_backends(backends) -> None:
         raise ValueError(f"`backends` must be a non-empty subset of {known}, got {backends!r}")
 
 
-def write_results(results: dict[str, Any], out: str) -> None:
-    """Write a benchmark's ``results`` to the JSON file ``out`` (NumPy scalars as floats) and say where."""
+def origin(module: str, argv=None) -> dict[str, Any]:
+    """What an evidence file records about its run (``trace_theory.benchmark.provenance``: commit, dirty,
+    command, load average, machine), with the torch version in ``machine``."""
+    record = provenance(module, argv)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        record["machine"]["torch"] = torch.__version__
+    return record
+
+
+def write_results(results: dict[str, Any], out: str, *, module: str | None = None, argv=None) -> None:
+    """Write a benchmark's ``results`` to the JSON file ``out`` (NumPy scalars as floats) and say where,
+    after :func:`origin`'s record of the run (``module``: the script's; default, the running
+    ``__main__``'s)."""
+    module = module or getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or "?"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as fh:
-        json.dump(results, fh, indent=1, default=float)
+        json.dump({**origin(module, argv), **results}, fh, indent=1, default=float)
     print(f"results written to {out}")
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import BACKEND_NAMES
+from . import BACKEND_NAMES, origin
 from ..config_loader import load_config
 from ..run.metrics_log import read_metrics
 from ..train import TrainConfig, main as train
@@ -148,11 +148,12 @@ def main(argv=None):
                         help="arms of --compare (GRPO always runs)")
     parser.add_argument("--json", type=Path, default=None, help="also write --compare's summary to this file")
     args = parser.parse_args(argv)
+    record = origin("trace_train.bench.fit", argv)
     if args.compare:
         summary = compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms)
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(summary, indent=1) + "\n")
+            args.json.write_text(json.dumps({**record, **summary}, indent=1) + "\n")
         return summary
     results = []
     with tempfile.TemporaryDirectory() as tmp:

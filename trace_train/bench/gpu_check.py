@@ -54,6 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import origin
+
 __all__ = ["main", "TOLERANCE", "SECTIONS", "tree_packing", "training_steps", "logprob_memory", "update_throughput",
            "activation_checkpointing", "vllm_generate_and_sync", "two_ranks", "verdict"]
 
@@ -385,7 +387,8 @@ def main(argv=None) -> int:
         memory_tree = {"prefix": 4096, "k": 8, "generated": 512}  # 8,192 positions, 4,160 trained
         ckpt_tokens = 4096
     started = time.perf_counter()
-    out = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "cpu_smoke": args.cpu_smoke,
+    out = {**origin("trace_train.bench.gpu_check", argv),
+           "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "cpu_smoke": args.cpu_smoke,
            "torch": torch.__version__, "control": args.control, "skipped": {}}
     has_vllm = importable("vllm")
     gpus = torch.cuda.device_count() if device == "cuda" else 0

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import BACKEND_NAMES
+from . import BACKEND_NAMES, origin
 
 
 def _children(pid: int) -> list[int]:
@@ -76,6 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="+", default=list(BACKEND_NAMES), choices=BACKEND_NAMES)
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for trace-train (after --)")
     args = parser.parse_args(argv)
+    print(json.dumps(origin("trace_train.bench.memory", argv)), flush=True)  # the run's record first
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kind in args.backends:
         with tempfile.TemporaryDirectory() as tmp:

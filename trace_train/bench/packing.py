@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import origin
+
 __all__ = ["BenchConfig", "main", "learning", "measure_update", "measure_logprob_memory", "long_prefix_batch",
            "large_vocab_model"]
 
@@ -290,7 +292,8 @@ def logprob_memory(chunks=(0, 256, 1024), threads: int = 1, out: str = "results/
         print(f"logprob_chunk_tokens={chunk:5d}  positions {row['positions']} (trained {row['trained_positions']})  peak {row['peak_mb']:7.0f} MB "
               f"(output-layer formula {row['output_layer_formula_mb']:6.0f} MB)  update {row['update_s']:.2f} s",
               flush=True)
-    result = {"vocab": QWEN3_VOCAB, "rows": rows, "load_average": os.getloadavg()}
+    result = {**origin("trace_train.bench.packing"), "vocab": QWEN3_VOCAB, "rows": rows,
+              "load_average": os.getloadavg()}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1, default=float))
     return result
@@ -342,7 +345,8 @@ def main(config: BenchConfig) -> dict:
     for case, s in summary.items():
         print(f"{case:16s} tokens tree/leaf {s['token_ratio']:.3f}  time tree/leaf {s['time_ratio']:.3f} (cpu {s['cpu_time_ratio']:.3f})  "
               f"peak tree/leaf {s['peak_ratio']:.2f}  forward/unique (tree) {s['tree_forward_over_unique']:.3f}")
-    out = {"config": dataclasses.asdict(config), "load_average": os.getloadavg(), "rows": rows, "summary": summary}
+    out = {**origin("trace_train.bench.packing"), "config": dataclasses.asdict(config), "load_average": os.getloadavg(),
+           "rows": rows, "summary": summary}
     Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     Path(config.out).write_text(json.dumps(out, indent=1, default=float))
     print(f"results in {config.out} (load average {os.getloadavg()[0]:.1f})")

@@ -1,7 +1,7 @@
 """TRACE against GRPO and other policies at equal generated tokens, each at its own best learning rate, on
 paired seeds, with confidence intervals: is TRACE's lead significant?
 
-    python -m trace_train.bench.policies                         # the full benchmark (see the README for time)
+    python -m trace_train.bench.policies                         # the full benchmark (see docs/results.md for time)
     python -m trace_train.bench.policies --policies trace grpo --lrs 1e-3 2e-3 --tuning-seeds 100 \\
         --seeds 0 1 --steps 4 --eval-every 2 --token-budget 300 --out runs/bench_small  # a reduced run
     python -m trace_train.bench.policies --task uniform          # games of about equal difficulty
@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from . import origin
 from ..config_loader import load_config
 from ..run.metrics_log import read_metrics
 from ..train import TrainConfig, main as train
@@ -377,11 +378,12 @@ def cli(argv=None) -> int:
     parser.add_argument("--task", choices=sorted(TASKS), default="mixed", help="difficulty mix of the games")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_policies"))
     parser.add_argument("--evidence", type=Path, default=None,
-                        help="also copy summary.json to EVIDENCE/<task>.json (default: benchmarks/bench_policies, "
-                             "the tracked folder the README cites, when --out is the default; 'none' disables)")
+                        help="also copy summary.json to EVIDENCE/<task>.json (default: benchmarks/learning, "
+                             "the tracked evidence docs/results.md cites, when --out is the default; 'none' disables)")
     parser.add_argument("--workers", type=int, default=1,
                         help="runs at once, one compute thread each (2 on a 2-core machine halves the time)")
     args = parser.parse_args(argv)
+    record = origin("trace_train.bench.policies", argv)
     args.rates = dict(args.rates) if args.rates else None
     for policy in args.policies:
         try:
@@ -397,8 +399,9 @@ def cli(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous)  # by later forked pool workers and held `Pool.terminate`
     path = args.out / args.task / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    evidence = args.evidence or (Path("benchmarks/bench_policies") if args.out == Path("runs/bench_policies") else None)
+    path.write_text(json.dumps({**record, **summary}, indent=2) + "\n")
+    default_out = args.out == Path("runs/bench_policies")
+    evidence = args.evidence or (Path("benchmarks/learning") if default_out else None)
     if evidence is not None and str(evidence) != "none":
         evidence.mkdir(parents=True, exist_ok=True)
         (evidence / f"{args.task}.json").write_text(path.read_text())

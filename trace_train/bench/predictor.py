@@ -35,6 +35,8 @@ from scipy.stats import rankdata
 
 from trace_theory import brier_score, expected_calibration_error, node_targets, root_outcomes
 
+from . import origin
+
 MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TASKS["mixed"]
 TASKS = {
     "mixed": [f"task.rows={MIXED_ROWS}"],
@@ -183,6 +185,7 @@ def main(argv=None) -> list[dict]:
                         "runs/bench_predictor_qa (qa)")
     parser.add_argument("--kinds", nargs="+", default=["running_mean", "ngram", "probe"])
     args = parser.parse_args(argv)
+    record = origin("trace_train.bench.predictor", argv)
     from ..run.threads import set_compute_threads
 
     set_compute_threads(1)
@@ -195,7 +198,8 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(r), flush=True)
     print(table(results))
     print(f"load average: {os.getloadavg()}")
-    summary = {"task": args.task, "steps": len(stream), "load_average": os.getloadavg(), "results": results}
+    summary = {**record, "task": args.task, "steps": len(stream), "load_average": os.getloadavg(),
+               "results": results}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"results: {out / 'results.json'}")
     return results

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import origin
+
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "<!-- quickstart: own task -->"
 
@@ -61,11 +63,12 @@ def main(argv=None) -> int:
     parser.add_argument("--defaults", action="store_true", help="only task.name and task.train (the trainer's defaults)")
     parser.add_argument("overrides", nargs="*", help="more dotted.key=value overrides, after --")
     ns = parser.parse_args(argv)
+    record = origin("trace_train.bench.quickstart", argv)
     args = readme_command()
     if ns.defaults:
         args = [a for a in args if a.startswith(("task.name=", "task.train="))]
     args += ns.overrides
-    print(json.dumps({"command": args, "load_average": os.getloadavg()}), flush=True)
+    print(json.dumps({**record, "trace_train_args": args}), flush=True)  # the header line: the run's record
     results = [run_seed(args, seed) for seed in ns.seeds]
     for r in results:
         print(json.dumps(r), flush=True)

@@ -16,7 +16,7 @@ __all__ = ["step_metrics"]
 
 def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rollout_s: float, train_s: float,
                  info: DistInfo) -> dict:
-    """The step's logged scalars (``trace_train/README.md``, "Metrics"), merged over ranks: counts summed,
+    """The step's logged scalars (``docs/training.md``, "Metrics"), merged over ranks: counts summed,
     the rest weighted by each rank's rollouts; ``update`` holds whatever the policy update returned."""
     f, report = batch.forest, batch.report
     scalars = {  # contrast yield first: unlike the effective ratio, filtering prompts out cannot raise it
