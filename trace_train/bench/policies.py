@@ -51,12 +51,19 @@ from ..train import TrainConfig, main as train
 DEFAULT_POLICIES = ("trace", "grpo", "dapo", "random_prefix")
 YIELDS = ("mixed_prompts_per_1k_rollouts", "mixed_prompts_per_1k_tokens", "contrast_pairs_per_1k_rollouts")
 
+_RG = ["task.rows={}", "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16"]
+
 TASKS = {
-    "uniform": "{low: 1, high: 6, max_guesses: 3}",
-    "mixed": "{low: 1, highs: [2, 6, 64], max_guesses: 3}",
+    "uniform": ["task.rows={low: 1, high: 6, max_guesses: 3, shift: 11}"],
+    "mixed": ["task.rows={low: 1, highs: [2, 6, 64], max_guesses: 3, shift: 11}"],
+    "aiw": ["task.name=reasoning_gym", "task.env={dataset: aiw, levels: [0, 1]}", *_RG],
+    "family_relationships": ["task.name=reasoning_gym", "task.env={dataset: family_relationships, levels: [0]}", *_RG],
 }
-"""Difficulty mixes: ``uniform`` (cpu_demo's games, every prompt about equally hard) and ``mixed`` (a third
-of the prompts almost always solved, a third almost never, as in real RL data sets)."""
+"""Tasks, as overrides of the ``cpu_demo`` preset. Guess-the-number's difficulty mixes: ``uniform`` (every
+prompt about equally hard) and ``mixed`` (a third of the prompts almost always solved, a third almost never,
+as in real RL data sets); each row's range shifts by up to 11, so held-out games are ranges never trained on.
+Testbeds no one here wrote (``trace_train.bench.testbeds`` measures where the warmed tiny model starts):
+reasoning-gym's ``aiw`` (levels 0-1) and ``family_relationships`` (level 0), one answer per rollout."""
 
 
 ARM_FORM = "POLICY[+PREDICTOR_KIND][@EXPANSION][:ROLLOUT_FIELD=VALUE...]"
@@ -120,7 +127,7 @@ def run_one(
     cfg = load_config(TrainConfig, "cpu_demo", [
         f"run_dir={folder}", f"seed={seed}", f"steps={steps}", *arm_overrides(policy),
         f"rollout.token_budget={token_budget}", "tensorboard=false", f"checkpoint_every={min(steps, 10)}",
-        f"task.rows={TASKS[task]}", f"optim.lr={lr}", f"eval.every={eval_every}",
+        *TASKS[task], f"optim.lr={lr}", f"eval.every={eval_every}",
         *([f"backend.threads={threads}"] if threads else []),
     ])
     start = time.perf_counter()
@@ -375,7 +382,7 @@ def cli(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--token-budget", type=int, default=600, help="generated tokens per step")
     parser.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations")
-    parser.add_argument("--task", choices=sorted(TASKS), default="mixed", help="difficulty mix of the games")
+    parser.add_argument("--task", choices=sorted(TASKS), default="mixed", help="the task (guess-the-number's difficulty mixes, or a testbed)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_policies"))
     parser.add_argument("--evidence", type=Path, default=None,
                         help="also copy summary.json to EVIDENCE/<task>.json (default: benchmarks/learning, "

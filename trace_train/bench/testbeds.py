@@ -12,7 +12,7 @@ For each task of :data:`TASKS` and each seed, in a fresh run directory (``OMP_NU
 2. ``trace-eval`` scores the warmed starting model (``<run>/tiny_model``) on the held-out rows, ``--k``
    samples each, and the success is split by curriculum level (read from the row ids, ``.../L<level>/...``).
 
-The JSON records the commit, the command, the load average before and after, per-seed rows and a summary
+The JSON records the commit, the command, the machine, the load average before and after, per-seed rows and a summary
 per task (means over seeds with their standard errors). Nothing here is a pass/fail test: the numbers are
 evidence for ``docs/results.md``.
 """
@@ -57,14 +57,6 @@ TASKS: dict[str, dict] = {
 """Task name -> trace-train overrides, trace-eval options and one line saying what a rollout is."""
 
 _LEVEL = re.compile(r"/L(\d+|-)/")
-
-
-def commit() -> str:
-    """The checked-out commit (with ``+dirty`` when the tree has uncommitted changes)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
-    return head + ("+dirty" if dirty else "") if head else "unknown"
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
@@ -136,9 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=64, help="held-out rows trace-eval scores")
     parser.add_argument("--out", type=Path, default=None, help="write the evidence JSON here")
     ns = parser.parse_args(argv)
-    command = "python -m trace_train.bench.testbeds " + " ".join(argv if argv is not None else sys.argv[1:])
-    head = {"commit": commit(), "command": command.strip(), "load_average_before": os.getloadavg(),
-            "cpus": os.cpu_count(), "steps": ns.steps, "k": ns.k, "limit": ns.limit}
+    from . import origin
+
+    head = {**origin("trace_train.bench.testbeds", argv), "steps": ns.steps, "k": ns.k, "limit": ns.limit}
     print(json.dumps(head), flush=True)
     rows = []
     for name in ns.tasks:

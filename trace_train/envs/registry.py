@@ -204,14 +204,8 @@ def _bfcl_eval_rows(config) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _guess_demonstration(row: Mapping[str, Any]) -> list[str]:
-    from .guess_number import random_guesser
-
-    return random_guesser(row)
-
-
 @_with_spec(TaskSpec(guess_rows, {"low": 1, "high": 16, "max_guesses": 5, "highs": None, "shift": 15},
-                     data="generated", demonstration=_guess_demonstration,
+                     data="generated",
                      prompt_key=lambda row: [row["low"], row["high"], row["max_guesses"]]))
 @ENVIRONMENTS.register("guess_number")
 def guess_number(*, system_prompt: str | None = None, step_seconds: float = 0.0) -> EnvFactory:
