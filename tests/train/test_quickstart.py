@@ -49,7 +49,10 @@ def test_readme_own_task_command_runs_verbatim_with_held_out_success(tmp_path):
                           timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     held = re.search(r"(\d+) training rows, (\d+) held out", done.stdout + done.stderr)
-    assert held and int(held.group(1)) + int(held.group(2)) == 96 and int(held.group(2)) > 0, done.stdout[-800:]
+    repeats = re.search(r"(\d+) training rows whose prompt is held out", done.stdout + done.stderr)
+    dropped = int(repeats.group(1)) if repeats else 0  # rows repeating a held-out prompt do not train
+    assert held and int(held.group(1)) + int(held.group(2)) + dropped == 96 and int(held.group(2)) > 0, \
+        done.stdout[-800:]
     runs = [p.parent for p in (tmp_path / "runs").glob("*/metrics.jsonl")]
     assert len(runs) == 1 and runs[0].name != "cpu_demo", runs
     rows = [json.loads(line) for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
@@ -70,7 +73,7 @@ def test_held_out_evaluation_is_on_by_default():
     assert TrainConfig().eval.every > 0
 
 
-@pytest.mark.parametrize("hold_out, eval_size, n_train, n_held", [(True, 64, 72, 24), (True, 16, 80, 16),
+@pytest.mark.parametrize("hold_out, eval_size, n_train, n_held", [(True, 64, 58, 24), (True, 16, 67, 16),
                                                                    (False, 64, 96, 0)])
 def test_held_out_rows_are_taken_only_when_evaluated_and_never_most_of_the_data(hold_out, eval_size, n_train,
                                                                                  n_held, monkeypatch):
@@ -81,3 +84,5 @@ def test_held_out_rows_are_taken_only_when_evaluated_and_never_most_of_the_data(
     task = build_task(cfg, seed=0, hold_out=hold_out)
     assert (len(task.train_rows), len(task.eval_rows)) == (n_train, n_held)
     assert f"{n_train} training rows" in task.describe(cfg.name)
+    # the example's rows repeat prompts: those of held-out rows are dropped from training, and said so
+    assert n_train + n_held + task.dropped == 96 and (task.dropped > 0) == hold_out
