@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ import pytest
 from trace_theory import Prediction, RolloutBudget, compute_advantages, get_policy
 from tests.integrations.verl.test_allocation_on_cpu import trees
 from trace_train.envs import GuessNumberEnv, make_rows
-from trace_train.integrations.verl.coordinator import StepCoordinator
+from trace_train.integrations.verl.coordinator import StepCoordinator, ThreadedCoordinator
 from trace_train.integrations.verl.tree_growth import grow_tree
 from trace_train.integrations.verl.trees import forest_from_trajectories
 from trace_train.predictors import PredictorConfig, build_predictor
@@ -104,7 +105,10 @@ def won(messages) -> float:
     return 1.0 if any(m.get("role") == "tool" and m.get("content") == "Correct!" for m in messages) else 0.0
 
 
-def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
+def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2), *, executor_threads=None, timeout=600,
+             last_tree=None):
+    """One step of real sessions over ``ROWS``; ``last_tree``: that pool prompt's sessions start only once every
+    other tree has expanded (and waits in ``rest`` for it)."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
     from trace_train.integrations.verl.agent_loop import TraceToolAgentLoop, run_trace_session
@@ -117,7 +121,8 @@ def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
     def predict(histories, concentration):
         return Prediction(predictor(histories), predictor.concentration(histories) if concentration else None)
 
-    coordinator = StepCoordinator(get_policy(policy_name), budget, len(ROWS), predict, openings, seed=0, timeout=600)
+    coordinator = StepCoordinator(get_policy(policy_name), budget, len(ROWS), predict, openings, seed=0,
+                                  timeout=timeout)
     m = coordinator.start()
     starts = {}
 
@@ -126,6 +131,8 @@ def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
         messages = list(openings[prompt].messages)
 
         async def run_session(start, session_id):
+            while prompt == last_tree and len(coordinator._expanded) < int((m > 0).sum()) - 1:
+                await asyncio.sleep(0.01)
             loop = TraceToolAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                                       processor=None, dataset_cls=None, data_config=DictConfigWrap(config.data),
                                       tools=ToolListWrap([guess_tool(int(row["target"]))]))
@@ -148,8 +155,12 @@ def run_step(stack, policy_name="trace", budget=RolloutBudget(6, 2)):
 
         return run_session
 
+    waited = ThreadedCoordinator(coordinator)
+
     async def every_tree():
-        return await asyncio.gather(*(grow_tree(runner(int(p)), coordinator, coordinator.tree_of(int(p)), int(m[p]),
+        if executor_threads:  # the pool verl's token merges and tool-parser decodes run on (run_in_executor)
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=executor_threads))
+        return await asyncio.gather(*(grow_tree(runner(int(p)), waited, coordinator.tree_of(int(p)), int(m[p]),
                                                 tree_id=int(p)) for p in np.flatnonzero(m)))
 
     leaves = [leaf for tree in asyncio.run(every_tree()) for leaf in tree]
@@ -185,17 +196,28 @@ def test_sessions_grow_trees_from_exact_prefix_states(stack):
         assert leaf.fields["trace_depth"] == int(f.depth[leaf.fields["trace_nodes"][-1] + _offset(f, leaf)])
 
 
+def test_trees_waiting_for_each_other_hold_no_thread_verls_agent_loop_needs(stack):
+    """More trees than the event loop's default executor has threads (here 1): verl's agent loop merges tokens
+    and decodes tool calls on that executor, so trees that waited on it for the step's other trees (one
+    thread each) would starve the sessions they wait for until the coordinator's timeout."""
+    record, leaves, _, m, _ = run_step(stack, executor_threads=1, timeout=60, last_tree=0)
+    assert m[0] > 0 and int((m > 0).sum()) > 1  # more trees than threads
+    assert len(leaves) == record.rollouts == record.planned.roots * (1 + record.planned.continuations_per_root)
+
+
 def _offset(forest, leaf):
     """The forest id of tree ``trace_tree``'s root (trees are laid out in planting order)."""
     return int(forest.roots[list(forest.prompt[forest.roots]).index(leaf.fields["trace_tree"])])
 
 
 def test_the_predictor_is_fitted_on_the_steps_trees_and_saved_with_verls_checkpoint(stack, tmp_path):
+    from omegaconf import OmegaConf
+
     from trace_train.integrations.verl.coordinator import fit_predictor_on_step
-    from trace_train.integrations.verl.trainer import load_predictor, save_predictor
+    from trace_train.integrations.verl.trainer import load_predictor, resume_folder, save_predictor
 
     record, leaves, _, _, histories = run_step(stack)
-    assert load_predictor(str(tmp_path)) is None  # no checkpoint yet
+    assert load_predictor(str(tmp_path / "global_step_3")) is None  # no checkpoint yet
     predictor = build_predictor(PredictorConfig(kind="running_mean"))
     assert len(histories) == len(record.forest) and all(histories[r] is not None for r in record.forest.roots)
     before = predictor.state_dict()
@@ -203,12 +225,19 @@ def test_the_predictor_is_fitted_on_the_steps_trees_and_saved_with_verls_checkpo
     f = record.forest
     assert metrics["predictor_examples"] == int((~f.is_leaf & (f.parent != -1)).sum()) > 0
     assert predictor.state_dict()["means"].shape != before["means"].shape  # it learnt something
+    save_predictor(build_predictor(PredictorConfig(kind="running_mean")), str(tmp_path), 2)  # an older one
     save_predictor(predictor, str(tmp_path), 3)
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")  # verl's tracker, as its save writes it
-    loaded = load_predictor(str(tmp_path))
     probe = [h for h in histories if h is not None][:4]
+    auto = OmegaConf.create({"resume_mode": "auto", "default_local_dir": str(tmp_path), "resume_from_path": None})
+    loaded = load_predictor(resume_folder(auto, 3))
     np.testing.assert_array_equal(loaded(probe), predictor(probe))
-
+    # resume_path: the folder named, not the latest; disable (or a fresh start): none at all
+    path = OmegaConf.merge(auto, {"resume_mode": "resume_path", "resume_from_path": str(tmp_path / "global_step_2")})
+    assert resume_folder(path, 2) == str(tmp_path / "global_step_2")
+    assert not np.array_equal(load_predictor(resume_folder(path, 2))(probe), predictor(probe))
+    assert resume_folder(OmegaConf.merge(auto, {"resume_mode": "disable"}), 0) is None
+    assert resume_folder(auto, 0) is None
 
 
 GUESS_TOOL_FILE = '''
@@ -306,7 +335,8 @@ def test_the_run_prompt_override_puts_one_trajectory_per_session_into_transfer_q
         worker = TraceAgentLoopWorker(config, server, reward_loop_worker_handles=[Verdict.remote(tiny_dir)])
         uids = {int(p): f"prompt{int(p)}" for p in np.flatnonzero(m)}
 
-        async def every_prompt():
+        async def every_prompt():  # fewer default-executor threads than trees: waiting trees must not hold them
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
             await worker.generate_sequences(submitted)
             await asyncio.gather(*list(worker.background_tasks))
 
