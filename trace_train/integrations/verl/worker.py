@@ -87,7 +87,7 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
         uid = prompt["uid"]
         await tq.async_kv_put(key=uid, partition_id="train", tag={"status": "running"})
-        coordinator, tree = None, None
+        coordinator, tree, put = None, None, []
         try:
             n = int(prompt.pop("__rollout_n__"))
             prompt.pop("__do_sample__", None)
@@ -98,11 +98,14 @@ class TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             fields = {k: v for k, v in prompt.items() if k != "agent_name"}  # what verl's sessions store
             for leaf in leaves:
                 leaf.output.extra_fields.update(leaf.fields)
+                put.append(f"{uid}_{leaf.session_id}_0")
                 await self._agent_loop_postprocess(leaf.output, False, **fields, session_id=leaf.session_id)
             status = "finished"
         except Exception as error:  # noqa: BLE001 - verl's contract: a failed group is tagged, not raised
             logger.exception(f"TRACE tree of prompt {uid} failed: {error}")
             status = "failure"
+            if put:  # a part of a tree would not rebuild into one: none of its trajectories is trained
+                await tq.async_kv_clear(keys=put, partition_id="train")
             if coordinator is not None and tree is not None:  # dropped; a no-op if grow_tree already said so
                 await coordinator.fail(tree, f"prompt {uid}: {type(error).__name__}: {error}")
         await tq.async_kv_put(key=uid, partition_id="train", tag={"status": status})
