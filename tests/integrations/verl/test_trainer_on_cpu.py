@@ -60,7 +60,7 @@ def test_the_family_of_a_prompt_is_the_same_in_every_step(verl):
     assert family({**step1, "data_source": "trace_math"}) == "trace_math"
 
 
-def test_a_refill_gets_its_prompts_share_of_the_budget():
+def test_a_refill_gets_its_prompts_share_of_the_budget(verl):
     from trace_train.integrations.verl.trainer import submission_budget
 
     assert submission_budget(RolloutBudget(1024, 2), 4, 256) == RolloutBudget(16, 2)
@@ -166,8 +166,13 @@ class ActorFolder:
 
 
 class NoData:
+    """The dataloader's state (built by ``PPOTrainer.init()`` on the GPU node): none."""
+
     def state_dict(self):
         return {}
+
+    def load_state_dict(self, state):
+        assert state == {}
 
 
 def test_the_predictor_rides_verls_checkpoint_and_follows_its_resume_rules(verl, tmp_path):
