@@ -20,7 +20,8 @@ def verl_or_skip():
     except Exception as error:  # noqa: BLE001 - any import failure means: not this venv
         pytest.skip(f"verl is not importable here ({type(error).__name__}: {error}); run `make test-verl`")
     if str(getattr(verl, "__version__", "0")) not in SpecifierSet(VERL_VERSIONS):
-        pytest.skip(f"verl {getattr(verl, '__version__', '?')} is installed; the plugin's tests need verl{VERL_VERSIONS}")
+        found = getattr(verl, "__version__", "?")
+        pytest.skip(f"verl {found} is installed; the plugin's tests need verl{VERL_VERSIONS}")
     return verl
 
 

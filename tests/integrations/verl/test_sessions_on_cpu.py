@@ -290,7 +290,8 @@ def test_one_trace_step_through_the_trainer_on_ray(stack, tiny_dir, tmp_path):
             f"actor_rollout_ref.rollout.multi_turn.max_user_turns={MAX_TURNS}",
             "actor_rollout_ref.rollout.multi_turn.format=trace_guess_cpu",
             f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'guess_tool.py'}",
-            "actor_rollout_ref.rollout.agent.default_agent_loop=trace_tool_agent", "actor_rollout_ref.rollout.name=vllm"])
+            "actor_rollout_ref.rollout.agent.default_agent_loop=trace_tool_agent",
+            "actor_rollout_ref.rollout.name=vllm"])
     with initialize_config_dir(config_dir=os.path.abspath(os.path.join(
             os.path.dirname(__file__), "..", "..", "..", "trace_train", "integrations", "verl")), version_base=None):
         # verl's rollout correction reads the actor's recomputed log-probs (a GPU call): bypassed

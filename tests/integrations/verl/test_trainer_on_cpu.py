@@ -102,7 +102,8 @@ def test_failed_trees_through_the_trainers_step(verl, local_ray, monkeypatch):
     trainer.global_steps = 1
     submitted = []
     monkeypatch.setattr(trainer, "_opening_tokens", lambda: None)  # the tokenizer comes with the workers
-    monkeypatch.setattr(PPOTrainer, "_submit_batch_to_rollout", lambda self, batch: submitted.append(batch) or len(batch))
+    monkeypatch.setattr(PPOTrainer, "_submit_batch_to_rollout",  # verl's dispatch to its agent-loop workers
+                        lambda self, batch: submitted.append(batch) or len(batch))
 
     def batch(n):
         raw = np.empty(n, dtype=object)

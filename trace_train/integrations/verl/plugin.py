@@ -91,7 +91,10 @@ def summary() -> str:
         trainers = sorted(n for n in TRAINER_REGISTRY if n.startswith("trace"))
     except Exception:  # noqa: BLE001 - the V1 stack is missing: PROBLEM says so
         trainers = []
-    line = f"TRACE in verl {VERL_VERSION}: estimators {estimators}, agent loops {loops}, trainers {trainers}"
+    import verl
+
+    found = getattr(verl, "__version__", "?")
+    line = f"TRACE in verl {found}: estimators {estimators}, agent loops {loops}, trainers {trainers}"
     return line if PROBLEM is None else f"{line}; problem: {PROBLEM}"
 
 
