@@ -60,7 +60,7 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) $(VERL_VENV) results .pytest_cache .hypothesis
 
-# TRACE as a plugin of verl 0.9.1 (trace_train/integrations/verl) gets its own venv: verl pins
+# TRACE as a plugin of verl >=0.9.1,<0.10 (trace_train/integrations/verl) gets its own venv: verl pins
 # transformers<5.11, the main venv runs 5.16+. CPU torch first (as above), then verl and its V1 stack
 # without its GPU extras; `make test-verl` runs the plugin's tests (tests/integrations/verl) there.
 VERL_VENV  := .venv-verl

@@ -15,9 +15,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from trace_theory import Prediction, RolloutBudget, get_policy
+from trace_theory import Origin, Prediction, RolloutBudget, get_policy
 from trace_train.envs import EpisodeLimits, GuessNumberEnv, make_rows
-from trace_train.integrations.verl.coordinator import StepCoordinator
+from trace_train.integrations.verl.coordinator import StepCoordinator, ThreadedCoordinator, fit_predictor_on_step
 from trace_train.integrations.verl.tree_growth import Prefix, Session, grow_tree
 from trace_train.rollout.batch import History
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
@@ -91,9 +91,11 @@ def plugin_step(batch, policy, budget: RolloutBudget, seed: int, coordinator_cls
     replay = Replay(batch.forest)
     root_of = {int(batch.forest.prompt[r]): int(r) for r in batch.forest.roots}
 
+    waited = ThreadedCoordinator(coordinator)
+
     async def every_tree():
         active = np.flatnonzero(m)
-        await asyncio.gather(*(grow_tree(replay.runner(root_of[int(p)], int(p)), coordinator,
+        await asyncio.gather(*(grow_tree(replay.runner(root_of[int(p)], int(p)), waited,
                                          coordinator.tree_of(int(p)), int(m[p])) for p in active))
 
     asyncio.run(every_tree())
@@ -149,8 +151,9 @@ def test_a_policy_the_streamed_sessions_cannot_run_is_refused():
         StepCoordinator(get_policy("random_prefix"), RolloutBudget(4, 2), 2, None, [None, None], seed=0)
 
 
-def test_a_failed_tree_fails_the_step_at_once(hf_backend):
-    """The pooled pass needs every tree: one that cannot be grown fails the others' waits, naming it."""
+def test_a_failed_tree_drops_its_group_and_the_step_goes_on(hf_backend):
+    """As verl drops a failed group: the tree whose sessions fail is dropped (named by ``failures()``, left out
+    of the predictor's fit), every other tree is grown and the step's record completes."""
     batch, policy, budget = engine_batch(hf_backend, "trace")
     openings = [History(i, row, 0, (), ()) for i, row in enumerate(POOL)]
     coordinator = StepCoordinator(policy, budget, len(POOL), predict_with(TurnPredictor()), openings, seed=3,
@@ -159,24 +162,29 @@ def test_a_failed_tree_fails_the_step_at_once(hf_backend):
     replay = Replay(batch.forest)
     root_of = {int(batch.forest.prompt[r]): int(r) for r in batch.forest.roots}
     active = [int(p) for p in np.flatnonzero(m)]
+    waited = ThreadedCoordinator(coordinator)
 
     async def broken(start, session_id):
+        await asyncio.sleep(0)
         raise RuntimeError("the sandbox died")
 
-    async def worker(p):  # what TraceAgentLoopWorker._run_prompt does around grow_tree
-        tree = coordinator.tree_of(p)
-        run = broken if p == active[0] else replay.runner(root_of[p], p)
-        try:
-            await grow_tree(run, coordinator, tree, int(m[p]))
-        except Exception as error:
-            coordinator.fail(tree, str(error))
-            raise
-
     async def every_tree():
-        return await asyncio.gather(*(worker(p) for p in active), return_exceptions=True)
+        return await asyncio.gather(*(grow_tree(broken if p == active[0] else replay.runner(root_of[p], p), waited,
+                                                coordinator.tree_of(p), int(m[p])) for p in active),
+                                    return_exceptions=True)
 
     results = asyncio.run(every_tree())
-    assert all(isinstance(r, Exception) for r in results)
-    assert any("tree 0 failed: the sandbox died" in str(r) for r in results[1:])
-    with pytest.raises(RuntimeError, match="tree 0 failed: the sandbox died"):
-        coordinator.record()
+    assert isinstance(results[0], RuntimeError) and "the sandbox died" in str(results[0])
+    assert all(isinstance(r, list) and r for r in results[1:])  # every other tree grew its leaves
+    failures = coordinator.failures()
+    assert failures["failed"] == [0] and failures["first"] == "RuntimeError: the sandbox died"
+    record, histories = coordinator.record_with_histories()
+    f = record.forest
+    kept = f.tree_index != 0
+    assert (f.origin[kept] == Origin.CONTINUATION).any()  # the others still branched
+
+    from trace_train.predictors import PredictorConfig, build_predictor
+
+    metrics = fit_predictor_on_step(build_predictor(PredictorConfig(kind="running_mean")), record, histories,
+                                    failed=failures["failed"])
+    assert metrics["predictor_examples"] == int((~f.is_leaf & (f.parent != -1) & kept).sum()) > 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from trace_train.integrations.verl import VERL_VERSION
+from trace_train.integrations.verl import VERL_VERSION, VERL_VERSIONS
 
 PLUGIN_LINE = "TRACE's verl plugin"
 
@@ -57,8 +57,20 @@ def test_a_wrong_verl_version_is_one_warning_naming_both_versions(plugin, monkey
         plugin.register()
     records = [r for r in caplog.records if r.name == "trace_train.integrations.verl"]
     assert len(records) == 1 and records[0].levelno >= logging.WARNING
-    assert f"needs verl=={VERL_VERSION}, found verl 0.8.0" in records[0].getMessage()
+    assert f"needs verl{VERL_VERSIONS} (tested: {VERL_VERSION}), found verl 0.8.0" in records[0].getMessage()
     assert plugin.PROBLEM == records[0].getMessage()
+
+
+@pytest.mark.parametrize("version", ["0.9.1", "0.9.2", "0.9.10"])
+def test_a_verl_release_in_the_range_registers_without_a_warning(plugin, monkeypatch, caplog, version):
+    import verl
+
+    monkeypatch.setattr(verl, "__version__", version)
+    monkeypatch.setattr(plugin, "PROBLEM", None)
+    with caplog.at_level(logging.DEBUG, logger="trace_train.integrations.verl"):
+        plugin.register()
+    assert not [r for r in caplog.records if r.name == "trace_train.integrations.verl"] and plugin.PROBLEM is None
+    assert not plugin.supported("0.10.0") and not plugin.supported("0.9.0") and not plugin.supported("garbage")
 
 
 def test_verl_missing_is_one_warning(plugin, monkeypatch, caplog):

@@ -14,12 +14,25 @@ our engine (``trace_train.rollout.engine``) and the simulator call, so the decis
    (budget some trees could not place) and its root top-ups.
 4. :meth:`finish` takes each tree's final shape; once every tree has reported, the driver completes and
    :meth:`record` returns its :class:`~trace_theory.step.StepRecord` (the step's forest, predictions and
-   counts: what the predictor is fitted on). A tree that cannot be grown calls :meth:`fail`: the pooled
-   pass needs every tree, so the whole step fails at once (each waiting call raises, naming the tree).
+   counts: what the predictor is fitted on).
+
+**A failed tree drops its group, the step goes on** (as verl drops a failed group). A tree that cannot be
+grown calls :meth:`fail`: it counts as expanded (with the anchors it reported, or none) and as finished
+(a stand-in shape with those anchors' rewards, so the driver's checks hold), its unspent budget is lost,
+and :meth:`failures` names it; the predictor is not fitted on it (:func:`fit_predictor_on_step`) and its
+trajectories never reach the batch. Whether the step may go on is the trainer's call
+(``trace.max_failed_share``). Only an error of the driver itself fails the step (every waiting call raises).
 
 Tree j is the j-th prompt with m > 0, in pool order. Methods are thread-safe and block only where stated,
 so one coordinator serves the sessions of every agent-loop worker: in verl it is a threaded Ray actor
-(``ray.remote(max_concurrency=...)``, :mod:`.trainer`); tests call it in-process.
+(``ray.remote(max_concurrency=...)``, :mod:`.trainer`), whose blocking calls hold the actor's threads and
+never the agent loop's (the worker awaits them); in-process, :class:`ThreadedCoordinator` runs them on the
+coordinator's own bounded pool for the same reason.
+
+**What the coordinator asks of ``trace_theory``**: ``run_step(world, policy, budget, pool=, rng=,
+root_allocator=, streamed=True)`` with itself as the world (``predict_prompts``, ``plant_streamed`` and
+the ``expand(tree, reward, predict)`` / ``rest()`` callables it is handed), ``Prediction``,
+``RolloutForest.from_parents`` and, for the fit, ``node_targets`` and ``root_outcomes``.
 
 Policies: any registered one whose prefix rule streams (``policy.streams_prefixes``; the branching rules
 ``trace``, ``uniform``, ...) or that does not branch (``grpo``); one expansion round. A randomised prefix
@@ -28,16 +41,19 @@ rule or R > 1 needs the barrier, which verl's per-prompt sessions cannot give: r
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
 
-from trace_theory import Prediction, RolloutBudget, RolloutForest, node_targets, root_outcomes, run_step
+from trace_theory import Origin, Prediction, RolloutBudget, RolloutForest, node_targets, root_outcomes, run_step
 from trace_theory.policies import AllocationPolicy
 from trace_theory.step import StepRecord
 
-__all__ = ["StepCoordinator", "fit_predictor_on_step"]
+__all__ = ["StepCoordinator", "ThreadedCoordinator", "fit_predictor_on_step"]
 
 Predict = Callable[[Sequence, bool], Prediction]
 """``predict(histories, concentration) -> Prediction`` at prompts' openings (depth 0) or at prefixes."""
@@ -84,6 +100,12 @@ class StepCoordinator:
         self._record: StepRecord | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._reported: dict[int, np.ndarray] = {}
+        """tree -> the rewards of the anchors it reported to :meth:`expand`."""
+        self._failed: dict[int, str] = {}
+        """tree -> why it failed, in the order trees failed."""
+        self._waited = 0.0
+        """Seconds trees spent in :meth:`rest` waiting for the step's other trees, summed."""
 
     # ---- the trainer's side ----------------------------------------------------------------------
 
@@ -127,20 +149,27 @@ class StepCoordinator:
         if len(histories) != reward.size:
             raise ValueError(f"tree {tree}: {reward.size} prefix rewards but {len(histories)} histories")
         with self._lock:
-            if self._expand is None:  # a policy that does not branch: nothing to place
-                self._expanded.add(int(tree))
-                self._lock.notify_all()
-                return np.zeros(reward.size, dtype=np.int64)
-            k = self._expand(int(tree), reward, lambda concentration: self._predict(histories, concentration))
-            self._expanded.add(int(tree))
-            self._lock.notify_all()
-            return np.asarray(k, dtype=np.int64)
+            if int(tree) in self._failed:
+                raise RuntimeError(f"tree {tree} failed before its expansion: {self._failed[int(tree)]}")
+            return self._expand_locked(int(tree), reward, histories)
+
+    def _expand_locked(self, tree: int, reward: np.ndarray, histories: Sequence) -> np.ndarray:
+        if self._expand is None:  # a policy that does not branch: nothing to place
+            k = np.zeros(reward.size, dtype=np.int64)
+        else:
+            k = self._expand(tree, reward, lambda concentration: self._predict(histories, concentration))
+        self._reported[tree] = reward
+        self._expanded.add(tree)
+        self._lock.notify_all()
+        return np.asarray(k, dtype=np.int64)
 
     def rest(self, tree: int) -> tuple[int, np.ndarray]:
         """(top-ups at the root, more continuations per prefix) of ``tree``, once every tree has expanded."""
         n = len(self._active)
+        began = time.monotonic()
         self._wait(lambda: len(self._expanded) == n, "every tree's expansion")
         with self._lock:
+            self._waited += time.monotonic() - began
             if self._rest is None:
                 return 0, np.zeros(0, dtype=np.int64)
             if self._rested is None:
@@ -158,6 +187,8 @@ class StepCoordinator:
         if len(histories) != parent.size:
             raise ValueError(f"tree {tree}: {parent.size} nodes but {len(histories)} histories")
         with self._lock:
+            if int(tree) in self._failed:  # it failed after all (another of its sessions): its stand-in stays
+                return
             if int(tree) in self._trees:
                 raise ValueError(f"tree {tree} finished twice")
             self._trees[int(tree)] = (parent, np.asarray(reward, dtype=float), np.asarray(origin, dtype=np.int8), cost)
@@ -165,12 +196,53 @@ class StepCoordinator:
             self._lock.notify_all()
 
     def fail(self, tree: int, reason: str) -> None:
-        """Tree ``tree`` could not be grown: the step's pooled decisions cannot be made, so the step fails,
-        and every waiting call (other trees' :meth:`rest`, :meth:`record`) raises naming the tree at once."""
+        """Tree ``tree`` could not be grown (module docstring): it is dropped, the other trees go on. Never
+        blocks; a second failure of the same tree is ignored."""
+        self._wait(lambda: self._m is not None, "the roots to be planted")
+        tree = int(tree)
         with self._lock:
-            if self._error is None:
-                self._error = RuntimeError(f"tree {tree} failed: {reason}")
+            if tree in self._failed:
+                return
+            self._failed[tree] = str(reason)
+            if tree not in self._expanded:  # it reports no anchors: its own budget tops up the others
+                self._expand_locked(tree, np.zeros(0), [])
+            if tree not in self._trees:
+                self._trees[tree] = self._stand_in(tree)
+                self._histories[tree] = [None] * self._trees[tree][0].size
             self._lock.notify_all()
+
+    def failures(self) -> dict:
+        """The trees that failed: ``{"trees": n, "failed": [tree, ...], "first": reason or None,
+        "waited_s": seconds trees waited for each other in rest()}`` (never blocks)."""
+        with self._lock:
+            failed = list(self._failed)
+            return {"trees": 0 if self._active is None else len(self._active), "failed": failed,
+                    "first": self._failed[failed[0]] if failed else None, "waited_s": self._waited}
+
+    def _stand_in(self, tree: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A failed tree's shape for the driver: its reported anchors (rewards in rollout order) as few bare
+        rollouts as their runs of equal rewards, then one-turn bare rollouts (reward 0) up to its m."""
+        reported = self._reported.get(tree, np.zeros(0))
+        runs: list[list[float]] = []
+        for r in reported.tolist():
+            if runs and runs[-1][0] == r:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        m = int(self._m[self._active[tree]])
+        runs += [[]] * max(0, m - len(runs))
+        parent, reward = [-1], [np.nan]
+        for run in runs:  # a rollout with len(run) anchors: len(run) + 1 turns, its reward at the leaf
+            parent.append(0)
+            for _ in run:
+                reward.append(np.nan)
+                parent.append(len(parent) - 1)
+            reward.append(run[0] if run else 0.0)
+        origin = np.full(len(parent), Origin.BARE, dtype=np.int8)
+        origin[0] = Origin.ROOT
+        cost = np.ones(len(parent))
+        cost[0] = 0.0
+        return np.asarray(parent, dtype=np.int64), np.asarray(reward, dtype=float), origin, cost
 
     # ---- the driver's world (trace_theory.step.StreamingWorld) ------------------------------------
 
@@ -244,15 +316,48 @@ class StepCoordinator:
                                    f"{self._error}") from self._error
 
 
-def fit_predictor_on_step(predictor, record: StepRecord, histories: Sequence, *, value_target: str = "leaf_weighted"
-                          ) -> dict:
+class ThreadedCoordinator:
+    """An in-process :class:`StepCoordinator` awaited as the Ray actor is: its blocking calls run on the
+    coordinator's own pool of ``threads`` threads (default: one per pool prompt), never on the event loop's
+    default executor, which verl's agent loop needs for its token merges and tool-parser decodes."""
+
+    def __init__(self, coordinator: StepCoordinator, threads: int | None = None):
+        self.coordinator = coordinator
+        self.pool = ThreadPoolExecutor(max_workers=int(threads or max(1, coordinator.pool)),
+                                       thread_name_prefix="trace-coordinator")
+
+    async def _call(self, name: str, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, getattr(self.coordinator, name), *args)
+
+    async def expand(self, tree, reward, histories):
+        return await self._call("expand", tree, reward, histories)
+
+    async def rest(self, tree):
+        return await self._call("rest", tree)
+
+    async def finish(self, tree, parent, reward, origin, cost=None, histories=None):
+        return await self._call("finish", tree, parent, reward, origin, cost, histories)
+
+    async def fail(self, tree, reason):
+        return await self._call("fail", tree, reason)
+
+    async def tree_of(self, prompt):
+        return self.coordinator.tree_of(prompt)
+
+
+def fit_predictor_on_step(predictor, record: StepRecord, histories: Sequence, *, value_target: str = "leaf_weighted",
+                          failed: Sequence[int] = ()) -> dict:
     """Our trainer's predictor fit on one step's forest (``trace_train.train._fit_inputs``): the model on
     ``node_targets`` of every non-terminal non-root node, the roots' outcomes into the prompts' posteriors.
-    ``histories`` are :meth:`StepCoordinator.record_with_histories`'. Returns the fit's metrics."""
+    ``histories`` are :meth:`StepCoordinator.record_with_histories`'; the trees in ``failed``
+    (:meth:`StepCoordinator.failures`) are left out. Returns the fit's metrics."""
     f = record.forest
-    nodes = np.flatnonzero(~f.is_leaf & (f.parent != -1))
+    kept = ~np.isin(f.tree_index, np.asarray(list(failed), dtype=np.int64))
+    nodes = np.flatnonzero(~f.is_leaf & (f.parent != -1) & kept)
     values, weights = node_targets(f, value_target)
     roots, m, s = root_outcomes(f)
+    keep_roots = kept[roots]
+    roots, m, s = roots[keep_roots], m[keep_roots], s[keep_roots]
     metrics = predictor.update([histories[n] for n in nodes], values[nodes], weights[nodes])
     predictor.observe([histories[r] for r in roots], s, m - s)
     return metrics

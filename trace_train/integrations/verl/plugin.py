@@ -3,7 +3,7 @@
 verl loads every entry point of the group ``verl.plugins`` at import (``VERL_USE_EXTERNAL_PLUGINS``: "auto",
 the default; "none"; or a comma-separated list of names, which must then include ``trace``) and logs a
 plugin that raises at DEBUG only, so a broken plugin would be silently absent. This module therefore never
-raises: it checks the installed verl against :data:`~trace_train.integrations.verl.VERL_VERSION` and
+raises: it checks the installed verl against :data:`~trace_train.integrations.verl.VERL_VERSIONS` and
 registers, and when something is wrong it says so in ONE line at WARNING level (verl's default level shows
 it), naming what failed and how to fix it; :data:`PROBLEM` keeps that line and :data:`REGISTERED` what was
 registered:
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 
-from . import VERL_VERSION
+from . import VERL_VERSION, VERL_VERSIONS
 
-__all__ = ["REGISTERED", "PROBLEM", "register", "summary"]
+__all__ = ["REGISTERED", "PROBLEM", "register", "summary", "supported"]
 
 logger = logging.getLogger("trace_train.integrations.verl")
 
@@ -42,12 +42,12 @@ def register() -> dict[str, list[str]]:
         import verl
     except Exception as error:  # noqa: BLE001 - reported in one line, never raised (verl would hide it)
         _fail(f"TRACE's verl plugin is not registered: `import verl` failed ({type(error).__name__}: {error}); "
-              f"install it with `pip install -e '.[verl]'` in the TRACE repository (verl=={VERL_VERSION})")
+              f"install it with `pip install -e '.[verl]'` in the TRACE repository (verl{VERL_VERSIONS})")
         return REGISTERED
     found = getattr(verl, "__version__", "unknown")
-    if found != VERL_VERSION:
-        _fail(f"TRACE's verl plugin is not registered: it needs verl=={VERL_VERSION}, found verl {found} "
-              f"(`pip install -e '.[verl]'` in the TRACE repository)")
+    if not supported(found):
+        _fail(f"TRACE's verl plugin is not registered: it needs verl{VERL_VERSIONS} (tested: {VERL_VERSION}), "
+              f"found verl {found} (`pip install -e '.[verl]'` in the TRACE repository)")
         return REGISTERED
     step = "the advantage estimators"
     try:
@@ -67,6 +67,17 @@ def register() -> dict[str, list[str]]:
     return REGISTERED
 
 
+def supported(version: str) -> bool:
+    """Whether verl ``version`` is in :data:`~trace_train.integrations.verl.VERL_VERSIONS`."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(str(version)) in SpecifierSet(VERL_VERSIONS)
+    except InvalidVersion:
+        return False
+
+
 def summary() -> str:
     """One line: what is registered, read back from verl's own registries (or the problem)."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
@@ -80,7 +91,10 @@ def summary() -> str:
         trainers = sorted(n for n in TRAINER_REGISTRY if n.startswith("trace"))
     except Exception:  # noqa: BLE001 - the V1 stack is missing: PROBLEM says so
         trainers = []
-    line = f"TRACE in verl {VERL_VERSION}: estimators {estimators}, agent loops {loops}, trainers {trainers}"
+    import verl
+
+    found = getattr(verl, "__version__", "?")
+    line = f"TRACE in verl {found}: estimators {estimators}, agent loops {loops}, trainers {trainers}"
     return line if PROBLEM is None else f"{line}; problem: {PROBLEM}"
 
 

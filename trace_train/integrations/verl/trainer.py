@@ -12,10 +12,24 @@ What it adds to ``PPOTrainerSync`` (the ``trace:`` block of the config, :class:`
   ``TraceAgentLoopWorker`` grows its tree (:mod:`.worker`).
 * **Advantages**: :meth:`_compute_advantage` reads every trajectory's ``extra_fields`` and hands them to the
   ``trace*`` estimators (:mod:`.estimator`) for the duration of verl's own advantage step.
+* **Refills and DAPO**: a later submission in the same step (verl refilling failed groups, or DAPO's
+  filter asking for more prompts) of k prompts gets the budget's share for k prompts, M k / B roots
+  (B = ``data.train_batch_size``, at least 1), not the whole step's budget.
+* **Failures** (:meth:`_step_once`): a tree that fails drops its group, as verl drops a failed one, and
+  the step goes on; a step where more than ``trace.max_failed_share`` of the trees failed stops before
+  verl samples it, with one line naming the first error.
 * **Predictor**: fitted after each step on the step's forest exactly as our trainer fits it
   (``trace_train.train._fit_predictor``: ``node_targets`` of every non-terminal node, root outcomes into the
-  prompts' posteriors); its ``state_dict`` is saved with verl's checkpoint as ``trace_predictor.pkl`` in the
-  ``global_step_<n>`` folder and loaded on resume.
+  prompts' posteriors), failed trees left out.
+* **Checkpoint, by verl's rules**: its ``state_dict`` is written as ``trace_predictor.pkl`` into the
+  ``global_step_<n>`` folder *before* verl's own save, so it is there when verl writes
+  ``latest_checkpointed_iteration.txt`` and calls its checkpoint callback (remote copies carry it); after
+  the save, predictor files of folders older than the newest ``trainer.max_actor_ckpt_to_keep`` are
+  removed. On resume it is read from the folder verl resumed from: none for ``resume_mode=disable`` or a
+  fresh start, ``resume_from_path`` for ``resume_mode=resume_path``, the latest checkpoint for ``auto``.
+* **Metrics** in verl's tracker (``trace/...``, :func:`step_metrics`): trees, failed trees, time the trees
+  waited for each other, mixed-group share, predicted v and utility at the roots, predicted v at the
+  prefixes, continuations per depth, rollouts by kind, and the predictor's fit.
 
 Sync mode only, ``parameter_sync_step`` 1: the allocation decides one step's rollouts for one update. Past
 its construction the trainer reports ``trainer_mode == "sync"`` to verl's code, which branches on it
@@ -24,8 +38,11 @@ its construction the trainer reports ``trainer_mode == "sync"`` to verl's code, 
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 import pickle
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -38,22 +55,31 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from trace_theory import Prediction, RolloutBudget
+from trace_theory import Origin, Prediction, RolloutBudget
+from trace_theory.allocate import root_utility
 
 from .coordinator import StepCoordinator, fit_predictor_on_step
 from .estimator import CURRENT_TRACE_FIELDS
 from .worker import PROMPT_KEY, STEP_KEY
 
 __all__ = ["TraceSettings", "TracePPOTrainer", "PREDICTOR_FILE", "save_predictor", "load_predictor", "submitted_batch",
-           "openings_of"]
+           "openings_of", "resume_folder", "prune_predictors", "submission_budget", "step_metrics"]
+
+logger = logging.getLogger(__name__)
 
 PREDICTOR_FILE = "trace_predictor.pkl"
+
+PREDICTOR_KINDS_IN_VERL = ("ngram", "running_mean")
+"""Predictors the plugin can run: ``probe`` reads the policy's hidden states through an encoder our trainer
+attaches, and verl's FSDP workers offer none to the trainer process."""
 
 
 @dataclass(frozen=True)
 class TraceSettings:
     """The ``trace:`` block: ``policy``, ``roots`` M and ``continuations_per_root`` N per step, ``group_size``,
-    ``predictor`` kind, ``value_target`` and ``seed`` (meanings as in ``trace_train.configs``)."""
+    ``predictor`` kind, ``value_target`` and ``seed`` (meanings as in ``trace_train.configs``), and
+    ``max_failed_share``: the share of a step's trees that may fail (each drops its group) before the step
+    stops. Checked on construction, so a setting that cannot run fails before verl starts its workers."""
 
     policy: str = "trace"
     roots: int = 1024
@@ -62,6 +88,16 @@ class TraceSettings:
     predictor: str = "ngram"
     value_target: str = "leaf_weighted"
     seed: int = 0
+    max_failed_share: float = 0.25
+
+    def __post_init__(self):
+        if self.predictor not in PREDICTOR_KINDS_IN_VERL:
+            why = (" (it reads the policy's hidden states, and verl's workers attach no encoder to the trainer's "
+                   "predictor)" if self.predictor == "probe" else "")
+            raise ValueError(f"trace.predictor={self.predictor!r} cannot run inside verl{why}; "
+                             f"use one of {list(PREDICTOR_KINDS_IN_VERL)}")
+        if not 0.0 <= float(self.max_failed_share) <= 1.0:
+            raise ValueError(f"trace.max_failed_share must be in [0, 1], got {self.max_failed_share}")
 
     @classmethod
     def from_config(cls, block) -> "TraceSettings":
@@ -97,13 +133,15 @@ def openings_of(batch, tokens=None) -> list:
     none without it) and its ``data_source`` as the row's family."""
     from trace_train.rollout.batch import History
 
+    from .worker import prompt_row
+
     prompts = batch["raw_prompt"]
     sources = batch["data_source"] if "data_source" in batch.keys() else None
     out = []
     for i in range(len(prompts)):
         messages = prompts[i]
         messages = tuple(dict(m) for m in (messages.tolist() if hasattr(messages, "tolist") else messages))
-        row = {} if sources is None else {"family": str(sources[i])}
+        row = prompt_row({} if sources is None else {"data_source": sources[i]})
         out.append(History(i, row, 0, messages, tuple(tokens(messages)) if tokens else ()))
     return out
 
@@ -155,9 +193,12 @@ class TracePPOTrainer(PPOTrainerSync):
         pool = len(batch)
         openings = openings_of(batch, self._opening_tokens())
         name = f"trace_step_{self.global_steps}_{uuid.uuid4().hex[:8]}"
+        # the first submission of a step is its batch; later ones (refills, DAPO) get their prompts' share
+        budget = self.trace_budget if not self._coordinators else submission_budget(
+            self.trace_budget, pool, int(self.config.data.train_batch_size))
         actor = ray.remote(StepCoordinator).options(name=name, max_concurrency=max(64, 4 * pool))
-        coordinator = actor.remote(self.trace_policy, self.trace_budget, pool, PredictorAtHistories(self.predictor),
-                                   openings, seed=self.trace.seed + self.global_steps)
+        coordinator = actor.remote(self.trace_policy, budget, pool, PredictorAtHistories(self.predictor),
+                                   openings, seed=self.trace.seed + self.global_steps + 7919 * len(self._coordinators))
         m = np.asarray(ray.get(coordinator.start.remote()), dtype=np.int64)
         batch = submitted_batch(batch, m, name)
         keep = np.flatnonzero(m > 0)
@@ -181,9 +222,23 @@ class TracePPOTrainer(PPOTrainerSync):
         return self._tokens
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
+        self._stop_if_too_many_failed()
         batch = super()._step_once(metrics, timing_raw, self._submitted or sample_batch_size)
         self._fit_predictor(metrics)
         return batch
+
+    def _stop_if_too_many_failed(self) -> None:
+        """Once the step's trees have ended (verl's sampler waits for the same), stop the step in one line if
+        more than ``trace.max_failed_share`` of them failed; fewer failures only drop their groups."""
+        trees, failed, first = 0, 0, None
+        for coordinator, _ in self._coordinators:
+            ray.get(coordinator.record.remote())  # every tree has finished or failed
+            report = ray.get(coordinator.failures.remote())
+            trees, failed = trees + report["trees"], failed + len(report["failed"])
+            first = first or report["first"]
+        if trees and failed / trees > self.trace.max_failed_share:
+            raise RuntimeError(f"TRACE step {self.global_steps}: {failed} of {trees} trees failed, more than "
+                               f"trace.max_failed_share={self.trace.max_failed_share}; the first: {first}")
 
     # ---- advantages on the trees ----------------------------------------------------------------------
 
@@ -202,23 +257,123 @@ class TracePPOTrainer(PPOTrainerSync):
 
     def _fit_predictor(self, metrics: dict) -> None:
         """Our trainer's fit (:func:`~.coordinator.fit_predictor_on_step`) on each of the step's forests."""
+        records, reports = [], []
         for coordinator, _ in self._coordinators:
             record, histories = ray.get(coordinator.record_with_histories.remote())
-            fit = fit_predictor_on_step(self.predictor, record, histories, value_target=self.trace.value_target)
+            report = ray.get(coordinator.failures.remote())
+            fit = fit_predictor_on_step(self.predictor, record, histories, value_target=self.trace.value_target,
+                                        failed=report["failed"])
             metrics.update({f"trace/{k}": v for k, v in fit.items()})
-            metrics.update({f"trace/rollouts_{k}": float(v) for k, v in record.counts.items()})
+            records.append(record), reports.append(report)
             ray.kill(coordinator)
+        if records:
+            metrics.update(step_metrics(records, reports))
         self._coordinators = []
 
     def _save_checkpoint(self):
+        trainer = self.config.trainer
+        save_predictor(self.predictor, trainer.default_local_dir, self.global_steps)  # before verl marks it done
         super()._save_checkpoint()
-        save_predictor(self.predictor, self.config.trainer.default_local_dir, self.global_steps)
+        keep = 1 if trainer.get("remove_previous_ckpt_in_save", False) else trainer.get("max_actor_ckpt_to_keep")
+        prune_predictors(trainer.default_local_dir, keep)
 
     def _load_checkpoint(self):
-        super()._load_checkpoint()
-        predictor = load_predictor(self.config.trainer.default_local_dir)
-        if predictor is not None:
-            self.predictor = predictor
+        super()._load_checkpoint()  # sets global_steps from the folder it resumed from (0: none)
+        folder = resume_folder(self.config.trainer, self.global_steps)
+        if folder is None:
+            return
+        predictor = load_predictor(folder)
+        if predictor is None:
+            logger.warning(f"TRACE: {folder} holds no {PREDICTOR_FILE} (a checkpoint of another trainer?); the "
+                           f"predictor starts fresh")
+            return
+        self.predictor = predictor
+
+
+def submission_budget(budget: RolloutBudget, prompts: int, batch_prompts: int) -> RolloutBudget:
+    """A refill's or DAPO submission's budget: the step's M roots scaled to its prompts,
+    max(1, floor(M prompts / B)) (B: ``data.train_batch_size``), N continuations per root as the step's."""
+    roots = max(1, budget.roots * int(prompts) // max(1, int(batch_prompts)))
+    return RolloutBudget(roots, budget.continuations_per_root)
+
+
+def step_metrics(records, reports) -> dict:
+    """What a verl user reads in the tracker about one step's allocation (``trace/...``), over the step's
+    submissions (records and :meth:`~.coordinator.StepCoordinator.failures` reports):
+
+    * ``trees``, ``failed_trees``, ``wait_trees_s`` (seconds trees spent waiting for the others, summed);
+    * ``mixed_group_share``: share of the grown trees whose bare rollouts' rewards are not all equal;
+    * ``root_v_mean``, ``root_utility`` (``root_utility(v, m)``, the root rule's objective at its choice),
+      ``prefix_v_mean`` (where the rules predicted);
+    * ``continuations_depth_<d>``: continuations started at a prefix of depth d; ``rollouts_<kind>``."""
+    out = {"trace/trees": 0.0, "trace/failed_trees": 0.0, "trace/wait_trees_s": 0.0}
+    mixed, grown, root_v, utility, prefix_v, depth_counts, kinds = 0, 0, [], 0.0, [], {}, {}
+    for record, report in zip(records, reports):
+        out["trace/trees"] += report["trees"]
+        out["trace/failed_trees"] += len(report["failed"])
+        out["trace/wait_trees_s"] += float(report["waited_s"])
+        f = record.forest
+        failed = set(report["failed"])
+        bare = np.flatnonzero((f.origin == Origin.BARE) & f.is_leaf)
+        for t in range(len(f.roots)):
+            if t in failed:
+                continue
+            rewards = f.reward[bare[f.tree_index[bare] == t]]
+            grown += 1
+            mixed += int(rewards.size > 0 and rewards.min() != rewards.max())
+        if record.prompt_v.size:
+            root_v.extend(record.prompt_v.tolist())
+            m = record.groups[record.prompt_ids]
+            utility += float(np.sum(root_utility(record.prompt_v, m, concentration=record.prompt_concentration)))
+        prefix_v.extend(np.asarray(record.node_v, dtype=float).tolist())
+        starts = np.flatnonzero((f.origin == Origin.CONTINUATION) & (f.rollout_start == np.arange(len(f))))
+        for n in starts.tolist():  # the first turn of each continuation: its parent is the prefix
+            d = int(f.depth[f.parent[n]])
+            depth_counts[d] = depth_counts.get(d, 0) + 1
+        for k, v in record.counts.items():
+            kinds[k] = kinds.get(k, 0) + int(v)
+    out["trace/mixed_group_share"] = mixed / grown if grown else 0.0
+    if root_v:
+        out["trace/root_v_mean"], out["trace/root_utility"] = float(np.mean(root_v)), utility
+    if prefix_v:
+        out["trace/prefix_v_mean"] = float(np.mean(prefix_v))
+    out.update({f"trace/continuations_depth_{d}": float(c) for d, c in sorted(depth_counts.items())})
+    out.update({f"trace/rollouts_{k}": float(v) for k, v in kinds.items()})
+    return out
+
+
+def resume_folder(trainer_config, global_steps: int) -> str | None:
+    """The ``global_step_<n>`` folder verl's ``_load_checkpoint`` resumed from, by its rules: None when it did
+    not resume (``global_steps`` 0: ``resume_mode=disable`` or nothing saved), ``resume_from_path`` for
+    ``resume_mode=resume_path``, else (``auto``) the latest checkpoint under ``default_local_dir``."""
+    if int(global_steps) == 0 or trainer_config.resume_mode == "disable":
+        return None
+    if trainer_config.resume_mode == "resume_path":
+        folder = str(trainer_config.resume_from_path)
+    else:
+        folder = find_latest_ckpt_path(_absolute(trainer_config.default_local_dir))
+    return None if folder is None else _absolute(folder)
+
+
+def _absolute(path: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
+def prune_predictors(checkpoint_dir: str, keep) -> list[str]:
+    """Remove ``trace_predictor.pkl`` from every ``global_step_<n>`` folder but the newest ``keep`` (as verl
+    prunes the actor's checkpoints with ``max_actor_ckpt_to_keep``; None or < 1 keeps all). Returns what
+    it removed."""
+    if not keep or int(keep) < 1:
+        return []
+    found = []
+    for path in glob.glob(os.path.join(checkpoint_dir, "global_step_*", PREDICTOR_FILE)):
+        step = re.fullmatch(r"global_step_(\d+)", os.path.basename(os.path.dirname(path)))
+        if step:
+            found.append((int(step.group(1)), path))
+    removed = [path for _, path in sorted(found)[:-int(keep)]]
+    for path in removed:
+        os.remove(path)
+    return removed
 
 
 def save_predictor(predictor, checkpoint_dir: str, step: int) -> str:
@@ -232,14 +387,13 @@ def save_predictor(predictor, checkpoint_dir: str, step: int) -> str:
     return path
 
 
-def load_predictor(checkpoint_dir: str):
-    """The predictor of verl's latest checkpoint under ``checkpoint_dir`` (None: none saved one)."""
+def load_predictor(folder: str):
+    """The predictor saved in verl's checkpoint folder ``global_step_<n>`` (:func:`resume_folder`); None when
+    that folder holds none."""
     from trace_train.predictors import predictor_from_state_dict
 
-    folder = checkpoint_dir if os.path.isabs(checkpoint_dir) else os.path.join(os.getcwd(), checkpoint_dir)
-    latest = find_latest_ckpt_path(folder)
-    path = latest and os.path.join(latest, PREDICTOR_FILE)
-    if not path or not os.path.exists(path):
+    path = os.path.join(_absolute(folder), PREDICTOR_FILE)
+    if not os.path.exists(path):
         return None
     with open(path, "rb") as fh:
         return predictor_from_state_dict(pickle.load(fh))

@@ -13,8 +13,18 @@ parents always come before children.
 
 ``run_session(start, session_id)`` is the caller's: it runs one agent session, from the prompt
 (``start`` None) or from a :class:`Prefix`'s state, and returns a :class:`Session`. In verl it is the
-``trace_tool_agent`` loop (:mod:`.agent_loop`); a coordinator's blocking calls run on threads
-(``asyncio.to_thread``) so that the event loop keeps generating other trees' sessions meanwhile.
+``trace_tool_agent`` loop (:mod:`.agent_loop`).
+
+The coordinator's methods are awaited (``await coordinator.rest(tree)``): the Ray actor's calls return
+object refs, :class:`~.coordinator.ThreadedCoordinator` runs the in-process one on its own pool. A tree
+waiting for the step's other trees therefore holds no thread of the event loop's default executor, which
+verl's agent loop needs for every token merge and tool-parser decode: with one thread per waiting tree
+taken from it (``asyncio.to_thread``), a worker with more trees than that executor has threads
+(min(32, CPUs + 4)) would stall until the coordinator's timeout.
+
+If a session fails (or the coordinator refuses the tree), the tree's other sessions are cancelled, the
+coordinator is told (:meth:`~.coordinator.StepCoordinator.fail`: the group is dropped, the step goes on)
+and the error is re-raised for the caller to tag the group as failed.
 """
 
 from __future__ import annotations
@@ -93,7 +103,13 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
             histories.append(None if last else session.prefixes[j].history)
         return ids
 
-    sessions = await asyncio.gather(*(run_session(None, i) for i in range(bare)))
+    launched: list[tuple[int, int, asyncio.Task]] = []
+    bare_tasks = [asyncio.ensure_future(run_session(None, i)) for i in range(bare)]
+    try:
+        sessions = await asyncio.gather(*bare_tasks)
+    except BaseException as error:
+        await _drop(coordinator, tree, bare_tasks, error)
+        raise
     anchors: list[tuple[int, Prefix]] = []
     rewards = []
     for i, s in enumerate(sessions):
@@ -112,14 +128,12 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
                 next_id += 1
         return out
 
-    launched: list[tuple[int, int, asyncio.Task]] = []
     try:
-        k = await asyncio.to_thread(coordinator.expand, tree, np.asarray(rewards, dtype=float),
-                                    [p.history for _, p in anchors])
+        k = await coordinator.expand(tree, np.asarray(rewards, dtype=float), [p.history for _, p in anchors])
         if len(k) != len(anchors):
             raise ValueError(f"tree {tree}: the coordinator placed {len(k)} counts on {len(anchors)} prefixes")
         launched += launch(k)
-        top_ups, more = await asyncio.to_thread(coordinator.rest, tree)
+        top_ups, more = await coordinator.rest(tree)
         for _ in range(int(top_ups)):
             launched.append((next_id, 0, asyncio.ensure_future(run_session(None, next_id))))
             next_id += 1
@@ -131,14 +145,22 @@ async def grow_tree(run_session: RunSession, coordinator, tree: int, bare: int, 
             s = await task
             ids = number(start, depth_of[start], s, Origin.BARE if start == 0 else Origin.CONTINUATION)
             placed.append((session_id, start, ids, s))
-    except BaseException:
-        for _, _, task in launched:  # the step failed (here or in another tree): stop this tree's sessions
-            task.cancel()
+    except BaseException as error:
+        await _drop(coordinator, tree, [task for _, _, task in launched], error)
         raise
-    await asyncio.to_thread(coordinator.finish, tree, parent, reward, origin, cost, histories)
+    await coordinator.finish(tree, parent, reward, origin, cost, histories)
     leaves = []
     for session_id, start, ids, s in placed:
         fields = {"trace_tree": tree_id, "trace_parent": int(start), "trace_depth": depth_of[start] + s.turns,
                   "trace_nodes": ids, "trace_turn_starts": list(s.turn_starts)}
         leaves.append(Leaf(session_id, s.output, fields))
     return leaves
+
+
+async def _drop(coordinator, tree: int, tasks, error: BaseException) -> None:
+    """Cancel a failed tree's sessions and tell the coordinator (its group is dropped, the step goes on)."""
+    for task in tasks:
+        task.cancel()
+    if isinstance(error, asyncio.CancelledError):
+        return
+    await coordinator.fail(tree, f"{type(error).__name__}: {error}")
