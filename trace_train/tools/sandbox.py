@@ -13,7 +13,11 @@ non-root callers; ``_sandbox_child.py`` describes the process tree. In short:
 - Kernel namespaces (``namespaces="auto"`` or ``"require"``): new network namespace (no network, not
   even the host's loopback), PID namespace whose init reaps and kills everything the code started and
   whose own ``/proc`` hides the host's processes (its init also kills everything at the wall clock),
-  IPC namespace, mount namespace with a minimal ``/dev`` (no terminal) in which every mount is read-only except
+  IPC namespace, mount namespace whose root is a new one (``pivot_root``) holding only what the
+  interpreter needs: the system directories (``/usr``, ``/bin``, ``/lib*``, ``/etc``), the
+  interpreter's prefix, standard library and site-packages (this package's own directory, which ships
+  data, covered), a minimal ``/dev`` (no terminal); no ``/home``, ``/root``, data, Hugging Face cache or
+  checkout, so code cannot read the training set's answers. Every mount is read-only except
   fresh size-limited tmpfs file systems on the working directory, ``/tmp``, ``/var/tmp`` and
   ``/dev/shm`` (private to the call, gone when it ends), and, for a non-root caller, an unprivileged user
   namespace (its capabilities are dropped before the code runs). With ``"auto"`` a kernel that refuses
@@ -53,7 +57,7 @@ from pathlib import Path
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _NAMESPACE_MODES = ("auto", "require", "off")
 _REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
-                     "read-only-filesystem", "private-tmp", "private-proc", "seccomp")
+                     "read-only-filesystem", "private-tmp", "private-root", "private-proc", "seccomp")
 
 
 class IsolationWarning(RuntimeWarning):
