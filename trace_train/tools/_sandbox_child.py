@@ -419,9 +419,11 @@ def _reaper(request, report_fd, isolation):
     except OSError as error:
         isolation.remove("private-root")
         isolation.extend(_degraded(request, f"leaving the host's root: {error.strerror}", []))
+    own_count = _own_user_namespace_pipes(request)
     worker = os.fork()
     if worker == 0:
-        _worker(request, report_fd, isolation)
+        _worker(request, report_fd, isolation, own_count)
+    _map_worker_ids(worker, request, own_count)
     # The wall clock, enforced inside the run too: code that left the caller's process group (setsid)
     # is not reached by the caller's kill, so at the deadline this process kills every descendant
     # and exits; with a PID namespace the kernel then kills whatever is left in it.
@@ -441,6 +443,62 @@ def _reaper(request, report_fd, isolation):
 
 # --------------------------------------------------------------------------------------------------
 # G: limits, privileges, kernel filters, audit hook, then the cells
+
+
+def _own_user_namespace_pipes(request):
+    """C, root caller: two pipes for G to enter a user namespace of its own whose id maps C writes (G, once
+    inside, may no longer). None when the code does not run as ``sandbox_uid`` or namespaces are off."""
+    if not request["drop_to"] or request["namespaces"] == "off":
+        return None
+    return os.pipe(), os.pipe()
+
+
+def _enter_own_user_namespace(pipes):
+    """G, root caller: ``unshare(CLONE_NEWUSER)``, then wait for C to map ``sandbox_uid``/``gid`` and root.
+
+    RLIMIT_NPROC counts the processes of a (user namespace, uid) pair (Linux >= 5.14), so in a namespace of
+    its own the sandbox user's limit counts this run's processes only: not the machine's other ``nobody``
+    processes, nor concurrent sandbox calls. Done before any limit is set (the namespace takes the
+    caller's limit as its ceiling). False when the kernel refuses (the count is then system-wide)."""
+    if pipes is None:
+        return False
+    (ready_read, ready_write), (mapped_read, mapped_write) = pipes
+    os.close(ready_read)
+    os.close(mapped_write)
+    try:
+        _libc_call("unshare", CLONE_NEWUSER)
+        entered = True
+    except OSError:
+        entered = False
+    os.write(ready_write, b"1" if entered else b"0")
+    os.close(ready_write)
+    done = os.read(mapped_read, 1) == b"1"
+    os.close(mapped_read)
+    return entered and done
+
+
+def _map_worker_ids(worker, request, pipes):
+    """C: write G's id maps once G is in its own user namespace (C holds CAP_SETUID/SETGID outside it)."""
+    if pipes is None:
+        return
+    (ready_read, ready_write), (mapped_read, mapped_write) = pipes
+    os.close(ready_write)
+    os.close(mapped_read)
+    done = False
+    if os.read(ready_read, 1) == b"1":
+        uid, gid = request["drop_to"]
+        try:
+            # root too (unprivileged there: G holds no capability once it is sandbox_uid), as the kernel
+            # refuses writes to files whose owner is not mapped (the private /tmp and /dev/null are root's)
+            for name, text in (("uid_map", f"0 0 1\n{uid} {uid} 1"), ("gid_map", f"0 0 1\n{gid} {gid} 1")):
+                with open(f"/proc/{worker}/{name}", "w") as f:
+                    f.write(text)
+            done = True
+        except OSError:
+            pass
+    os.close(ready_read)
+    os.write(mapped_write, b"1" if done else b"0")
+    os.close(mapped_write)
 
 
 def _processes_of(uid):
@@ -685,16 +743,21 @@ def _run_cells(request):
     return 0 if ok else 1
 
 
-def _worker(request, report_fd, isolation):
+def _worker(request, report_fd, isolation, own_count=None):
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         drop = request["drop_to"]
-        _set_limits(request["limits"], request["processes"] if drop else _processes_of(os.getuid()))
+        own = drop and _enter_own_user_namespace(own_count)
+        processes = 0 if own else request["processes"] if drop else _processes_of(os.getuid())
+        _set_limits(request["limits"], processes)
         if drop:
             _drop_privileges(*drop)
             isolation.append("unprivileged-user")
+        if own:
+            _drop_capabilities()  # uid 0 is not mapped in G's namespace, so setuid kept them there
+            isolation.append("own-process-count")
         os.chdir(request["workdir"])
         _kernel_filters(request, isolation)
         sys.dont_write_bytecode = True

@@ -79,7 +79,10 @@ class SandboxLimits:
     memory_bytes: int = 1 << 30
     """Address-space limit per process (RLIMIT_AS)."""
     max_processes: int = 16
-    """Processes the code may add for the sandbox user (RLIMIT_NPROC headroom)."""
+    """Processes the code may add (RLIMIT_NPROC headroom). RLIMIT_NPROC counts the processes of a (user
+    namespace, uid) pair (Linux >= 5.14), and the code runs in a user namespace of its own (a root caller's
+    ``sandbox_uid`` too: layer ``own-process-count``), so only the run's own processes count; without
+    namespaces the limit counts every process of that uid, and a refused ``fork`` says so."""
     max_file_bytes: int = 16 << 20
     """Largest file the code may write (RLIMIT_FSIZE)."""
     max_open_files: int = 256
@@ -316,6 +319,8 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
     stdout, stderr, report = (
         streams[key].decode("utf-8", "replace") for key in ("stdout", "stderr", "report")
     )
+    if f"[Errno {errno.EAGAIN}] Resource temporarily unavailable" in stderr:
+        stderr += _process_limit_note(limits, report)
     header, _, rest = report.partition("\n")
     layers = json.loads(header)["isolation"] if header else []
     isolation = tuple(layer for layer in layers if not layer.startswith("missing: "))
@@ -334,6 +339,15 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
         missing=missing,
         finished="finished" in rest.split(),
     )
+
+
+def _process_limit_note(limits: SandboxLimits, report: str) -> str:
+    """What a refused new process (EAGAIN) most likely met: the sandbox's process limit, and what it counts."""
+    counted = ("this run's processes only" if "own-process-count" in report or "user-namespace" in report
+               else f"every process of uid {limits.sandbox_uid if os.geteuid() == 0 else os.getuid()} on this machine "
+                    "(no user namespace here)")
+    return (f"\n[sandbox: a new process was refused: the limit is max_processes={limits.max_processes} more "
+            f"processes, counting {counted}]\n")
 
 
 def _child_environment(limits: SandboxLimits, workdir: str) -> dict[str, str]:
