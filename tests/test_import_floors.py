@@ -17,7 +17,7 @@ from tests.import_floors import cycles, faults, floors, import_graph
 ROOT = Path(__file__).resolve().parents[1]
 
 TRAIN_STOREYS = (
-    ("ground", ("trace_train", "trace_train.chat", "trace_train.config_loader", "trace_train.preflight",
+    ("ground", ("trace_train", "trace_train.chat", "trace_train.child_python", "trace_train.config_loader", "trace_train.preflight",
                 "trace_train.tools.*",
                 "trace_train.verifiers.*", "trace_train.data.*")),
     ("environments and back ends", ("trace_train.envs.*", "trace_train.backends.*")),

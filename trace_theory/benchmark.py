@@ -201,6 +201,9 @@ def run(*, quick: bool = False, seed: int = 0, sizes=None) -> dict:
 BUDGETS = (1_000, 10_000, 100_000, 1_000_000)
 
 # Run in a child process: today's doubling table for one budget; prints {"ms": ..., "m": [...]}.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+"""Where this ``trace_theory`` was imported from: the isolated (``-I``) child finds it there, and nothing in the
+caller's working directory, ``PYTHONPATH`` or user site."""
 _TABLE_CHILD = """
 import json, sys, time
 import numpy as np
@@ -234,7 +237,8 @@ def _table_in_child(n: int, budget: int, seed: int, repeats: int, seconds: float
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _TABLE_CHILD, str(n), str(budget), str(seed), str(repeats)],
+            [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r})\n{_TABLE_CHILD}",
+             str(n), str(budget), str(seed), str(repeats)],
             capture_output=True, text=True, timeout=seconds, preexec_fn=limit_memory, env=env,
         )
     except subprocess.TimeoutExpired:

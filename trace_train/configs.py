@@ -105,7 +105,13 @@ def _check_step_memory(cfg) -> None:
     rollouts = cfg.roots * (1 + cfg.continuations_per_root * rounds)
     tokens = cfg.limits.max_context_tokens if isinstance(cfg.limits, EpisodeLimits) else 1
     if rollouts * tokens * BYTES_PER_TOKEN > STEP_MEMORY_BYTES:
-        most = STEP_MEMORY_BYTES // (BYTES_PER_TOKEN * tokens * (1 + cfg.continuations_per_root * rounds))
+        per_root = 1 + cfg.continuations_per_root * rounds
+        most = STEP_MEMORY_BYTES // (BYTES_PER_TOKEN * tokens * per_root)
+        if most < 1:  # not even one root fits: the context limit is what is wrong
+            longest = STEP_MEMORY_BYTES // (BYTES_PER_TOKEN * per_root)
+            raise ValueError(f"`limits.max_context_tokens` {tokens} is more than a step can hold: one root's "
+                             f"{per_root} rollouts of up to {tokens} tokens at {BYTES_PER_TOKEN} bytes a token need "
+                             f"more than {gib:.0f} GiB; at most {longest} tokens")
         raise ValueError(f"`roots` {cfg.roots} is more than a step can hold: {rollouts} rollouts of up to "
                          f"{tokens} tokens at {BYTES_PER_TOKEN} bytes a token need more than {gib:.0f} GiB; at "
                          f"most {most} roots")

@@ -162,8 +162,32 @@ def _save_atomically(path: str, model, tokenizer) -> None:
 
 
 def is_complete(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a whole tiny model (written by :func:`save_tiny`: the tokenizer comes last)."""
-    return all(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "tokenizer_config.json"))
+    """Whether ``path`` holds a whole tiny model (written by :func:`save_tiny`: the tokenizer comes last) with
+    no damaged file (:func:`damaged_file`)."""
+    return (all(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "tokenizer_config.json"))
+            and damaged_file(path) is None)
+
+
+def damaged_file(path: str | os.PathLike) -> str | None:
+    """``"<file>: <why>"`` for the first file of model folder ``path`` that cannot be read whole (a JSON file
+    that does not parse, a safetensors file whose header is cut or does not cover the file), else None.
+    Reads only the JSON files and each safetensors header, not the weights."""
+    import json
+
+    from safetensors import safe_open
+
+    for name in sorted(os.listdir(path)):
+        file = os.path.join(path, name)
+        try:
+            if name.endswith(".json"):
+                with open(file, encoding="utf-8") as f:
+                    json.load(f)
+            elif name.endswith(".safetensors"):
+                with safe_open(file, framework="numpy"):
+                    pass
+        except Exception as error:  # noqa: BLE001 - any failure to read it means damaged
+            return f"{file}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    return None
 
 
 def guess_transcripts(tokenizer, n: int, *, high: int = 16, max_guesses: int = 5, seed: int = 0):

@@ -58,6 +58,7 @@ from .predictors import PosteriorPredictor, build_predictor, predictor_from_stat
 from .predictors.fitting import PredictorFit, attach_policy_states, check_one_predictor
 from .rollout.batch import RolloutBatch
 from .rollout.engine import RolloutEngine
+from .rollout.env_calls import EnvCallsStuck
 from .run.checkpoint import (Checkpoint, CheckpointError, check_world_size, clean_partial_checkpoints,
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
@@ -315,7 +316,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                 # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
                 before = StepState.capture(run) if run.saved_step != step else None
                 t0 = time.perf_counter()
-                batch = _rollout(run, step)     # candidate prompts; predict V~, allocate roots and prefixes, generate
+                batch = _guarded_rollout(run, step, before)  # candidate prompts; predict V~, allocate, generate
                 if batch is None:               # pipelined expansion's first step fills the pipeline: nothing to train
                     _after_step(run, step + 1, None, _fill_metrics(run, step + 1, time.perf_counter() - t0), stop)
                     continue
@@ -342,6 +343,18 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
     return metrics
+
+
+def _guarded_rollout(run: Run, step: int, before: StepState | None) -> RolloutBatch | None:
+    """:func:`_rollout`; when the environment's calls are stuck (``EnvCallsStuck``: too many calls past
+    ``env_timeout_s`` at once, none returning), the run stops as for failing environments: a checkpoint of the
+    last good step (the one on disk, or one written from ``before``) and one line."""
+    try:
+        return _rollout(run, step)
+    except EnvCallsStuck as err:
+        kept = run.saved_step == step
+        saved = Path(run.cfg.run_dir) / "checkpoints" / f"step_{step:08d}" if kept else run.checkpoint(step, before)
+        raise EnvFailureError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at {saved}") from None
 
 
 def _rollout(run: Run, step: int) -> RolloutBatch | None:

@@ -11,6 +11,7 @@ from trace_train.envs.search_qa import NO_ACTION, QAState, SearchQAEnv, qa_rows
 from trace_train.tools.budget import BUDGET_EXHAUSTED
 from trace_train.tools.retrieval_server import make_server, serve_in_background
 from trace_train.tools.search import BM25Retriever, HttpRetriever, SearchTool
+from trace_train.verifiers.qa import REWARDS, f1_match
 
 from .scripted import CORPUS, DEMO, TITLES, play, qa_actions, tool_call
 
@@ -38,7 +39,7 @@ def test_the_right_queries_retrieve_the_gold_passages_and_the_right_answer_score
                              "searches": 2.0}
 
 
-@pytest.mark.parametrize("reward, expected", [("exact_match", 0.0), ("f1_match", 1.0), ("token_f1", 2 / 3)])
+@pytest.mark.parametrize("reward, expected", [("exact_match", 0.0), ("token_f1", 2 / 3)])
 def test_reward_options(search, reward, expected):
     env = SearchQAEnv(search, reward=reward)
     env.reset({"question": "Where is Corwin Hale buried?", "answers": ["Elmsford Abbey"]})
@@ -127,3 +128,30 @@ def test_the_scripted_expert_solves_every_demo_question_by_searching_its_support
     bare = {"id": "q", "question": "Who built the tidal clock?", "answers": ["Maren Osk"]}  # no titles named
     assert qa_demonstration(bare) == [tool_call("search", query="Who built the tidal clock?"),
                                       "<answer>Maren Osk</answer>"]
+
+
+@pytest.mark.parametrize("hedge, gold", [("yes no", "yes"), ("yes no", "no"), ("of", "Duke of York"),
+                                         ("Paris London Berlin Rome", "Berlin")])
+def test_no_training_reward_pays_a_hedged_answer_as_much_as_the_right_one(search, hedge, gold):
+    """Issue 52, item 4: listing candidates (or a lone common word) never earns the right answer's reward;
+    f1_match, which paid hedges 1, is refused as a reward (it stays a reported metric)."""
+    for reward in REWARDS:
+        env = SearchQAEnv(search, reward=reward)
+        env.reset({"question": "q?", "answers": [gold]})
+        env.step(f"<answer>{hedge}</answer>")
+        hedged = env.verify()
+        env.reset({"question": "q?", "answers": [gold]})
+        env.step(f"<answer>{gold}</answer>")
+        assert hedged < env.verify() == 1.0, (reward, hedge, gold, hedged)
+    with pytest.raises(ValueError, match="'f1_match' pays hedged answers"):
+        SearchQAEnv(search, reward="f1_match")
+    assert f1_match(hedge, gold) == 1.0  # the reported metric is the paper's, hedges and all
+
+
+def test_the_qa_preset_trains_on_exact_match():
+    import yaml
+
+    from trace_train.config_loader import PRESET_DIR
+
+    preset = yaml.safe_load(open(PRESET_DIR / "qa_qwen3_14b.yaml"))
+    assert preset["task"]["env"]["reward"] == "exact_match"

@@ -176,3 +176,50 @@ def test_reward_values_and_error_descriptions_never_raise():
     assert describe_error(Unprintable()) == "Unprintable: <message could not be printed>"
     assert describe_error(KeyError("k")) == "KeyError: 'k'"
     assert StepResult  # the type whose absence (None) is an error
+
+
+def test_calls_that_were_late_but_returned_do_not_count_as_stuck(monkeypatch):
+    """Issue 52, item 3: the refusal counts calls stuck now, not every call ever late (1,024 late calls that
+    returned used to disable the pool for the rest of the process)."""
+    from trace_train.rollout import env_calls
+
+    monkeypatch.setattr(env_calls, "MAX_ABANDONED", 2)
+    before = abandoned_calls()
+    pool = EnvCallPool(2, 0.2, name="trace-env-late")
+
+    def late(clock):
+        return clock("step", time.sleep, 0.6)
+
+    try:
+        for _ in range(3):  # each round: two calls past their deadline that then return
+            for future in [pool.submit(CallClock(), late) for _ in range(2)]:
+                with pytest.raises(EnvTimeout):
+                    while not future.done():
+                        time.sleep(0.02)
+                        pool.expire()
+                    future.result(timeout=0)
+            t0 = time.perf_counter()
+            while abandoned_calls() > before and time.perf_counter() - t0 < LIVENESS_S:
+                time.sleep(0.05)
+            assert abandoned_calls() == before
+        assert pool.run(CallClock(), lambda clock: clock("step", lambda: 7)) == 7
+    finally:
+        pool.shutdown()
+
+
+def test_calls_stuck_at_once_refuse_new_work_with_the_stuck_error(monkeypatch):
+    from trace_train.rollout import env_calls
+
+    release = threading.Event()
+    monkeypatch.setattr(env_calls, "MAX_ABANDONED", abandoned_calls() + 2)
+    pool = EnvCallPool(2, 0.2, name="trace-env-stuck")
+    try:
+        stuck = [pool.submit(CallClock(), lambda clock: clock("step", release.wait, LIVENESS_S)) for _ in range(2)]
+        while not all(f.done() for f in stuck):
+            time.sleep(0.02)
+            pool.expire()
+        with pytest.raises(env_calls.EnvCallsStuck, match="stuck past env_timeout_s at once"):
+            pool.submit(CallClock(), lambda clock: 1)
+    finally:
+        release.set()
+        pool.shutdown()

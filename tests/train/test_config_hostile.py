@@ -78,6 +78,9 @@ def test_safe_load_reads_ordinary_yaml():
                                            r"a token, 1024 GiB holds at most 17179869184 tokens"),
     ("rollout.roots=1099511627776", r"`roots` 1099511627776 is more than a step can hold: .* at most 8388608 roots"),
     ("predictor.n_buckets=1099511627776", r"`n_buckets` 1099511627776 is too many: .* at most 2\^30"),
+    # issue 52, item 7: a context limit no root fits in names that field, not "at most 0 roots"
+    ("rollout.limits.max_context_tokens=1000000000000000", r"^rollout: `limits.max_context_tokens` 1000000000000000 is more "
+     r"than a step can hold: one root's 2 rollouts .* at most 8589934592 tokens$"),
 ])
 def test_budgets_and_sizes_past_what_memory_holds_are_one_line(override, message):
     """Issue 34: 10^12 tokens or 2^40 roots or buckets fail when the config is read, not hours later."""

@@ -156,3 +156,51 @@ def test_a_full_disk_while_writing_the_config_is_one_line_naming_the_file(tmp_pa
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1
     assert f"{tmp_path / 'run' / 'config.yaml'}: no space left on the device" in err and "free there" in err
+
+
+STUCK_ENV = '''
+import threading
+
+HANG = threading.Event()
+
+
+class Stuck:
+    """Guess-the-number rows whose ``step`` never returns within the run (a tool without a timeout)."""
+
+    def reset(self, row):
+        return [{"role": "user", "content": "Say a number."}]
+
+    def step(self, action):
+        HANG.wait(20)
+        from trace_train.envs.base import StepResult
+        return StepResult("ok", done=True)
+
+    def verify(self):
+        return 0.0
+
+    def snapshot(self):
+        return None
+
+    def restore(self, snapshot):
+        pass
+'''
+
+
+def test_environment_calls_stuck_at_once_stop_the_run_with_a_checkpoint_and_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 52, item 3: the stuck-calls refusal is the documented stop (checkpoint, one line), not a traceback."""
+    from trace_train.rollout import env_calls
+
+    monkeypatch.setattr(env_calls, "MAX_ABANDONED", env_calls.abandoned_calls() + 2)
+    env_file = tmp_path / "stuck_env.py"
+    env_file.write_text(STUCK_ENV)
+    (tmp_path / "rows.jsonl").write_text("".join('{"w": %d}\n' % i for i in range(16)))
+    run_dir = tmp_path / "run"
+    code = cli(_args(run_dir, f"task.name={env_file}:Stuck", f"task.train={tmp_path / 'rows.jsonl'}",
+                     "task.rows={}", "task.eval_size=4", "steps=3", "rollout.env_timeout_s=0.3",
+                     "rollout.env_workers=2"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1, err[-5:]
+    assert err[-1].startswith("trace-train: step 1: ") and "stuck past env_timeout_s at once" in err[-1], err[-1]
+    assert "stopped with a checkpoint of step 0" in err[-1]
+    assert not any(line.startswith("Traceback") for line in err)
+    assert (run_dir / "checkpoints" / "step_00000000").is_dir()

@@ -92,3 +92,36 @@ def test_a_tiny_model_cut_mid_write_is_rebuilt_and_an_interrupted_save_leaves_no
     with pytest.raises(KeyboardInterrupt):
         tiny.save_tiny(tmp_path / "other", warm_steps=0)
     assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.*"))
+
+
+def test_a_tiny_model_with_cut_weights_is_named_in_one_line_and_rebuilt(tmp_path, capsys):
+    """Issue 52, item 8: a tiny_model whose weights were cut (its other files whole) is not loaded into a
+    safetensors traceback: the damaged file is named in one line and the model rebuilt."""
+    from transformers import AutoModelForCausalLM
+
+    from trace_train.config_loader import load_config
+    from trace_train.run.policy import model_path
+    from trace_train.train import TrainConfig
+
+    cfg = load_config(TrainConfig, "cpu_demo", [f"run_dir={tmp_path / 'run'}", "model.tiny_warm_steps=0"])
+    path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed)
+    weights = tmp_path / "run" / "tiny_model" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    capsys.readouterr()
+    assert model_path(cfg.model, cfg.run_dir, seed=cfg.seed) == path
+    err = [line for line in capsys.readouterr().err.splitlines() if "Traceback" in line or "trace-train" in line]
+    assert len(err) == 1 and str(weights) in err[0] and "rebuilt" in err[0], err  # (transformers' save bar aside)
+    assert weights.read_bytes() == whole  # the same model, written whole
+    AutoModelForCausalLM.from_pretrained(path)
+
+
+def test_a_damaged_model_folder_of_the_user_is_named_in_one_line(tmp_path):
+    from trace_train import tiny
+    from trace_train.configs import ModelConfig
+    from trace_train.run.policy import model_path
+
+    folder = tiny.save_tiny(tmp_path / "mine", warm_steps=0)
+    (tmp_path / "mine" / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    with pytest.raises(ValueError, match=r"^model.name_or_path: .*tokenizer.json: .*the model folder is damaged"):
+        model_path(ModelConfig(name_or_path=folder), tmp_path / "run", seed=0)

@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trace_train.child_python import isolated_environment, module_command
 from . import origin
 
 __all__ = ["main", "TOLERANCE", "SECTIONS", "tree_packing", "training_steps", "logprob_memory", "update_throughput",
@@ -326,9 +327,9 @@ def two_ranks(device: str, timeout: int = 600) -> list[dict]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={port}",
+        cmd = [*module_command("torch.distributed.run"), "--nproc_per_node", "2", f"--master_port={port}",
                "-m", "trace_train.bench.gpu_check_ranks", tmp, device]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = isolated_environment({**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         rows = []

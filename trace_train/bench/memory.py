@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..child_python import module_command
 from . import BACKEND_NAMES, origin
 
 
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for kind in args.backends:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "trace_train.train", "--config", args.config, f"steps={args.steps}",
+            cmd = [*module_command("trace_train.train"), "--config", args.config, f"steps={args.steps}",
                    f"backend.kind={kind}", f"run_dir={tmp}/run", "tensorboard=false", *args.overrides]
             print(json.dumps({"backend": kind, "overrides": args.overrides, **measure(cmd, env)}), flush=True)
     return 0

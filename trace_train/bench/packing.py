@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
 import os
 import tempfile
 import threading
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trace_train.child_python import spawn_pool
 from . import origin
 
 __all__ = ["BenchConfig", "main", "learning", "measure_update", "measure_logprob_memory", "long_prefix_batch",
@@ -283,10 +283,9 @@ def measure_logprob_memory(job: dict) -> dict:
 def logprob_memory(chunks=(0, 256, 1024), threads: int = 1, out: str = "results/bench_logprob_memory.json") -> dict:
     """Peak memory of one update at Qwen3's vocabulary, full log-softmax (chunk 0) against chunks."""
     rows = []
-    ctx = multiprocessing.get_context("spawn")
     for chunk in chunks:
         job = {"chunk": chunk, "threads": threads, "prefix": 1024, "k": 2, "generated": 128}
-        with ctx.Pool(1) as pool:
+        with spawn_pool(1) as pool:
             row = pool.apply(measure_logprob_memory, (job,))
         rows.append(row)
         print(f"logprob_chunk_tokens={chunk:5d}  positions {row['positions']} (trained {row['trained_positions']})  peak {row['peak_mb']:7.0f} MB "
@@ -333,9 +332,8 @@ def main(config: BenchConfig) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         jobs = _jobs(config, tmp)
-        ctx = multiprocessing.get_context("spawn")
         for job in jobs:
-            with ctx.Pool(1) as pool:
+            with spawn_pool(1) as pool:
                 row = pool.apply(measure_update, (job,))
             rows.append(row)
             print(f"{row['case']:16s} {row['packing']:9s} forward {row['forward_tokens']:7d} unique "

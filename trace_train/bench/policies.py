@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -45,6 +44,7 @@ from scipy import stats
 
 from . import origin
 from ..config_loader import load_config
+from ..child_python import spawn_pool
 from ..run.metrics_log import read_metrics
 from ..train import TrainConfig, main as train
 
@@ -294,7 +294,7 @@ def run_all(out: Path, jobs: list[tuple[str, int, float]], workers: int = 1, **o
     one = {**one, "threads": 1}
     # Leaving the block for any reason (an error, Ctrl-C, SIGTERM: see `cli`) terminates the workers, so
     # no run goes on writing after the benchmark has stopped; finished runs are kept and a rerun resumes.
-    with mp.get_context("spawn").Pool(workers) as pool:
+    with spawn_pool(workers) as pool:
         pending = [pool.apply_async(run_one, (out, p, s), dict(lr=lr, **one)) for p, s, lr in jobs]
         return [job.get() for job in pending]
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from trace_train.child_python import module_command
 from . import origin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +42,9 @@ def readme_command(readme: Path = REPO / "README.md") -> list[str]:
 
 def run_seed(args: list[str], seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="quickstart_") as tmp:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "trace_train.train", *args, f"seed={seed}", f"run_dir={tmp}/run",
+        done = subprocess.run([*module_command("trace_train.train"), *args, f"seed={seed}", f"run_dir={tmp}/run",
                                "--quiet"], cwd=REPO, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
         if done.returncode:

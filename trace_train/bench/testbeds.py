@@ -24,12 +24,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from trace_train.child_python import module_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,8 +61,9 @@ _LEVEL = re.compile(r"/L(\d+|-)/")
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    """``python -m module args`` (``args``: ``["-m", module, ...]``), isolated from the caller's cwd and path."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(module_command(args[1], *args[2:]), cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(args[:3])} failed ({done.returncode}): {done.stderr[-2000:]}")
     return done

@@ -15,7 +15,7 @@ the package (import paths, the ``trace_rl.environments`` entry points) are found
                    ``system_prompt=None``, ``sandbox={}`` (fields of ``tools.sandbox.SandboxLimits``)
 ``search_qa``      ``corpus=None`` (a JSONL corpus for BM25) or ``retriever_url=None`` (a Search-R1
                    server; exactly one of the two), ``topk=3``, ``timeout=10.0`` (HTTP),
-                   ``reward="exact_match"`` ("f1_match", "token_f1"), ``max_searches=4``,
+                   ``reward="exact_match"`` (or "token_f1"; "f1_match" is reported, refused as a reward), ``max_searches=4``,
                    ``observation_role="tool"``, ``system_prompt=None``
 ``bfcl``           ``observation_role="tool"``, ``max_steps_per_turn=None`` (BFCL's limit, 20)
 =================  =================================================================================

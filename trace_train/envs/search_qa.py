@@ -18,10 +18,11 @@ The retriever is shared by every instance and holds no episode state: BM25 over 
 (``tools.search.BM25Retriever``) or a Search-R1 HTTP retrieval server (``HttpRetriever``), chosen by the
 factory's config (``registry.search_qa``).
 
-Reward (``reward``): ``"exact_match"`` (default; SQuAD-normalised exact match with any gold answer),
-``"f1_match"`` (the paper's exact match at token F1 >= 0.3) or ``"token_f1"`` (the F1 itself, a graded
-reward in [0, 1]: the rollout engine then needs ``RolloutConfig(binary_rewards=False)``, see
-:attr:`SearchQAEnv.binary_rewards`). No answer scores 0. :meth:`SearchQAEnv.metrics` reports all three.
+Reward (``reward``): ``"exact_match"`` (default; SQuAD-normalised exact match with any gold answer) or
+``"token_f1"`` (the F1 itself, a graded reward in [0, 1]: the rollout engine then needs
+``RolloutConfig(binary_rewards=False)``, see :attr:`SearchQAEnv.binary_rewards`). No answer scores 0.
+:meth:`SearchQAEnv.metrics` reports both and ``f1_match`` (the paper's exact match at token F1 >= 0.3),
+which is refused as a reward because it pays hedged answers ("yes no" against "yes"; ``verifiers.qa``).
 
 Snapshots are :class:`QAState` values holding every search and its observation, so a restored episode
 never queries the retriever again for what it already saw.
@@ -115,7 +116,7 @@ class SearchQAEnv:
     ----------
     search : SearchTool
         The search tool (a retriever and ``topk``), shared by all instances.
-    reward : {"exact_match", "f1_match", "token_f1"}
+    reward : {"exact_match", "token_f1"}
         What :meth:`verify` returns; "token_f1" is graded (use ``binary_rewards=False`` in the engine).
     max_searches : int
         Searches per episode.

@@ -172,7 +172,8 @@ def fit_inline(encoding: dict, state: State, y: np.ndarray, w: np.ndarray, *, de
 
 _BOOT = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
          "import runpy; runpy.run_path(sys.argv[1], run_name='__main__')")
-"""The child's command: this file by path, without the working directory on ``sys.path``."""
+"""The child's command (run with ``-I``: no working directory, ``PYTHONPATH`` or user site on ``sys.path``):
+this file by path, without the working directory on ``sys.path``."""
 
 _SHARED: "FitProcess | None" = None
 _LIVE: "weakref.WeakSet[FitProcess]" = weakref.WeakSet()
@@ -235,7 +236,7 @@ class FitProcess:
         if self._proc is None:
             self._pid = os.getpid()
             env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, os.path.abspath(__file__)],
+            self._proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, os.path.abspath(__file__)],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         pickle.dump((name, args, kwargs), self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
         self._proc.stdin.flush()

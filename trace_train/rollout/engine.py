@@ -58,7 +58,8 @@ from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
 from ..chat import ChatFormat
 from ..envs.base import Environment, Message
-from .env_calls import CallClock, EnvCallPool, EnvFailure, OpeningFailed, describe_error, open_row
+from .env_calls import (CallClock, EnvCallPool, EnvCallsStuck, EnvFailure, OpeningFailed, describe_error,
+                        open_row)
 from .pipeline import Carried, split_wave, stale_token_share, wave_builder
 from .scheduler import Extra, GrowReport, Scheduler
 from ..configs import RolloutConfig  # the engine's config lives with every other config (importable here too)
@@ -292,6 +293,8 @@ class _Run:
             try:  # make_env, reset, snapshot on a worker, under env_timeout_s like every environment call
                 messages, snapshot = self._opener().run(CallClock(), open_row, self.engine.make_env, self.pool[prompt])
                 ids = self.chat.prompt_ids(messages)
+            except EnvCallsStuck:  # not this row's fault: the process's calls are stuck, the run stops
+                raise
             except Exception as error:  # noqa: BLE001 - an environment fault ends this row's rollouts only
                 if self.cfg.raise_env_errors:
                     raise EnvFailure(f"environment of pool row {prompt}: reset: {describe_error(error)}") from error

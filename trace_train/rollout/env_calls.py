@@ -17,9 +17,11 @@ return. The rollout scheduler runs every call through an :class:`EnvCallPool`:
   but state it shares with other instances is the environment's own affair.
 * **Nothing waits for a stuck worker at exit.** Workers are daemon threads (``ThreadPoolExecutor``'s
   are joined at interpreter exit, which is how one hung call used to hold the process after the run
-  ended); :func:`abandoned_calls` counts the workers left behind, and past :data:`MAX_ABANDONED` of
-  them in one process the pool refuses new work with a :class:`EnvFailure` naming the cause, rather
-  than leak threads without bound.
+  ended); :func:`abandoned_calls` counts the workers left behind that are still in their call (one
+  whose late call returns ends and is no longer counted: a tool now and then slower than the deadline
+  costs nothing lasting), and with :data:`MAX_ABANDONED` of them stuck at once in one process the pool
+  refuses new work with :class:`EnvCallsStuck`, rather than leak threads without bound; ``trace-train``
+  turns it into its environment-failure stop (a checkpoint and one line).
 
 What an environment returns is checked by the scheduler (:func:`reward_value`, :func:`describe_error`
 here): a failure of any kind ends one rollout with ``env_error`` or ``env_timeout``, never the batch.
@@ -36,23 +38,27 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 __all__ = ["EnvFailure", "EnvTimeout", "OpeningFailed", "CallClock", "EnvCallPool", "reward_value",
-           "describe_error", "format_failure", "abandoned_calls", "MAX_ABANDONED"]
+           "describe_error", "format_failure", "abandoned_calls", "MAX_ABANDONED", "EnvCallsStuck"]
 
 MAX_ABANDONED = 1024
-"""Workers abandoned in a stuck call, per process, after which pools refuse new work."""
+"""Abandoned workers still in their call at once, per process, at which pools refuse new work."""
 
 _abandoned = 0
 _abandoned_lock = threading.Lock()
 
 
 def abandoned_calls() -> int:
-    """Workers abandoned so far in this process (their calls ran past the deadline and never returned
-    in time); each is a daemon thread that ends when its call returns, if it ever does."""
+    """Workers of this process abandoned past their deadline and still in their call now; each is a
+    daemon thread that ends (and leaves this count) when its call returns, if it ever does."""
     return _abandoned
 
 
 class EnvFailure(RuntimeError):
     """An environment call raised or ran out of time (raised only with ``raise_env_errors``)."""
+
+
+class EnvCallsStuck(EnvFailure):
+    """:data:`MAX_ABANDONED` environment calls of this process are stuck past their deadline at once."""
 
 
 class EnvTimeout(Exception):
@@ -163,6 +169,12 @@ class _Task:
         self.worker: _Worker | None = None
 
 
+def _release_abandoned() -> None:
+    global _abandoned
+    with _abandoned_lock:
+        _abandoned -= 1
+
+
 class _Worker:
     __slots__ = ("task", "abandoned")
 
@@ -219,6 +231,7 @@ class EnvCallPool:
             with self._lock:
                 worker.task = None
                 if worker.abandoned:  # past its deadline: the future already failed, a replacement runs
+                    _release_abandoned()  # its call returned: no longer stuck
                     return
                 self._idle += 1  # free for the next task (claimed by submit, as ThreadPoolExecutor does)
                 if not task.future.done():
@@ -234,8 +247,8 @@ class EnvCallPool:
         if self._closed:
             raise RuntimeError("the environment call pool is shut down")
         if _abandoned >= MAX_ABANDONED:
-            raise EnvFailure(f"{_abandoned} environment calls are stuck past env_timeout_s in this process; "
-                             "the environment does not bound its own calls (a tool without a timeout?)")
+            raise EnvCallsStuck(f"{_abandoned} environment calls are stuck past env_timeout_s at once in this "
+                                "process; the environment does not bound its own calls (a tool without a timeout?)")
         future: Future = Future()
         future.set_running_or_notify_cancel()
         with self._lock:  # an idle worker takes it, else a new one up to `size`

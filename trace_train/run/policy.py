@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -20,11 +22,15 @@ DEMONSTRATED_ROWS = 256
 def model_path(model: ModelConfig, run_dir: str | Path, *, seed: int, task=None) -> str:
     """A directory or hub id both back ends can load; the tiny model is built into the run directory, warmed
     on the task's scripted expert over its first training rows where the task has one (``tiny.save_tiny``)."""
-    if model.name_or_path != "tiny":
-        return model.name_or_path
     from .. import tiny
 
+    if model.name_or_path != "tiny":
+        if os.path.isdir(model.name_or_path) and (damaged := tiny.damaged_file(model.name_or_path)) is not None:
+            raise ValueError(f"model.name_or_path: {damaged}; the model folder is damaged (copy or export it again)")
+        return model.name_or_path
     path = Path(run_dir) / "tiny_model"
+    if path.is_dir() and (damaged := tiny.damaged_file(path)) is not None:  # a write cut before the rename
+        print(f"trace-train: {damaged}; the tiny model is rebuilt", file=sys.stderr)  # existed (older versions)
     if not tiny.is_complete(path):  # written whole or not at all (an older cut write is rebuilt)
         shown = None if task is None or task.demonstration is None else (
             task.make_env, task.train_rows[:DEMONSTRATED_ROWS], task.demonstration)

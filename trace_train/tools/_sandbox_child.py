@@ -9,19 +9,15 @@ Process tree (everything below runs before any model-written code):
 
 - B, this script: reads the request, then (unless namespaces are off) calls ``unshare(2)`` for new
   network, PID, IPC and mount namespaces, plus a user namespace that maps the caller's own uid and gid when
-  the caller is not root. In the private mount namespace it makes every mount read-only (one
-  ``mount_setattr(2)`` with ``AT_RECURSIVE``), then mounts fresh size-limited tmpfs file systems on
-  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory (bytes and inodes capped), over a
-  minimal read-only ``/dev`` (``DEVICES``, no terminal): the only writable places, private to
-  this run and freed by the kernel when its last process exits. An interpreter directory below one of
-  them (a ``.venv`` or checkout under ``/tmp``) is held open before the tmpfs covers it and bind-mounted
-  back, read-only, at the same path; nothing else of the host's temporary directories is visible. When
-  the code will run as the
-  unprivileged sandbox user (root caller), each directory on the way to ``sys.path`` that others cannot
-  traverse (``/root`` holding a pyenv Python) is first covered with an empty tmpfs into which only the
-  interpreter's own directories are bind-mounted back. Then B forks C and exits with C's code.
+  the caller is not root. In the private mount namespace it builds a new root (``_private_root``: a
+  read-only tmpfs holding the system directories and the interpreter's own, bound read-only, a minimal
+  read-only ``/dev`` (``DEVICES``, no terminal), fresh size-limited tmpfs file systems on ``/tmp``,
+  ``/var/tmp``, ``/dev/shm`` and the working directory: the only writable places, private to this run)
+  and pivots into it, keeping the host's root at ``OLD_ROOT`` for C. Nothing else of the host is
+  reachable: not ``/home``, ``/root`` (but for a pyenv Python, bound alone under traversable parents),
+  data directories or the checkout. Then B forks C and exits with C's code.
 - C: PID 1 of the new PID namespace (and a child subreaper, for when there is none). Mounts a ``/proc``
-  of the new PID namespace over the host's, forks G, moves itself out of the process group that the
+  of the new PID namespace, detaches the host's root (``OLD_ROOT``), forks G, moves itself out of the process group that the
   caller kills at the wall-clock limit, reaps every orphan until G exits, then kills whatever is left
   (orphaned descendants become its children) and exits with G's exit code (128 + signal number when G
   died from a signal). At the wall-clock deadline (an interval timer) it kills every descendant and
@@ -65,6 +61,8 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 SYS_MOUNT_SETATTR, SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 442, 444, 445, 446
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine, -1)
+MNT_DETACH = 2
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the code sees (with namespaces)
 # System calls refused with EPERM by the seccomp filter, per machine: socket (every family, which also
@@ -193,24 +191,6 @@ def _interpreter_under_private_tmp():
     return outermost
 
 
-def _interpreter_links_under_private_tmp():
-    """``(path, target)`` of every symbolic link below one of ``PRIVATE_TMP`` on the way to an
-    interpreter directory as the interpreter names it (``sys.path``, prefixes, executable, unresolved):
-    ``/tmp/env -> /opt/env`` makes ``sys.prefix`` ``/tmp/env``, which the private tmpfs would hide. The
-    links are made again, with the same targets, in the private tmpfs."""
-    tmp = [p for p in PRIVATE_TMP if os.path.isdir(p) and not os.path.islink(p)]
-    named = [os.path.abspath(p) for p in sys.path + [sys.prefix, sys.base_prefix, sys.executable] if p]
-    links = {}
-    for path in named:
-        parts = path.split(os.sep)[1:]
-        for depth in range(1, len(parts) + 1):
-            prefix = os.sep + os.path.join(*parts[:depth])
-            if any(prefix.startswith(t + os.sep) for t in tmp) and os.path.islink(prefix):
-                links.setdefault(prefix, os.readlink(prefix))
-                break  # what lies beyond is reached through the link
-    return sorted(links.items())
-
-
 def _make_traversable_dirs(path):
     """``mkdir -p path`` with every created directory mode 755, whatever the umask."""
     parent = os.path.dirname(path)
@@ -221,60 +201,136 @@ def _make_traversable_dirs(path):
         os.chmod(path, 0o755)
 
 
-def _private_dev(devices):
-    """A minimal read-only ``/dev``: the ``devices`` (held open as ``(name, O_PATH fd)`` before it
-    covers the host's) bound back, ``fd``/``stdin``/``stdout``/``stderr`` links and an empty ``shm``
-    (a private tmpfs is mounted there next). No terminal (``/dev/tty``, ``/dev/pts``, ``/dev/ptmx``)
-    and no other device of the host is reachable."""
-    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64")
-    for name, fd in devices:
-        try:
-            with open(f"/dev/{name}", "x"):
-                pass
-            _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
-        finally:
-            os.close(fd)
-    for index, name in enumerate(("stdin", "stdout", "stderr")):
-        os.symlink(f"/proc/self/fd/{index}", f"/dev/{name}")
-    os.symlink("/proc/self/fd", "/dev/fd")
-    os.mkdir("/dev/shm")
-    _read_only("/dev")
-
-
 def _tmpfs_bounds(size):
     """tmpfs options bounding bytes (``size``) and inodes (one per 16 KiB of ``size``, at least 64)."""
     return f"size={size},nr_inodes={max(64, size // 16384)}"
 
 
-def _private_mounts(workdir, owner, size):
-    """Read-only root; fresh tmpfs (``size`` bytes each) on the temporary directories and ``workdir``.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+"""What the new root shows of the host besides the interpreter: programs, libraries and configuration."""
+OLD_ROOT = "/.oldroot"
+"""Where the host's root stays, in the new root, until C has mounted its ``/proc``; then it is detached."""
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+"""This ``trace_train`` package (it ships data files): never shown, even inside a shown site-packages."""
 
-    Interpreter directories below a temporary directory are held open (``O_PATH``) before the tmpfs
-    covers them, then bind-mounted back, read-only, from ``/proc/self/fd``: the interpreter stays
-    usable and nothing else of the host's ``/tmp`` is visible.
+
+def _is_beneath(path, tops):
+    return any(path == top or path.startswith(top.rstrip(os.sep) + os.sep) for top in tops)
+
+
+def _checkout_root():
+    """The source checkout this package was imported from (holds ``pyproject.toml`` or ``.git``), or None."""
+    root = os.path.dirname(PACKAGE_DIR)
+    return root if any(os.path.exists(os.path.join(root, name)) for name in ("pyproject.toml", ".git")) else None
+
+
+def _shown_interpreter_dirs():
+    """The outermost interpreter directories to bind into the new root: ``_interpreter_dirs`` less those
+    below a system directory (bound already) and less any that would show the checkout whole."""
+    checkout = _checkout_root()
+    system = [os.path.realpath(path) for path in SYSTEM_DIRS if os.path.isdir(path)]
+    needed = sorted(path for path in _interpreter_dirs()
+                    if not _is_beneath(path, system) and not (checkout and _is_beneath(checkout, [path])))
+    outermost = []
+    for path in needed:
+        if not outermost or not _is_beneath(path, [outermost[-1]]):
+            outermost.append(path)
+    return outermost
+
+
+def _bind_read_only(source, target):
+    _mount(source, target, None, MS_BIND | MS_REC)
+    _read_only(target)
+
+
+def _recreate_links(root, shown):
+    """Symbolic links on the way to an interpreter directory as the interpreter names it (``sys.path``,
+    prefixes, executable, unresolved), made again in the new root where they lie outside what is bound:
+    ``/tmp/env -> /opt/env`` makes ``sys.prefix`` ``/tmp/env``."""
+    named = [os.path.abspath(p) for p in sys.path + [sys.prefix, sys.base_prefix, sys.executable] if p]
+    for path in named:
+        parts = path.split(os.sep)[1:]
+        for depth in range(1, len(parts) + 1):
+            prefix = os.sep + os.path.join(*parts[:depth])
+            if _is_beneath(prefix, shown) or not os.path.lexists(prefix):
+                break
+            if os.path.islink(prefix):
+                if not os.path.lexists(root + prefix):
+                    _make_traversable_dirs(os.path.dirname(root + prefix))
+                    os.symlink(os.readlink(prefix), root + prefix)
+                break  # what lies beyond is reached through the link
+
+
+def _private_root(workdir, owner, size):
+    """Build a new root file system holding only what the interpreter needs, and pivot into it.
+
+    A read-only tmpfs holds: the system directories (``SYSTEM_DIRS``, bound read-only, or the same
+    symbolic links), the interpreter's own directories (``sys.path``, prefixes, executable: bound
+    read-only at their real paths, parents made traversable, so a ``/root/.pyenv`` Python serves the
+    unprivileged sandbox user), a minimal ``/dev``, an empty ``/proc`` (C mounts its own), fresh
+    size-limited tmpfs file systems on ``PRIVATE_TMP`` and the working directory. Nothing else: no
+    ``/home``, ``/root``, data directories, Hugging Face cache or checkout; this package's own directory
+    (it ships data files) is covered by an empty tmpfs where a bound site-packages would show it. The
+    host's root stays at ``OLD_ROOT`` until C detaches it.
     """
-    keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-            for path in _interpreter_under_private_tmp()]
-    devices = [(name, os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)) for name in DEVICES]
-    links = _interpreter_links_under_private_tmp()
-    _read_only()
-    _private_dev(devices)
+    root = workdir  # any directory serves as the mount point of the new root; the host's stays empty
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m,nr_inodes=4096")
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), root + path)
+        elif os.path.isdir(path):
+            os.mkdir(root + path, 0o755)
+            _bind_read_only(path, root + path)
+    _private_dev_at(root)
+    for path in ("/proc", OLD_ROOT):
+        os.mkdir(root + path, 0o755)
     for path in PRIVATE_TMP:
         if os.path.isdir(path) and not os.path.islink(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_tmpfs_bounds(size)}")
-    for path, target in links:  # the interpreter reached through a symlink under /tmp
-        _make_traversable_dirs(os.path.dirname(path))
-        os.symlink(target, path)
-    for path, fd in keep:
-        try:
-            _make_traversable_dirs(path)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        finally:
-            os.close(fd)
-        _read_only(path)
-    os.makedirs(workdir, exist_ok=True)  # inside the new /tmp when the working directory was there
-    _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV,
+            _make_traversable_dirs(root + path)
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_tmpfs_bounds(size)}")
+    shown = _shown_interpreter_dirs()
+    _recreate_links(root, shown)
+    for path in shown:
+        _make_traversable_dirs(root + path)
+        _bind_read_only(path, root + path)
+    if os.path.isdir(root + PACKAGE_DIR):
+        _mount("tmpfs", root + PACKAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k,nr_inodes=4")
+    _make_traversable_dirs(root + workdir)
+    _mount("tmpfs", root + workdir, "tmpfs", MS_NOSUID | MS_NODEV,
            f"mode=700,{_tmpfs_bounds(size)},uid={owner[0]},gid={owner[1]}")
+    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)
+    _libc_call("syscall", ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), os.fsencode(root),
+               ctypes.c_uint(0), attr, ctypes.c_size_t(len(attr)))
+    _libc_call("syscall", ctypes.c_long(SYS_PIVOT_ROOT), os.fsencode(root), os.fsencode(root + OLD_ROOT))
+    os.chdir("/")
+
+
+def _private_dev_at(root):
+    """A minimal read-only ``/dev`` at ``root + "/dev"``: the ``DEVICES`` bound from the host's,
+    ``fd``/``stdin``/``stdout``/``stderr`` links and an empty ``shm`` (a private tmpfs is mounted there
+    next). No terminal (``/dev/tty``, ``/dev/pts``, ``/dev/ptmx``) and no other device of the host."""
+    _make_traversable_dirs(root + "/dev")
+    _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64")
+    for name in DEVICES:
+        with open(f"{root}/dev/{name}", "x"):
+            pass
+        _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
+    for index, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{index}", f"{root}/dev/{name}")
+    os.symlink("/proc/self/fd", f"{root}/dev/fd")
+    os.mkdir(f"{root}/dev/shm")
+    _read_only(root + "/dev")
+
+
+def _leave_old_root(isolation):
+    """C, after mounting its ``/proc``: detach the host's root (kept until then because the kernel lets a
+    user namespace mount a ``/proc`` only while a full one is visible). Without a private ``/proc`` the
+    host's is bound instead (its processes then show, as the missing layer already says)."""
+    if "private-root" not in isolation:
+        return
+    if "private-proc" not in isolation:
+        _mount(OLD_ROOT + "/proc", "/proc", None, MS_BIND | MS_REC)
+    _libc_call("umount2", os.fsencode(OLD_ROOT), ctypes.c_int(MNT_DETACH))
 
 
 def _enter_namespaces(request):
@@ -297,12 +353,10 @@ def _enter_namespaces(request):
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        if request["drop_to"]:
-            _expose_interpreter()
-        _private_mounts(request["workdir"], owner, request["limits"]["scratch_bytes"])
+        _private_root(request["workdir"], owner, request["limits"]["scratch_bytes"])
     except OSError as error:
         return _degraded(request, f"private mounts: {error.strerror}", layers)
-    return layers + ["read-only-filesystem", "private-tmp"]
+    return layers + ["read-only-filesystem", "private-tmp", "private-root"]
 
 
 def _degraded(request, reason, layers):
@@ -360,9 +414,16 @@ def _reaper(request, report_fd, isolation):
             isolation.append("private-proc")
         except OSError as error:
             isolation.append(_degraded(request, f"/proc of the PID namespace: {error.strerror}", [])[0])
+    try:
+        _leave_old_root(isolation)
+    except OSError as error:
+        isolation.remove("private-root")
+        isolation.extend(_degraded(request, f"leaving the host's root: {error.strerror}", []))
+    own_count = _own_user_namespace_pipes(request)
     worker = os.fork()
     if worker == 0:
-        _worker(request, report_fd, isolation)
+        _worker(request, report_fd, isolation, own_count)
+    _map_worker_ids(worker, request, own_count)
     # The wall clock, enforced inside the run too: code that left the caller's process group (setsid)
     # is not reached by the caller's kill, so at the deadline this process kills every descendant
     # and exits; with a PID namespace the kernel then kills whatever is left in it.
@@ -382,6 +443,62 @@ def _reaper(request, report_fd, isolation):
 
 # --------------------------------------------------------------------------------------------------
 # G: limits, privileges, kernel filters, audit hook, then the cells
+
+
+def _own_user_namespace_pipes(request):
+    """C, root caller: two pipes for G to enter a user namespace of its own whose id maps C writes (G, once
+    inside, may no longer). None when the code does not run as ``sandbox_uid`` or namespaces are off."""
+    if not request["drop_to"] or request["namespaces"] == "off":
+        return None
+    return os.pipe(), os.pipe()
+
+
+def _enter_own_user_namespace(pipes):
+    """G, root caller: ``unshare(CLONE_NEWUSER)``, then wait for C to map ``sandbox_uid``/``gid`` and root.
+
+    RLIMIT_NPROC counts the processes of a (user namespace, uid) pair (Linux >= 5.14), so in a namespace of
+    its own the sandbox user's limit counts this run's processes only: not the machine's other ``nobody``
+    processes, nor concurrent sandbox calls. Done before any limit is set (the namespace takes the
+    caller's limit as its ceiling). False when the kernel refuses (the count is then system-wide)."""
+    if pipes is None:
+        return False
+    (ready_read, ready_write), (mapped_read, mapped_write) = pipes
+    os.close(ready_read)
+    os.close(mapped_write)
+    try:
+        _libc_call("unshare", CLONE_NEWUSER)
+        entered = True
+    except OSError:
+        entered = False
+    os.write(ready_write, b"1" if entered else b"0")
+    os.close(ready_write)
+    done = os.read(mapped_read, 1) == b"1"
+    os.close(mapped_read)
+    return entered and done
+
+
+def _map_worker_ids(worker, request, pipes):
+    """C: write G's id maps once G is in its own user namespace (C holds CAP_SETUID/SETGID outside it)."""
+    if pipes is None:
+        return
+    (ready_read, ready_write), (mapped_read, mapped_write) = pipes
+    os.close(ready_write)
+    os.close(mapped_read)
+    done = False
+    if os.read(ready_read, 1) == b"1":
+        uid, gid = request["drop_to"]
+        try:
+            # root too (unprivileged there: G holds no capability once it is sandbox_uid), as the kernel
+            # refuses writes to files whose owner is not mapped (the private /tmp and /dev/null are root's)
+            for name, text in (("uid_map", f"0 0 1\n{uid} {uid} 1"), ("gid_map", f"0 0 1\n{gid} {gid} 1")):
+                with open(f"/proc/{worker}/{name}", "w") as f:
+                    f.write(text)
+            done = True
+        except OSError:
+            pass
+    os.close(ready_read)
+    os.write(mapped_write, b"1" if done else b"0")
+    os.close(mapped_write)
 
 
 def _processes_of(uid):
@@ -626,16 +743,21 @@ def _run_cells(request):
     return 0 if ok else 1
 
 
-def _worker(request, report_fd, isolation):
+def _worker(request, report_fd, isolation, own_count=None):
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         drop = request["drop_to"]
-        _set_limits(request["limits"], request["processes"] if drop else _processes_of(os.getuid()))
+        own = drop and _enter_own_user_namespace(own_count)
+        processes = 0 if own else request["processes"] if drop else _processes_of(os.getuid())
+        _set_limits(request["limits"], processes)
         if drop:
             _drop_privileges(*drop)
             isolation.append("unprivileged-user")
+        if own:
+            _drop_capabilities()  # uid 0 is not mapped in G's namespace, so setuid kept them there
+            isolation.append("own-process-count")
         os.chdir(request["workdir"])
         _kernel_filters(request, isolation)
         sys.dont_write_bytecode = True

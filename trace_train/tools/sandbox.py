@@ -13,7 +13,11 @@ non-root callers; ``_sandbox_child.py`` describes the process tree. In short:
 - Kernel namespaces (``namespaces="auto"`` or ``"require"``): new network namespace (no network, not
   even the host's loopback), PID namespace whose init reaps and kills everything the code started and
   whose own ``/proc`` hides the host's processes (its init also kills everything at the wall clock),
-  IPC namespace, mount namespace with a minimal ``/dev`` (no terminal) in which every mount is read-only except
+  IPC namespace, mount namespace whose root is a new one (``pivot_root``) holding only what the
+  interpreter needs: the system directories (``/usr``, ``/bin``, ``/lib*``, ``/etc``), the
+  interpreter's prefix, standard library and site-packages (this package's own directory, which ships
+  data, covered), a minimal ``/dev`` (no terminal); no ``/home``, ``/root``, data, Hugging Face cache or
+  checkout, so code cannot read the training set's answers. Every mount is read-only except
   fresh size-limited tmpfs file systems on the working directory, ``/tmp``, ``/var/tmp`` and
   ``/dev/shm`` (private to the call, gone when it ends), and, for a non-root caller, an unprivileged user
   namespace (its capabilities are dropped before the code runs). With ``"auto"`` a kernel that refuses
@@ -53,7 +57,7 @@ from pathlib import Path
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _NAMESPACE_MODES = ("auto", "require", "off")
 _REQUIRED_LAYERS = ("network-namespace", "pid-namespace", "ipc-namespace", "mount-namespace",
-                     "read-only-filesystem", "private-tmp", "private-proc", "seccomp")
+                     "read-only-filesystem", "private-tmp", "private-root", "private-proc", "seccomp")
 
 
 class IsolationWarning(RuntimeWarning):
@@ -75,7 +79,10 @@ class SandboxLimits:
     memory_bytes: int = 1 << 30
     """Address-space limit per process (RLIMIT_AS)."""
     max_processes: int = 16
-    """Processes the code may add for the sandbox user (RLIMIT_NPROC headroom)."""
+    """Processes the code may add (RLIMIT_NPROC headroom). RLIMIT_NPROC counts the processes of a (user
+    namespace, uid) pair (Linux >= 5.14), and the code runs in a user namespace of its own (a root caller's
+    ``sandbox_uid`` too: layer ``own-process-count``), so only the run's own processes count; without
+    namespaces the limit counts every process of that uid, and a refused ``fork`` says so."""
     max_file_bytes: int = 16 << 20
     """Largest file the code may write (RLIMIT_FSIZE)."""
     max_open_files: int = 256
@@ -312,6 +319,8 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
     stdout, stderr, report = (
         streams[key].decode("utf-8", "replace") for key in ("stdout", "stderr", "report")
     )
+    if f"[Errno {errno.EAGAIN}] Resource temporarily unavailable" in stderr:
+        stderr += _process_limit_note(limits, report)
     header, _, rest = report.partition("\n")
     layers = json.loads(header)["isolation"] if header else []
     isolation = tuple(layer for layer in layers if not layer.startswith("missing: "))
@@ -330,6 +339,15 @@ def _run_cells(cells: tuple[str, ...], *, replay: int, limits: SandboxLimits) ->
         missing=missing,
         finished="finished" in rest.split(),
     )
+
+
+def _process_limit_note(limits: SandboxLimits, report: str) -> str:
+    """What a refused new process (EAGAIN) most likely met: the sandbox's process limit, and what it counts."""
+    counted = ("this run's processes only" if "own-process-count" in report or "user-namespace" in report
+               else f"every process of uid {limits.sandbox_uid if os.geteuid() == 0 else os.getuid()} on this machine "
+                    "(no user namespace here)")
+    return (f"\n[sandbox: a new process was refused: the limit is max_processes={limits.max_processes} more "
+            f"processes, counting {counted}]\n")
 
 
 def _child_environment(limits: SandboxLimits, workdir: str) -> dict[str, str]:

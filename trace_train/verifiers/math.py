@@ -22,6 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from trace_train.child_python import module_command
 from trace_train.verifiers.answers import extract_math_answer
 
 _STARTUP_SECONDS = 120.0
@@ -78,7 +79,7 @@ class MathChecker:
     def _worker(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "trace_train.verifiers._math_worker"],
+                module_command("trace_train.verifiers._math_worker"),  # isolated: not the caller's cwd or PYTHONPATH
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
