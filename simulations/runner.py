@@ -26,8 +26,8 @@ from typing import Protocol
 import numpy as np
 
 from trace_theory import POLICIES, AllocationPolicy, EagerPlan, Origin, Prediction, RolloutBudget, get_policy, run_step
+from trace_theory.expansion import EXPANSIONS, Eager, Expansion, PlantEvents, Wave, get_expansion
 from trace_theory.pipelined import Pending, run_pipelined_step
-from trace_theory.eager import EXPANSIONS
 from trace_theory.step import Kind, Starts, StepRecord, in_rollout_order
 
 from .predictors import PREDICTORS, Predictor
@@ -167,7 +167,7 @@ def sample_batch(
     pool: int,
     rng: np.random.Generator,
     expansion_rounds: int = 1,
-    expansion: str = "barrier",
+    expansion: str | Expansion = "barrier",
     eager: EagerPlan | None = None,
     order_seed: int | None = None,
 ) -> Batch:
@@ -189,12 +189,13 @@ def sample_batch(
     rng : numpy.random.Generator
     expansion_rounds : int, default 1
         R: rounds of prefix expansion for branching policies (``trace_theory.step``).
-    expansion : {"barrier", "streamed", "eager"}, default "barrier"
-        When continuations start (``trace_theory.eager.EXPANSIONS``); "eager" needs ``eager``. The
-        simulated rollouts are drawn as the barrier draws them, so the three differ only in the driver's
-        decisions and in when each continuation starts (:func:`critical_path`).
+    expansion : str or trace_theory.Expansion, default "barrier"
+        When continuations start (a name of ``trace_theory.EXPANSIONS`` that runs within one step, or a
+        built mode). The simulated rollouts are drawn as the barrier draws them, so the modes differ only in
+        the driver's decisions and in when each continuation starts (:func:`critical_path`).
     eager : trace_theory.EagerPlan, optional
-        The reserve share and threshold of eager expansion.
+        With ``expansion="eager"``: its reserve share, threshold, objective and lag (default
+        ``EagerPlan()``).
     order_seed : int, optional
         Shuffle the order in which rollouts report their turn boundaries and trees their ends (as the
         engine's timing would); None: in time order. The batch does not depend on it.
@@ -203,10 +204,13 @@ def sample_batch(
     -------
     Batch
     """
-    if expansion not in EXPANSIONS:
-        raise ValueError(f"`expansion` must be one of {EXPANSIONS}, got {expansion!r}")
-    if (expansion == "eager") != (eager is not None):
-        raise ValueError("pass `eager` (an EagerPlan) exactly when `expansion` is 'eager'")
+    if isinstance(expansion, str):
+        EXPANSIONS.check(expansion)
+    if eager is not None and expansion != "eager":
+        raise ValueError(f"`eager` (an EagerPlan) is read only with `expansion='eager'`, got {expansion!r}")
+    mode = Eager(eager) if eager is not None else get_expansion(expansion)
+    if mode.defers:
+        raise ValueError(f"expansion {mode.name!r} spans two steps: use sample_pipelined")
     n_roots, _ = policy.split(budget)
     need = -(-n_roots // policy.group_size)
     if pool < need:
@@ -215,7 +219,7 @@ def sample_batch(
         )
     sim_world = BernoulliWorld(world, world.sample_prompts(pool, rng), predictor, rng, order_seed=order_seed)
     record = run_step(sim_world, policy, budget, pool=pool, rng=rng, expansion_rounds=expansion_rounds,
-                      streamed=expansion == "streamed", eager=eager)
+                      expansion=mode)
     return sim_world.batch(record)
 
 
@@ -235,7 +239,7 @@ class BernoulliWorld:
         self.planted = 0
         self.sim: SimForest | None = None
         self.completed: "BernoulliWorld | None" = None
-        """After a pipelined wave: the pending step's world, its continuations grown (``plant_pipelined``)."""
+        """After a pipelined wave: the pending step's world, its continuations grown (:meth:`_wave`)."""
 
     def predict_prompts(self, prompts, *, concentration: bool) -> Prediction:
         payload = {k: a[prompts] for k, a in self.prompts.items()}
@@ -253,7 +257,17 @@ class BernoulliWorld:
         turns = getattr(self.world, "expected_turns", None)
         return guess if turns is None else dataclasses.replace(guess, cost=turns(depth))
 
-    def plant(self, prompts, counts):
+    def plant(self, prompts, counts, events: PlantEvents | Wave | None = None):
+        """``World.plant``: the bare rollouts; with a streaming mode's events, each tree's decisions as it
+        ends (:meth:`_streamed`); with a pipelined :class:`~trace_theory.expansion.Wave`, the pending step's
+        continuations in the same wave (:meth:`_wave`)."""
+        if isinstance(events, Wave):
+            return self._wave(prompts, counts, events)
+        if events is not None:
+            return self._streamed(prompts, counts, events)
+        return self._bare(prompts, counts)
+
+    def _bare(self, prompts, counts):
         planted = np.flatnonzero(self.m)
         if prompts.size and planted.size and prompts.min() <= planted.max():
             raise ValueError("prompts must be planted in increasing order, each once")
@@ -274,12 +288,8 @@ class BernoulliWorld:
                 self.sim = self.sim.grow(at, rollouts, origin=origin)
         return self.sim.forest
 
-    def plant_streamed(self, prompts, counts, expand, rest):
-        """``StreamingWorld.plant_streamed``: the bare rollouts, each tree expanded at its end, then the rest."""
-        return self.plant_eager(prompts, counts, None, expand, rest)
-
-    def plant_eager(self, prompts, counts, commit, expand, rest):
-        """``EagerWorld.plant_eager`` on simulated rollouts.
+    def _streamed(self, prompts, counts, events: PlantEvents):
+        """A streaming mode's plant on simulated rollouts.
 
         The bare rollouts are drawn at once (they do not depend on branching), and so are the predictions
         at their prefixes, in rollout order, exactly as the barrier asks for them: then barrier, streamed
@@ -288,7 +298,7 @@ class BernoulliWorld:
         ``order_seed`` everything consistent with each rollout's own order, shuffled), what the engine would
         tell it; all continuations and top-ups are then grown in one call, as the barrier grows them.
         """
-        forest = self.plant(prompts, counts)
+        forest = self._bare(prompts, counts)
         anchors = in_rollout_order(forest, forest.prefix_anchors())
         guess = self.predict_nodes(anchors, concentration=True) if anchors.size else None
         tree = forest.tree_index[anchors]
@@ -304,22 +314,22 @@ class BernoulliWorld:
         k = np.zeros(anchors.size, dtype=np.int64)
         leaves = np.flatnonzero(forest.is_leaf)
         early = np.zeros(len(forest.roots), dtype=np.int64)
-        if commit is not None:
+        if events.boundaries:
             # turn boundaries (prefix at depth d: time d) and rollout ends (leaf at depth L: time L), each
             # rollout's in its own order; the end after the boundaries of the same time
             position = np.full(len(forest), -1, dtype=np.int64)
             position[anchors] = np.arange(anchors.size)
             chain = 1_000_000 * forest.tree_index + _rollout_in_tree(forest)[forest.rollout_start]
-            events = np.concatenate([anchors, leaves])
+            happened = np.concatenate([anchors, leaves])
             time = np.concatenate([2 * depth, 2 * forest.depth[leaves] + 1])
             where = {(int(tree[a]), int(rollout[a]), int(depth[a])): a for a in range(anchors.size)}
-            for e in _event_order(time, chain[events], order_rng):
-                node = int(events[e])
+            for e in _event_order(time, chain[happened], order_rng):
+                node = int(happened[e])
                 t, j = int(forest.tree_index[node]), int(rollout_of[node])
                 if e < anchors.size:
-                    branches = commit(t, j, int(depth[e]), at(np.array([e])))
+                    branches = events.turn_boundary(t, j, int(depth[e]), at(np.array([e])))
                 else:
-                    branches = commit.ended(t, j, int(forest.depth[node]), float(forest.reward[node]))
+                    branches = events.rollout_ended(t, j, int(forest.depth[node]), float(forest.reward[node]))
                 for branch in branches:
                     if branch.depth == 0:
                         early[t] += branch.count
@@ -330,8 +340,8 @@ class BernoulliWorld:
         for t in _event_order(ends, np.arange(ends.size), order_rng):
             mine = np.flatnonzero(tree == t)
             reward = forest.reward[forest.factual_leaf[anchors[mine]]]
-            k[mine] += expand(int(t), reward, at(mine))
-        top_ups, more = rest()
+            k[mine] += events.tree_ended(int(t), reward, at(mine))
+        top_ups, more = events.rest()
         top_ups = top_ups + early
         k += np.concatenate(more) if len(more) else 0
         roots = forest.roots
@@ -341,19 +351,19 @@ class BernoulliWorld:
                         np.concatenate([top_ups[topped], k[branch]]).astype(np.int64))
         return self.grow(starts) if len(starts) else forest
 
-    def plant_pipelined(self, prompts, counts, pending: Pending | None):
-        """``PipelinedWorld.plant_pipelined``: this step's bare rollouts and, in the same wave, the pending
-        step's continuations and top-ups, drawn from this world (the policy of this step: in the tree MDP,
-        one update newer than their prefixes) below the pending step's forest."""
-        forest = self.plant(prompts, counts) if len(prompts) else None
-        done = None
+    def _wave(self, prompts, counts, wave: Wave):
+        """A pipelined wave: this step's bare rollouts and, in the same wave, the pending step's
+        continuations and top-ups, drawn from this world (the policy of this step: in the tree MDP, one
+        update newer than their prefixes) below the pending step's forest."""
+        forest = self._bare(prompts, counts) if len(prompts) else None
+        pending = wave.pending
         if pending is not None:
             carried = copy.copy(pending.carried)  # the previous step's world, grown by this step's policy
             carried.world, carried.rng = self.world, self.rng
             carried.grow(pending.starts)
             self.completed = carried
-            done = carried.sim.forest
-        return forest, done
+            wave.grown = carried.sim.forest
+        return forest
 
     def carry(self) -> "BernoulliWorld":
         """What a pending step keeps of this world: the world itself (its rollouts and payloads)."""

@@ -39,6 +39,7 @@ THEORY_STOREYS = (
                 "trace_theory.targets", "trace_theory.metrics")),
     ("decisions", ("trace_theory.allocate", "trace_theory.policies", "trace_theory.advantages", "trace_theory.eager",
                    "trace_theory.benchmark")),
+    ("expansion modes", ("trace_theory.expansion", "trace_theory.expansion.*")),
     ("driver", ("trace_theory.step", "trace_theory.pipelined", "trace_theory.selfcheck", "trace_theory")),
 )
 

@@ -15,6 +15,7 @@ from .policies import (  # noqa: F401
 )
 from .dynamic_sampling import DynamicSamplingState, group_outcomes, mixed_groups  # noqa: F401
 from .eager import EagerPlan, expected_flip_probability, expected_flip_probability_gain  # noqa: F401
+from .expansion import EXPANSIONS, Expansion, get_expansion  # noqa: F401
 from .step import KINDS, Prediction, Starts, StepRecord, round_shares, run_step  # noqa: F401
 from .pipelined import Pending, PipelinedStep, run_pipelined_step  # noqa: F401
 from .targets import VALUE_METHODS, node_targets, node_values, root_outcomes  # noqa: F401

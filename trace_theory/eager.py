@@ -25,7 +25,7 @@ with prediction v and price c (in rollouts of its prompt), the rule commits the 
 gain g(k) / c exceeds the threshold tau, while the rollout's remaining budget pays for them. A decision
 reads its own rollout's history and tau only, so it is independent of the order in which rollouts
 reach their turn boundaries (the engine's timing). What a rollout leaves unspent joins its tree's
-outcome-aware reserve (:func:`trace_theory.step.run_step` with ``expansion="eager"``), so the step spends
+outcome-aware reserve (:mod:`trace_theory.expansion.eager`), so the step spends
 exactly its budget, as the barrier does.
 
 Regret against the barrier's offline optimum OPT (``allocate_prefixes`` on every prefix, r known):
@@ -63,11 +63,7 @@ import numpy as np
 from . import _checks
 
 __all__ = ["expected_flip_probability", "expected_flip_probability_gain", "rollout_joint_gain", "EagerPlan",
-           "rollout_budgets", "threshold_spend", "offline_level", "EXPANSIONS"]
-
-EXPANSIONS = ("barrier", "streamed", "eager")
-"""When a step's continuations start: after every bare rollout (barrier), once their own tree's bare
-rollouts have ended (streamed), or from the turn boundary where their prefix forms (eager)."""
+           "rollout_budgets", "threshold_spend", "offline_level"]
 
 
 def _later(v: np.ndarray, v_later) -> np.ndarray:

@@ -38,16 +38,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from . import _checks
+from .expansion.barrier import expand_rounds
+from .expansion.events import KINDS, Kind, Starts
+from .expansion.pipelined import Wave, pipelines
 from .forest import RolloutForest
 from .policies import AllocationPolicy, RolloutBudget, RootAllocator
-from .step import KINDS, Kind, Starts, StepRecord, World, _expand, plan_roots, run_step
+from .step import StepRecord, World, plan_roots, run_step
 
-__all__ = ["Pending", "PipelinedStep", "PipelinedWorld", "pipelines", "run_pipelined_step"]
+__all__ = ["Pending", "PipelinedStep", "Wave", "pipelines", "run_pipelined_step"]
 
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 
@@ -65,7 +68,7 @@ class Pending:
         What to grow below ``record.forest``, in the next wave (top-ups first, then continuations).
     carried : object
         The world's own state of ``record.forest`` (the simulator's rollouts, the engine's token ids and
-        environment snapshots), what :meth:`PipelinedWorld.plant_pipelined` grows the starts from.
+        environment snapshots), what the world grows the starts from (:class:`~trace_theory.expansion.Wave`).
     """
 
     record: StepRecord
@@ -88,30 +91,6 @@ class PipelinedStep:
     """This step's trees, to be completed by the next wave; None for ``plant=False``."""
     wave: RolloutForest | None = None
     """This step's bare forest as the wave left it (``pending.record.forest``), None for ``plant=False``."""
-
-
-class PipelinedWorld(World, Protocol):
-    """A world that grows one step's bare rollouts and the previous step's continuations in one wave."""
-
-    def plant_pipelined(self, prompts: np.ndarray, counts: np.ndarray,
-                        pending: Pending | None) -> tuple[RolloutForest, RolloutForest | None]:
-        """Plant a root per prompt with ``counts[j]`` bare rollouts (as :meth:`World.plant`) and, in the same
-        generation wave, grow ``pending.starts`` below ``pending.record.forest`` from ``pending.carried``.
-        Returns (this step's forest, the pending forest with its new rollouts: ids after the old ones, in
-        the starts' order) -- (forest, None) without pending. Afterwards :meth:`World.predict_nodes`
-        answers for this step's forest."""
-
-    def carry(self) -> Any:
-        """The world's state of the forest it planted last (what :attr:`Pending.carried` holds)."""
-
-
-def pipelines(policy: AllocationPolicy, budget: RolloutBudget, expansion_rounds: int = 1) -> bool:
-    """Whether ``policy`` defers anything under pipelined expansion: it branches, has continuation budget,
-    one expansion round and a prefix rule that is not randomised. Otherwise a pipelined step is an
-    ordinary step (:func:`~trace_theory.step.run_step`), trained at once."""
-    per_root = RolloutBudget(*policy.split(budget)).continuations_per_root
-    return (policy.branches and not policy.dynamic_sampling and per_root > 0 and expansion_rounds == 1
-            and policy.streams_prefixes)
 
 
 class _Deferred:
@@ -147,7 +126,12 @@ def run_pipelined_step(
 
     Parameters
     ----------
-    world : PipelinedWorld
+    world : World
+        Its ``plant(prompts, counts, Wave(pending))`` grows this step's bare rollouts and, in the same wave,
+        ``pending.starts`` below ``pending.record.forest`` from ``pending.carried``, sets the wave's
+        ``grown`` to the pending forest grown (ids after the old ones, in the starts' order; None without
+        pending), and then answers :meth:`~trace_theory.step.World.predict_nodes` for this step's forest;
+        ``world.carry()`` returns its state of the forest it planted last (:attr:`Pending.carried`).
     policy : AllocationPolicy
         A policy that :func:`pipelines`; any other runs :func:`~trace_theory.step.run_step` and is trained
         at once (``trained`` is this step, ``pending`` None).
@@ -175,12 +159,15 @@ def run_pipelined_step(
     if not plant:
         if pending is None:
             return PipelinedStep(None, None)
-        _, done = world.plant_pipelined(_EMPTY_I, _EMPTY_I, pending)
-        return PipelinedStep(_completed(pending, done), None)
+        wave = Wave(pending)
+        world.plant(_EMPTY_I, _EMPTY_I, wave)
+        return PipelinedStep(_completed(pending, wave.grown), None)
     planned = RolloutBudget(*policy.split(budget))
     m, v, root_cost, record = plan_roots(world, policy, planned, pool=pool, rng=rng, root_allocator=root_allocator)
     active = np.flatnonzero(m > 0)
-    forest, done = world.plant_pipelined(active, m[active], pending)
+    wave = Wave(pending)
+    forest = world.plant(active, m[active], wave)
+    done = wave.grown
     if (done is None) != (pending is None):
         raise ValueError("the world must return the pending forest exactly when a pending step was passed")
     counts = dict.fromkeys(KINDS, 0)
@@ -188,7 +175,7 @@ def run_pipelined_step(
     deferred = _Deferred(world, forest)
     by_round: tuple[int, ...] = ()
     if active.size:
-        forest, m, by_round = _expand(deferred, policy, forest, m, planned.continuations_per_root, 1, rng, record,
+        forest, m, by_round = expand_rounds(deferred, policy, forest, m, planned.continuations_per_root, 1, rng, record,
                                       counts, root_cost)
     starts = deferred.starts or Starts(_EMPTY_I, np.zeros(0, dtype=np.int8), _EMPTY_I)
     decided = StepRecord(forest, m, counts=counts, continuations_by_round=by_round, rounds=1, planned=planned,

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, Literal
 
-from trace_theory import ADVANTAGES, VALUE_METHODS, AllocationPolicy, RolloutBudget, get_policy
+from trace_theory import (ADVANTAGES, EXPANSIONS, VALUE_METHODS, AllocationPolicy, Expansion, RolloutBudget,
+                          get_expansion, get_policy)
 
 from .backends import BACKENDS
 from .backends.base import Sampling
@@ -77,10 +78,6 @@ class ScheduleConfig:
         if self.env_timeout_s is not None and not 0 < self.env_timeout_s < float("inf"):
             raise ValueError(f"`env_timeout_s` must be a positive number of seconds or None, "
                              f"got {self.env_timeout_s!r}")
-
-
-EXPANSIONS = ("streamed", "barrier", "eager", "pipelined")
-"""When continuations start (:attr:`RolloutConfig.expansion`)."""
 
 
 STEP_MEMORY_BYTES = 2**40
@@ -141,9 +138,11 @@ class RolloutConfig:
     expansion_rounds: int = 1
     """R: rounds of prefix expansion for a branching policy (``trace_theory.step``; the paper: 1)."""
     expansion: str = "streamed"
-    """When a tree's continuations start: "streamed" (as soon as its own bare rollouts have ended, while
-    other trees' still generate) or "barrier" (after every bare rollout of the step). Both place the same
-    continuations (``trace_theory.step.run_step``); streamed applies to one round and a non-randomised
+    """When a tree's continuations start: a name of the registry ``trace_theory.EXPANSIONS`` (one module
+    per mode in ``trace_theory.expansion``; :meth:`expansion_mode` builds it). "streamed" (as soon as its
+    own bare rollouts have ended, while other trees' still generate: eager with ``reserve=1``) or "barrier"
+    (after every bare rollout of the step). Both place the same continuations
+    (``trace_theory.step.run_step``); streamed applies to one round and a non-randomised
     prefix rule, and other steps run with the barrier. "eager": continuations committed at the turn
     boundaries of the bare rollouts by the expected utility before the outcome is known
     (``trace_theory.eager``), the reserve ``eager_reserve`` placed as streamed places it: the step is
@@ -209,7 +208,7 @@ class RolloutConfig:
                 or self.expansion_rounds < 1:
             raise ValueError(f"`expansion_rounds` must be a positive integer, got {self.expansion_rounds!r}")
         if self.expansion not in EXPANSIONS:
-            raise ValueError(f"`expansion` must be one of {EXPANSIONS}, got {self.expansion!r}")
+            raise ValueError(f"`expansion` must be one of {tuple(EXPANSIONS)}, got {self.expansion!r}")
         if isinstance(self.eager_reserve, bool) or not isinstance(self.eager_reserve, (int, float)) \
                 or not 0.0 <= self.eager_reserve <= 1.0:
             raise ValueError(f"`eager_reserve` must be a share in [0, 1], got {self.eager_reserve!r}")
@@ -232,6 +231,15 @@ class RolloutConfig:
     def budget(self) -> RolloutBudget:
         """RolloutBudget(M, N): the budget of a call without ``token_budget``, validated once per config."""
         return RolloutBudget(self.roots, self.continuations_per_root)
+
+    def expansion_mode(self, *, eager_threshold: float | None = None) -> Expansion:
+        """The registered mode of :attr:`expansion` with its settings from this config: for "eager",
+        ``eager_reserve`` and ``eager_lag``, and ``eager_threshold`` (the level carried from the previous
+        step; None: a prior from the roots)."""
+        settings = {}
+        if self.expansion == "eager":
+            settings = dict(reserve=self.eager_reserve, lag=self.eager_lag, threshold=eager_threshold)
+        return get_expansion(self.expansion, **settings)
 
     @cached_property
     def allocation_policy(self) -> AllocationPolicy:

@@ -1,10 +1,10 @@
-"""Eager expansion in the step driver, run in the simulator's world (``EagerWorld``)."""
+"""Eager expansion in the step driver, run in the simulator's world (its events, ``trace_theory.expansion``)."""
 
 import numpy as np
 import pytest
 
 from trace_theory import EagerPlan, RolloutBudget, flip_probability, get_policy
-from trace_theory.step import _EagerExpansion
+from trace_theory.expansion import TreeDecisions
 
 from simulations.model import BernoulliTreeModel
 from simulations.predictors import make_predictor
@@ -107,21 +107,21 @@ def test_the_barrier_is_the_hindsight_optimum(seed):
 
 
 def test_the_world_must_report_boundaries_in_depth_order():
-    decide = _EagerExpansion(get_policy("trace"), np.array([2]), 2, None, EagerPlan(reserve=0.0, threshold=0.0))
+    decide = TreeDecisions(get_policy("trace"), np.array([2]), 2, None, EagerPlan(reserve=0.0, threshold=0.0))
     from trace_theory import Prediction
 
     one = lambda concentration=False: Prediction(np.array([0.5]))  # noqa: E731
-    assert decide.commit(0, 0, 1, one) == ()  # lag 1: decided at the next boundary
-    assert decide.commit(0, 0, 2, one) == ((1, 2),)  # prefix at depth 1 takes the rollout's budget 2
+    assert decide.turn_boundary(0, 0, 1, one) == ()  # lag 1: decided at the next boundary
+    assert decide.turn_boundary(0, 0, 2, one) == ((1, 2),)  # prefix at depth 1 takes the rollout's budget 2
     with pytest.raises(ValueError, match="depth order"):
-        decide.commit(0, 0, 4, one)
+        decide.turn_boundary(0, 0, 4, one)
     with pytest.raises(ValueError, match="not a running bare rollout"):
-        decide.commit(0, 5, 1, one)
+        decide.turn_boundary(0, 5, 1, one)
     with pytest.raises(ValueError, match="end once"):
-        decide.ended(0, 1, 3, 1.0)
-    assert decide.ended(0, 1, 1, 0.0) == ((0, 2),)  # a one-turn rollout: its budget tops up its root
-    lag0 = _EagerExpansion(get_policy("trace"), np.array([1]), 2, None, EagerPlan(reserve=0.0, threshold=0.0, lag=0))
-    assert lag0.commit(0, 0, 1, one) == ((1, 2),)
+        decide.rollout_ended(0, 1, 3, 1.0)
+    assert decide.rollout_ended(0, 1, 1, 0.0) == ((0, 2),)  # a one-turn rollout: its budget tops up its root
+    lag0 = TreeDecisions(get_policy("trace"), np.array([1]), 2, None, EagerPlan(reserve=0.0, threshold=0.0, lag=0))
+    assert lag0.turn_boundary(0, 0, 1, one) == ((1, 2),)
 
 
 def test_the_experiment_at_quick_size():

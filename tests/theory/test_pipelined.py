@@ -9,22 +9,25 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trace_theory import POLICIES, Pending, RolloutBudget, get_policy, run_pipelined_step, run_step
+from trace_theory.expansion import Wave
 from trace_theory.pipelined import pipelines
 
 from .test_step import ScriptedWorld, record_total
 
 
 class PipelinedScripted(ScriptedWorld):
-    """A scripted world per step: ``plant_pipelined`` plants here and grows the pending step's starts in
-    the world that planted it (its outcomes are fixed by node id, as the barrier's would be)."""
+    """A scripted world per step: a wave (``plant`` with a :class:`Wave`) plants here and grows the pending
+    step's starts in the world that planted it (its outcomes are fixed by node id, as the barrier's would be)."""
 
-    def plant_pipelined(self, prompts, counts, pending):
+    def plant(self, prompts, counts, events=None):
+        if not isinstance(events, Wave):
+            return super().plant(prompts, counts, events)
+        pending = events.pending
         self.log.append(("wave", len(prompts), None if pending is None else pending.starts.tuples()))
         forest = self.plant(prompts, counts) if len(prompts) else None
-        done = None
         if pending is not None:
-            done = pending.carried.grow(pending.starts)
-        return forest, done
+            events.grown = pending.carried.grow(pending.starts)
+        return forest
 
     def carry(self):
         return self
@@ -81,13 +84,12 @@ def test_each_wave_grows_this_steps_bare_rollouts_and_the_previous_steps_continu
     events = []
 
     class Logged(PipelinedScripted):
-        def plant_pipelined(self, prompts, counts, pending):
-            events.append(("wave",))
-            out = super().plant_pipelined(prompts, counts, pending)
-            events.append(("end",))
-            return out
-
-        def plant(self, prompts, counts):
+        def plant(self, prompts, counts, wave=None):
+            if isinstance(wave, Wave):
+                events.append(("wave",))
+                out = super().plant(prompts, counts, wave)
+                events.append(("end",))
+                return out
             events.append(("plant", id(self), int(counts.sum())))
             return super().plant(prompts, counts)
 
@@ -154,10 +156,10 @@ def test_a_world_that_grows_anything_but_the_pending_starts_is_refused():
     assert first.pending.rollouts > 0
 
     class Skipping(PipelinedScripted):
-        def plant_pipelined(self, prompts, counts, pending):
-            starts = pending.starts
+        def plant(self, prompts, counts, wave=None):
+            starts = wave.pending.starts
             fewer = type(starts)(starts.node, starts.kind, np.maximum(starts.count - 1, 0))
-            return None, pending.carried.grow(fewer)
+            wave.grown = wave.pending.carried.grow(fewer)
 
     with pytest.raises(ValueError, match="grew .* rollouts from nodes other than the pending starts'"):
         run_pipelined_step(Skipping(16), get_policy("trace"), RolloutBudget(12, 3), pool=16,

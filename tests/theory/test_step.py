@@ -62,13 +62,51 @@ class ScriptedWorld:
         v = self.prompt_v[prompt]
         self.builder.finish(node, float(self._draw(start, j, 1) < v))
 
-    def plant(self, prompts, counts):
+    def plant(self, prompts, counts, events=None):
         self.log.append(("plant", prompts.copy(), counts.copy()))
+        planted = []  # per tree, the first node of each bare rollout
         for p, c in zip(prompts.tolist(), counts.tolist()):
             root = self._add(self.builder.add_root(p), -1, p, 0)
+            planted.append([])
             for _ in range(c):
+                planted[-1].append(len(self.node_depth))
                 self._rollout(root, Origin.BARE)
+        forest = self.builder.build()
+        return forest if events is None else self._report(forest, planted, events)
+
+    def _report(self, forest, planted, events):
+        """A streaming mode's events, tree by tree: each bare rollout's boundaries and end (where asked),
+        then the tree's end; then the rest. What each answer asks for is grown at once."""
+        predict = lambda nodes: lambda concentration: self.predict_nodes(np.asarray(nodes), concentration=concentration)
+        roots, anchors = forest.roots, in_rollout_order(forest, forest.prefix_anchors())
+        mine = [anchors[forest.tree_index[anchors] == t] for t in range(len(roots))]
+        for t, firsts in enumerate(planted):
+            for j, first in enumerate(firsts if events.boundaries else []):
+                length = int(forest.depth[forest.factual_leaf[first]])
+                at = lambda depth: int(roots[t]) if depth == 0 else first + depth - 1  # noqa: E731
+                for depth in range(1, length):
+                    self._branches(events.turn_boundary(t, j, depth, predict([at(depth)])), at)
+                leaf = forest.factual_leaf[first]
+                self._branches(events.rollout_ended(t, j, length, float(forest.reward[leaf])), at)
+            reward = forest.reward[forest.factual_leaf[mine[t]]]
+            self._started(mine[t], events.tree_ended(t, reward, predict(mine[t])))
+        top_ups, more = events.rest()
+        self._started(roots, top_ups)
+        for t in range(len(roots)):
+            self._started(mine[t], more[t])
         return self.builder.build()
+
+    def _branches(self, branches, at):
+        for depth, count in branches:
+            self._started([at(depth)], [count])
+
+    def _started(self, nodes, counts):
+        nodes, counts = np.asarray(nodes, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+        kinds = ["top_up" if self.node_depth[n] == 0 else "continuation" for n in nodes.tolist()]
+        self.log.append(("stream", [(int(n), kind, int(c)) for n, kind, c in zip(nodes, kinds, counts) if c]))
+        for n, kind, c in zip(nodes.tolist(), kinds, counts.tolist()):
+            for _ in range(c):
+                self._rollout(n, Origin.BARE if kind == "top_up" else Origin.CONTINUATION)
 
     def grow(self, starts):
         self.log.append(("grow", starts.tuples()))
@@ -332,8 +370,10 @@ def _streaming(base):
     their bare rollouts ended at different times, and grows each tree's continuations at once."""
 
     class Streaming(base):
-        def plant_streamed(self, prompts, counts, expand, rest):
-            forest = self.plant(prompts, counts)
+        def plant(self, prompts, counts, events=None):
+            forest = super().plant(prompts, counts)
+            if events is None:
+                return forest
             anchors = in_rollout_order(forest, forest.prefix_anchors())
             roots = forest.roots
             order = np.random.default_rng(len(self.log)).permutation(len(prompts))
@@ -341,9 +381,10 @@ def _streaming(base):
             for tree in order.tolist():
                 reward = forest.reward[forest.factual_leaf[mine[tree]]]
                 at = mine[tree]
-                k = expand(tree, reward, lambda concentration: self.predict_nodes(at, concentration=concentration))
+                k = events.tree_ended(tree, reward,
+                                      lambda concentration: self.predict_nodes(at, concentration=concentration))
                 self._start(tree, at, k)
-            top_ups, more = rest()
+            top_ups, more = events.rest()
             self.log.append(("stream", "top-ups", [(int(r), "top_up", int(c)) for r, c in zip(roots, top_ups) if c]))
             for root, c in zip(roots.tolist(), top_ups.tolist()):
                 for _ in range(c):
@@ -389,7 +430,7 @@ def test_streamed_expansion_decides_what_the_barrier_decides(name, roots, contin
     base = PricedWorld if priced else ScriptedWorld
     barrier, streamed = base(pool, horizon=horizon, seed=seed % 1000), _streaming(base)(pool, horizon=horizon, seed=seed % 1000)
     a = run_step(barrier, policy, budget, pool=pool, rng=np.random.default_rng(seed))
-    b = run_step(streamed, policy, budget, pool=pool, rng=np.random.default_rng(seed), streamed=True)
+    b = run_step(streamed, policy, budget, pool=pool, rng=np.random.default_rng(seed), expansion="streamed")
     assert b.streamed and not a.streamed
     assert _grown(streamed) == _grown(barrier)
     assert a.counts == b.counts and np.array_equal(a.groups, b.groups)
@@ -414,28 +455,28 @@ def test_streamed_falls_back_to_the_barrier_where_decisions_would_differ(name, r
     a flat policy: the step runs with the barrier, and says so."""
     world = _streaming(ScriptedWorld)(12)
     record = run_step(world, get_policy(name), RolloutBudget(8, 2), pool=12, rng=np.random.default_rng(0),
-                      expansion_rounds=rounds, streamed=True)
+                      expansion_rounds=rounds, expansion="streamed")
     assert not record.streamed and not any(entry[0] == "stream" for entry in world.log)
 
 
 def test_a_world_that_skips_or_repeats_a_tree_is_refused():
     class Skips(ScriptedWorld):
-        def plant_streamed(self, prompts, counts, expand, rest):
-            return self.plant(prompts, counts)
+        def plant(self, prompts, counts, events=None):
+            return super().plant(prompts, counts)
 
     class Repeats(ScriptedWorld):
-        def plant_streamed(self, prompts, counts, expand, rest):
-            forest = self.plant(prompts, counts)
-            expand(0, np.zeros(0), None)
-            expand(0, np.zeros(0), None)
+        def plant(self, prompts, counts, events=None):
+            forest = super().plant(prompts, counts)
+            events.tree_ended(0, np.zeros(0), None)
+            events.tree_ended(0, np.zeros(0), None)
             return forest
 
     class RestsEarly(ScriptedWorld):
-        def plant_streamed(self, prompts, counts, expand, rest):
-            rest()
+        def plant(self, prompts, counts, events=None):
+            events.rest()
 
     run = lambda world: run_step(world, get_policy("prefix_only", group_size=4), RolloutBudget(8, 2), pool=12,
-                                 rng=np.random.default_rng(0), streamed=True)
+                                 rng=np.random.default_rng(0), expansion="streamed")
     with pytest.raises(ValueError, match=r"the world must call rest\(\) once, after expanding every tree "
                                          r"\(trees \[0, 1\] of its 2 were not\)"):
         run(Skips(12))

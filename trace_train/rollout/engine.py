@@ -14,7 +14,7 @@ simulator runs; this module is the world that answers its questions:
   different rollouts run concurrently.
 
 With ``rollout.expansion=pipelined`` the driver is ``trace_theory.pipelined.run_pipelined_step``: a call's
-one generation wave also grows the previous call's continuations (:meth:`_Run.plant_pipelined`,
+one generation wave also grows the previous call's continuations (:meth:`_Run._wave`,
 :mod:`.pipeline`), the call returns the previous call's trees whole (None on the first), and the engine
 keeps its own as :attr:`RolloutEngine.pending` until the next call or :meth:`RolloutEngine.drain`.
 
@@ -44,15 +44,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trace_theory import (
-    EagerPlan,
     Origin,
     Prediction,
     RolloutBudget,
     RolloutForest,
     run_step,
 )
+from trace_theory.expansion import Kind, PlantEvents, Start, Starts, Wave
 from trace_theory.pipelined import Pending, pipelines, run_pipelined_step
-from trace_theory.step import RootAllocator, Starts, StepRecord
+from trace_theory.step import RootAllocator, StepRecord
 
 from ..backends.base import GenerationBackend, Sampling
 from .batch import BatchBuilder, History, NodePayload, Predictor, RolloutBatch, RolloutReport, Trajectory
@@ -151,7 +151,7 @@ class RolloutEngine:
         policy that branches: ``trace_theory.pipelined.pipelines``)."""
         cfg = self.config
         budget = RolloutBudget(cfg.roots, cfg.continuations_per_root)
-        return cfg.expansion == "pipelined" and pipelines(self.policy, budget, cfg.expansion_rounds)
+        return cfg.expansion_mode().defers and pipelines(self.policy, budget, cfg.expansion_rounds)
 
     def rollout(self, pool: Sequence[Mapping[str, Any]], *, predictor: Predictor | None = None,
                 seed: int | None = None) -> RolloutBatch | None:
@@ -276,7 +276,7 @@ class _Run:
         self._openings: dict[int, tuple[list[Message], list[int], Any]] = {}
         self._opening_pool: EnvCallPool | None = None
         self.done: BatchBuilder | None = None
-        """Pipelined: the previous call's trees, completed by this call's wave (:meth:`plant_pipelined`)."""
+        """Pipelined: the previous call's trees, completed by this call's wave (:meth:`_wave`)."""
         self.n_old, self.wave_tokens = 0, None
         """Pipelined: nodes the completed trees had before the wave; tokens the wave generated."""
 
@@ -339,46 +339,26 @@ class _Run:
     def predict_nodes(self, nodes: np.ndarray, *, concentration: bool) -> Prediction:
         return self._predict([self.builder.history(int(n)) for n in nodes], concentration)
 
-    def plant(self, prompts: np.ndarray, counts: np.ndarray) -> RolloutForest:
-        roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts.tolist()]
-        starts = [(root, "bare", int(k)) for root, k in zip(roots, counts)]
-        t0 = time.perf_counter()
-        if starts:
-            self._grow(starts)
-        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
-        return self.builder.build()
-
-    def plant_streamed(self, prompts: np.ndarray, counts: np.ndarray, expand, rest) -> RolloutForest:
-        """:meth:`plant`, each tree's continuations started as soon as its own bare rollouts have ended
-        (``trace_theory.step.StreamingWorld``): the scheduler reports the tree's prefixes, the driver's
-        ``expand`` places its own budget on them, and their first turns join the generation stream while
-        other trees' bare rollouts still run; after the last tree, ``rest`` adds the pooled leftovers and
-        top-ups the same way."""
+    def plant(self, prompts: np.ndarray, counts: np.ndarray, events: PlantEvents | Wave | None = None) -> RolloutForest:
+        """Roots for ``prompts`` with ``counts`` bare rollouts (``trace_theory.step.World.plant``), grown by the
+        scheduler. With a streaming mode's ``events``: the scheduler reports each tree's prefixes as its
+        bare rollouts end (and, where ``events.boundaries``, each bare rollout's turn boundaries and end as
+        they happen), the mode answers with what to start, and those rollouts join the generation stream
+        at once, beside the others; after the last tree, ``events.rest()`` adds the pooled leftovers and
+        top-ups the same way. A pipelined :class:`~trace_theory.expansion.Wave` is :meth:`_wave`."""
+        if isinstance(events, Wave):
+            return self._wave(prompts, counts, events)
         prompts = prompts.tolist()
         roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
-
-        def branch(s: int, prefixes):
-            histories = [History(prompts[s], self.pool[prompts[s]], p.depth, p.messages, p.token_ids)
-                         for p in prefixes]
-            reward = np.array([p.reward for p in prefixes], dtype=float)
-            return expand(s, reward, lambda concentration: self._predict(histories, concentration))
-
-        def more():
-            return _extras(*rest())
-
         t0 = time.perf_counter()
         if roots:
-            self._grow([(root, "bare", int(k)) for root, k in zip(roots, counts)], branch=branch, rest=more)
+            hooks = {} if events is None else self._hooks(prompts, events)
+            self._grow(Starts.of_kind(roots, Kind.BARE, counts).tuples(), **hooks)
         self.phase_seconds["bare_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
-    def plant_eager(self, prompts: np.ndarray, counts: np.ndarray, commit, expand, rest) -> RolloutForest:
-        """:meth:`plant_streamed`, and continuations committed at turn boundaries
-        (``trace_theory.step.EagerWorld``): the scheduler reports each bare rollout's boundaries and its
-        end as they happen, the driver's ``commit`` (and ``commit.ended``) returns the branches to start,
-        and they join the generation stream at once."""
-        prompts = prompts.tolist()
-        roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
+    def _hooks(self, prompts: list[int], events: PlantEvents) -> dict:
+        """The scheduler's hooks (:meth:`.scheduler.Scheduler.grow`) that tell ``events`` what happens."""
 
         def history(s: int, p) -> History:
             return History(prompts[s], self.pool[prompts[s]], p.depth, p.messages, p.token_ids)
@@ -386,11 +366,17 @@ class _Run:
         def branch(s: int, prefixes):
             reward = np.array([p.reward for p in prefixes], dtype=float)
             histories = [history(s, p) for p in prefixes]
-            return expand(s, reward, lambda concentration: self._predict(histories, concentration))
+            return events.tree_ended(s, reward, lambda concentration: self._predict(histories, concentration))
 
+        def more():
+            return _extras(*events.rest())
+
+        hooks = dict(branch=branch, rest=more)
+        if not events.boundaries:
+            return hooks
         round_: dict[int, tuple[Callable[[bool], Prediction], int]] = {}  # id(prefix) -> (its round, row)
 
-        def ahead(items):  # one round's boundaries: predicted together, when the driver first asks
+        def ahead(items):  # one round's boundaries: predicted together, when the mode first asks
             histories, asked = [history(s, p) for s, p in items], {}
 
             def predict(concentration: bool) -> Prediction:
@@ -403,51 +389,39 @@ class _Run:
         def boundary(s: int, j: int, depth: int, prefix):
             if id(prefix) in round_:
                 predict, i = round_.pop(id(prefix))
-                return commit(s, j, depth, lambda concentration: _row(predict(concentration), i))
+                return events.turn_boundary(s, j, depth, lambda concentration: _row(predict(concentration), i))
             one = [history(s, prefix)]
-            return commit(s, j, depth, lambda concentration: self._predict(one, concentration))
+            return events.turn_boundary(s, j, depth, lambda concentration: self._predict(one, concentration))
 
-        def finished(s: int, j: int, length: int, reward: float):
-            return commit.ended(s, j, length, reward)
+        return dict(hooks, boundary=boundary, finished=events.rollout_ended, ahead=ahead)
 
-        def more():
-            return _extras(*rest())
-
-        t0 = time.perf_counter()
-        if roots:
-            report = self.engine.scheduler.grow(
-                self.builder, [(root, "bare", int(k)) for root, k in zip(roots, counts)], seed=self.next_seed,
-                branch=branch, rest=more, boundary=boundary, finished=finished, ahead=ahead)
-            self.next_seed += report.seeds
-            self.grown = self.grown + report
-        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
-        return self.builder.build()
-
-    def plant_pipelined(self, prompts: np.ndarray, counts: np.ndarray,
-                        pending: Pending | None) -> tuple[RolloutForest, RolloutForest | None]:
-        """One wave (``trace_theory.pipelined.PipelinedWorld``, :mod:`.pipeline`): this call's roots with
-        their bare rollouts and ``pending``'s continuations and top-ups, in one grow call. Afterwards
-        :attr:`builder` holds this call's trees alone and :attr:`done` the pending's, whole."""
+    def _wave(self, prompts: np.ndarray, counts: np.ndarray, wave: Wave) -> RolloutForest:
+        """One pipelined wave (:mod:`.pipeline`): this call's roots with their bare rollouts and the wave's
+        pending continuations and top-ups, in one grow call. Afterwards :attr:`builder` holds this call's
+        trees alone, :attr:`done` the pending's, whole (``wave.grown`` their forest)."""
+        pending = wave.pending
         carried = None if pending is None else pending.carried
         if pending is not None and not isinstance(carried, Carried):
             raise ValueError(f"the pending step must carry the engine's trees, got {type(carried).__name__}")
         binary = self.cfg.binary_rewards
-        wave, n_old, shift = wave_builder(carried, binary_rewards=binary)
-        roots = [wave.add_root(p + shift, self.pool[p], *self._opening(p)) for p in prompts.tolist()]
-        starts = ([] if pending is None else pending.starts.tuples()) + \
-            [(root, "bare", int(k)) for root, k in zip(roots, counts)]
+        builder, n_old, shift = wave_builder(carried, binary_rewards=binary)
+        roots = [builder.add_root(p + shift, self.pool[p], *self._opening(p)) for p in prompts.tolist()]
+        starts = Starts.of_kind(roots, Kind.BARE, counts)
+        if pending is not None:
+            starts = pending.starts + starts
         t0 = time.perf_counter()
-        if starts:
-            report = self.engine.scheduler.grow(wave, starts, seed=self.next_seed)
+        if len(starts):
+            report = self.engine.scheduler.grow(builder, starts.tuples(), seed=self.next_seed)
             self.next_seed += report.seeds
             self.grown = self.grown + report
         self.phase_seconds["bare_generation" if roots else "expansion_generation"] += time.perf_counter() - t0
-        grown = wave.build()
+        grown = builder.build()
         old_tokens = 0.0 if carried is None else float(carried.forest.cost.sum())
         self.wave_tokens = int(round(float(grown.cost.sum()) - old_tokens))
-        done, self.builder = split_wave(wave, grown, n_old, shift, binary_rewards=binary)
+        done, self.builder = split_wave(builder, grown, n_old, shift, binary_rewards=binary)
         self.done, self.n_old, self.planted = done, n_old, self.builder.build()
-        return self.planted, None if done is None else done.build()
+        wave.grown = None if done is None else done.build()
+        return self.planted
 
     def carry(self) -> Carried:
         """This call's trees as the next wave grows them (``Pending.carried``)."""
@@ -460,21 +434,18 @@ class _Run:
         self.phase_seconds["expansion_generation"] += time.perf_counter() - t0
         return self.builder.build()
 
-    def _grow(self, starts: list[tuple[int, str, int]], branch=None, rest=None) -> None:
+    def _grow(self, starts: list[Start], **hooks) -> None:
         """Generate ``k`` rollouts from each ``(node, kind, k)`` (:meth:`.scheduler.Scheduler.grow`)."""
-        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed, branch=branch, rest=rest)
+        report = self.engine.scheduler.grow(self.builder, starts, seed=self.next_seed, **hooks)
         self.next_seed += report.seeds
         self.grown = self.grown + report
 
     # ---- the call and its result ------------------------------------------------------------------
 
     def execute(self, budget: RolloutBudget, *, plant: bool = True) -> RolloutBatch | None:
-        if self.cfg.expansion == "pipelined":
+        mode = self.cfg.expansion_mode(eager_threshold=self.engine.eager_threshold)
+        if mode.defers:
             return self._execute_pipelined(budget, plant)
-        eager = None
-        if self.cfg.expansion == "eager":
-            eager = EagerPlan(reserve=self.cfg.eager_reserve, threshold=self.engine.eager_threshold,
-                              lag=self.cfg.eager_lag)
         policy = self.engine.policy
         share = getattr(self.engine.root_allocator, "dynamic_share", None)
         if policy.dynamic_sampling and share is not None:  # DAPO under torchrun: this rank's part of one budget
@@ -482,8 +453,7 @@ class _Run:
         try:
             record = run_step(self, policy, budget, pool=len(self.pool), rng=self.rng,
                               expansion_rounds=self.cfg.expansion_rounds,
-                              root_allocator=self.engine.root_allocator, streamed=self.cfg.expansion == "streamed",
-                              eager=eager)
+                              root_allocator=self.engine.root_allocator, expansion=mode)
         finally:
             if self._opening_pool is not None:
                 self._opening_pool.shutdown()

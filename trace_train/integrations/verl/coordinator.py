@@ -1,9 +1,9 @@
 """One TRACE step's decisions for trees that verl grows elsewhere: ``trace_theory.step.run_step``, streamed.
 
-The coordinator is the step driver's world (:class:`~trace_theory.step.StreamingWorld`), the same driver
+The coordinator is the step driver's world (:class:`~trace_theory.step.World`, streamed), the same driver
 our engine (``trace_train.rollout.engine``) and the simulator call, so the decisions are one algorithm:
 
-1. :meth:`StepCoordinator.start` runs ``run_step(..., streamed=True)`` on a thread. The driver predicts the
+1. :meth:`StepCoordinator.start` runs ``run_step(..., expansion="streamed")`` on a thread. The driver predicts the
    pool's openings and allocates the roots; :meth:`start` returns the group sizes m, which the trainer's
    batch hook hands verl as each prompt's ``__rollout_n__`` (prompts with m = 0 are not submitted).
 2. Each prompt's ``_run_prompt`` (:mod:`.tree_growth`) runs its m bare sessions and reports the tree's
@@ -30,8 +30,8 @@ never the agent loop's (the worker awaits them); in-process, :class:`ThreadedCoo
 coordinator's own bounded pool for the same reason.
 
 **What the coordinator asks of ``trace_theory``**: ``run_step(world, policy, budget, pool=, rng=,
-root_allocator=, streamed=True)`` with itself as the world (``predict_prompts``, ``plant_streamed`` and
-the ``expand(tree, reward, predict)`` / ``rest()`` callables it is handed), ``Prediction``,
+root_allocator=, expansion="streamed")`` with itself as the world (``predict_prompts``, and ``plant`` with
+the streamed mode's events: ``events.tree_ended(tree, reward, predict)`` and ``events.rest()``), ``Prediction``,
 ``RolloutForest.from_parents`` and, for the fit, ``node_targets`` and ``root_outcomes``.
 
 Policies: any registered one whose prefix rule streams (``policy.streams_prefixes``; the branching rules
@@ -144,7 +144,7 @@ class StepCoordinator:
 
     def expand(self, tree: int, reward, histories: Sequence) -> np.ndarray:
         """Continuations per prefix of ``tree`` from the tree's own budget (rollout order, see the module)."""
-        self._wait(lambda: self._m is not None, "the roots to be planted")  # plant_streamed sets _expand first
+        self._wait(lambda: self._m is not None, "the roots to be planted")  # plant sets _expand first
         reward = np.asarray(reward, dtype=float).reshape(-1)
         if len(histories) != reward.size:
             raise ValueError(f"tree {tree}: {reward.size} prefix rewards but {len(histories)} histories")
@@ -244,7 +244,7 @@ class StepCoordinator:
         cost[0] = 0.0
         return np.asarray(parent, dtype=np.int64), np.asarray(reward, dtype=float), origin, cost
 
-    # ---- the driver's world (trace_theory.step.StreamingWorld) ------------------------------------
+    # ---- the driver's world (trace_theory.step.World) -----------------------------------------------
 
     def predict_prompts(self, prompts: np.ndarray, *, concentration: bool) -> Prediction:
         return self._predict([self.openings[int(i)] for i in prompts], concentration)
@@ -252,13 +252,14 @@ class StepCoordinator:
     def predict_nodes(self, nodes: np.ndarray, *, concentration: bool) -> Prediction:
         raise ValueError("the verl plugin expands each tree once, streamed; the barrier's predict_nodes is not used")
 
-    def plant(self, prompts: np.ndarray, counts: np.ndarray) -> RolloutForest:
-        self._planted(prompts, counts)
-        return self._forest()
-
-    def plant_streamed(self, prompts, counts, expand, rest) -> RolloutForest:
-        with self._lock:
-            self._expand, self._rest = expand, rest
+    def plant(self, prompts: np.ndarray, counts: np.ndarray, events=None) -> RolloutForest:
+        """The roots; with streamed expansion's ``events`` (``trace_theory.expansion.PlantEvents``), each
+        tree's :meth:`expand` and :meth:`rest` are its ``tree_ended`` and ``rest``."""
+        if events is not None:
+            if events.boundaries:
+                raise ValueError("the verl plugin reports no turn boundaries: eager expansion is not supported")
+            with self._lock:
+                self._expand, self._rest = events.tree_ended, events.rest
         self._planted(prompts, counts)
         return self._forest()
 
@@ -297,7 +298,7 @@ class StepCoordinator:
     def _drive(self) -> None:
         try:
             record = run_step(self, self.policy, self.budget, pool=self.pool, rng=np.random.default_rng(self.seed),
-                              root_allocator=self.root_allocator, streamed=True)
+                              root_allocator=self.root_allocator, expansion="streamed")
         except BaseException as error:  # noqa: BLE001 - re-raised in every waiting caller
             with self._lock:
                 self._error = error
