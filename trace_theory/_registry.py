@@ -30,6 +30,11 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._entries[name] = entry
 
+    def remove(self, name: str) -> T:
+        """Unregister ``name`` (a test's own entry); returns it."""
+        self[name]
+        return self._entries.pop(name)
+
     def __getitem__(self, name: str) -> T:
         try:
             return self._entries[name]

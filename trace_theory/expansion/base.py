@@ -53,11 +53,17 @@ class Expansion:
     defers : bool
         Whether a step's continuations are grown in the next step's wave (``trace_theory.pipelined``
         drives such a step: the barrier's decisions, deferred).
+    decides_as_barrier : bool
+        Whether its continuations and top-ups are the barrier's node for node, given the same bare
+        rollouts and predictions. The decision test checks that, and for a mode that decides otherwise
+        (earlier, with less known) that it spends the same budget and that the barrier, the hindsight
+        optimum, reaches at least its prefix utility.
     """
 
     name: str = "barrier"
     streams: bool = False
     defers: bool = False
+    decides_as_barrier: bool = True
 
     def events(self, policy, m_tree: np.ndarray, per_root: int, tree_cost: np.ndarray | None,
                root_v: np.ndarray | None) -> PlantEvents:

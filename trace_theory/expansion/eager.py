@@ -35,6 +35,11 @@ class Eager(Expansion):
     name: str = "eager"
     streams = True
 
+    @property
+    def decides_as_barrier(self) -> bool:
+        """With the whole budget in reserve (streamed), the two passes are ``allocate_prefixes``."""
+        return self.plan.reserve >= 1.0
+
     def events(self, policy, m_tree, per_root, tree_cost, root_v) -> "TreeDecisions":
         return TreeDecisions(policy, m_tree, per_root, tree_cost, self.plan, root_v)
 
