@@ -52,15 +52,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .backends import BACKENDS, build_backend
+from .backends import BACKENDS, evaluation_backend
 from .backends.base import Sampling
+from .chat import ChatFormat
 from .config_loader import config_from_dict, config_to_dict, field_docs, safe_load
 from .configs import RolloutConfig
 from .rollout.engine import RolloutEngine
 from .envs.base import EndReason, EpisodeLimits
 from .envs.registry import EnvFactory
 from .envs.spec import EnvironmentSource, build_factory, find_environment
-from .envs.tooling import chat_format, observation_role_for
+from .envs.tooling import observation_role_for
 from .preflight import check_device, check_model
 from .run.files import open_no_follow, write_file, writable_dir
 from .tools import bounded_json
@@ -310,10 +311,9 @@ def _check_prompts(rows: Sequence[dict], factory: EnvFactory, chat, limits: Epis
 
 
 def _load_backend(config: EvalConfig):
-    """The back end, from the registry ``trace-train`` builds its back ends from too."""
-    options = {"max_model_len": config.max_context_tokens, **config.vllm_options} if config.backend == "vllm" else {}
-    return build_backend(config.backend, config.model, dtype=config.dtype, seed=config.seed, device=config.device,
-                         **options)
+    """The back end, from the registry ``trace-train`` builds its back ends from too (its entry maps this
+    config onto the back end's options)."""
+    return evaluation_backend(config)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -459,7 +459,7 @@ def _generate(config: EvalConfig, rows: list[dict], pending: list[dict], path: P
     kwargs = dict(config.rollout_options.get("chat_template_kwargs") or {})
     if config.enable_thinking is not None:
         kwargs["enable_thinking"] = config.enable_thinking
-    chat = chat_format(tokenizer, tools=factory.tools, template_kwargs=kwargs)
+    chat = ChatFormat(tokenizer, tools=factory.tools, template_kwargs=kwargs)
     _check_prompts(pending, factory, chat, config.limits)
     backend = _load_backend(config)  # the first expensive step: everything above has been checked
     position = {row["id"]: i for i, row in enumerate(rows)}

@@ -46,10 +46,10 @@ from trace_theory.pipelined import Pending
 
 from .backends import training_backend
 from .backends.base import generator_asleep, pad_token_id
+from .chat import ChatFormat
 from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
-from .envs.tooling import chat_format
 from .run.collapse import CollapseWatch
 from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
 from .run.heap import startup_objects_frozen
@@ -270,7 +270,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         ref.requires_grad_(False).eval()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
-    chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
+    chat = ChatFormat(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
     rollout = _rollout_config(cfg, task)
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
@@ -368,7 +368,7 @@ def _rollout(run: Run, step: int) -> RolloutBatch | None:
     Every step starts from an empty prefix cache (where the back end has one), so a resumed run computes
     what the uninterrupted one did: the pipeline's fill step changes no weights, and evaluation fills the
     cache between steps."""
-    if hasattr(run.backend, "reset_prefix_cache"):
+    if run.backend.capabilities.prefix_cache_reset:
         run.backend.reset_prefix_cache()
     engine, cfg = run.engine, run.cfg
     seed = _step_seed(cfg.seed, step, run.info.rank)
@@ -478,12 +478,12 @@ def _sync_weights(run: Run) -> None:
     vLLM takes them as a stream (``backends.vllm_backend.VLLMBackend.update_weights``): each parameter is
     gathered (under FSDP, its shards cast to ``model.dtype`` first), loaded, and freed before the next, so
     the sync's peak is one parameter, not a second full copy of the model."""
-    if getattr(run.backend, "model", None) is run.policy:  # a transformers back end that shares the weights:
+    if run.backend.shares_weights(run.policy):  # a transformers back end that shares the weights:
         run.backend.reset_prefix_cache()  # they changed in place, what its prefix cache holds is stale
     else:
         dtype = getattr(torch, run.cfg.model.dtype)  # the fp32 masters, rounded once for the generator
         weights = iter_full_tensors(run.policy, run.info, dtype)
-        if not getattr(run.backend, "streams_weights", False):
+        if not run.backend.capabilities.weight_streaming:
             weights = dict(weights)
         run.backend.update_weights(weights)
 

@@ -402,3 +402,40 @@ def test_vllm_kernel_scan_survives_llvmlite_in_the_process():
     # Without the shield the same scan fails: the test above can fail.
     bare = subprocess.run([sys.executable, "-c", code.format(shield="")], capture_output=True, text=True)
     assert bare.returncode != 0 and "_lib_fn_wrapper" in bare.stderr
+
+
+def test_capabilities_are_declared_not_probed():
+    """A back end that has ``stream``, ``sleep`` and ``wake_up`` methods but declares none of them gets a
+    batched stream and is never put to sleep: callers read ``capabilities``, not the methods they find."""
+    from trace_train.backends.base import BatchedStream, Capabilities, generator_asleep, request_stream
+
+    class Undeclared:
+        capabilities = Capabilities()
+        calls: list = []
+
+        def stream(self):
+            self.calls.append("stream")
+
+        def sleep(self):
+            self.calls.append("sleep")
+
+        def wake_up(self):
+            self.calls.append("wake_up")
+
+    backend = Undeclared()
+    assert isinstance(request_stream(backend), BatchedStream)
+    with generator_asleep(backend):
+        pass
+    assert backend.calls == []
+    backend.capabilities = Capabilities(streaming=True, sleep_wake=True)
+    request_stream(backend)
+    with generator_asleep(backend):
+        pass
+    assert backend.calls == ["stream", "sleep", "wake_up"]
+
+
+def test_the_transformers_back_end_declares_what_it_does(hf_backend):
+    caps = hf_backend.capabilities
+    assert caps.prefix_cache_reset and not (caps.streaming or caps.sleep_wake or caps.weight_streaming)
+    assert hf_backend.shares_weights(hf_backend.model) and not hf_backend.shares_weights(object())
+    assert isinstance(hf_backend, GenerationBackend)

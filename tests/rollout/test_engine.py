@@ -13,6 +13,7 @@ import torch
 
 from trace_theory import POLICIES, Origin, RolloutBudget, get_policy, top_up_roots
 from trace_theory.step import in_rollout_order
+from trace_train.backends import Capabilities
 from trace_train.chat import ChatFormat
 from trace_train.rollout.engine import History, RolloutConfig, RolloutEngine
 from trace_train.envs import EndReason, EpisodeLimits, GuessNumberEnv, make_rows
@@ -143,6 +144,8 @@ def test_the_report_accounts_for_every_rollout_and_token(backend):
 
 class RecordingBackend:
     """Delegates to a real back end and records the requests of every ``generate`` call."""
+
+    capabilities = Capabilities()  # generate only: the engine batches its requests (BatchedStream)
 
     def __init__(self, backend):
         self.backend, self.calls = backend, []

@@ -5,7 +5,9 @@
 :class:`BackEnd`: ``build(model, dtype=..., seed=..., device=..., **options)`` (every builder takes the same
 keywords and passes the rest to its back end: :func:`build_backend`) and ``for_training(cfg, model_path,
 device=..., policy=..., tokenizer=..., sharded=...)``, which maps the trainer's config onto that back end's
-own options (:func:`training_backend`). A new back end is its module and its entry here.
+own options (:func:`training_backend`), and ``for_evaluation(config)``, the same for ``trace-eval``'s
+``EvalConfig`` (:func:`evaluation_backend`). What a back end can do beyond generating is declared on it
+(``base.Capabilities``). A new back end is its module and its entry here.
 
 The back-end modules import torch, transformers or vLLM; importing this package does not.
 """
@@ -16,10 +18,11 @@ from typing import Any, Callable
 
 from trace_theory._registry import Registry
 
-from .base import Completion, GenerationBackend, GenerationRequest, GenerationStats, Sampling  # noqa: F401
+from .base import (Capabilities, Completion, GenerationBackend, GenerationRequest, GenerationStats,  # noqa: F401
+                   Sampling)
 
-__all__ = ["BACKENDS", "BackEnd", "build_backend", "training_backend", "Completion", "GenerationBackend", "GenerationRequest", "GenerationStats",
-           "Sampling"]
+__all__ = ["BACKENDS", "BackEnd", "build_backend", "training_backend", "evaluation_backend", "Capabilities",
+           "Completion", "GenerationBackend", "GenerationRequest", "GenerationStats", "Sampling"]
 
 
 
@@ -32,6 +35,8 @@ class BackEnd:
     for_training: Callable[..., GenerationBackend]
     """``(cfg, model_path, *, device, policy, tokenizer, sharded)``: the generator of a ``TrainConfig`` run
     (``policy``: the trained model with its fp32 master weights; ``sharded``: FSDP shards it)."""
+    for_evaluation: Callable[..., GenerationBackend]
+    """``(config)``: the generator of a ``trace-eval`` run (``trace_train.evaluate.EvalConfig``)."""
 
 
 BACKENDS: Registry[BackEnd] = Registry("back end")
@@ -48,6 +53,11 @@ def training_backend(cfg, model_path: str, *, device: str, policy, tokenizer, sh
     """The generation engine of a training run: ``BACKENDS[cfg.backend.kind].for_training``."""
     return BACKENDS[cfg.backend.kind].for_training(cfg, model_path, device=device, policy=policy,
                                                    tokenizer=tokenizer, sharded=sharded)
+
+
+def evaluation_backend(config) -> GenerationBackend:
+    """The generation engine of an evaluation (``EvalConfig``): ``BACKENDS[config.backend].for_evaluation``."""
+    return BACKENDS[config.backend].for_evaluation(config)
 
 
 def _transformers(model: str, *, dtype: str, seed: int, device: str, weights=None, tokenizer=None,
@@ -112,5 +122,16 @@ def _vllm_for_training(cfg, model_path: str, *, device: str, policy, tokenizer, 
                  sleep_mode=b.sleeps_on(device), **extra)
 
 
-BACKENDS.add("hf", BackEnd(_transformers, _transformers_for_training))
-BACKENDS.add("vllm", BackEnd(_vllm, _vllm_for_training))
+def _transformers_for_evaluation(config) -> GenerationBackend:
+    """transformers in ``config.dtype`` on ``config.device`` ("auto": cuda when available, else cpu)."""
+    return _transformers(config.model, dtype=config.dtype, seed=config.seed, device=config.device)
+
+
+def _vllm_for_evaluation(config) -> GenerationBackend:
+    """vLLM with a context of ``config.max_context_tokens`` and ``config.vllm_options`` (``--vllm-options``)."""
+    options = {"max_model_len": config.max_context_tokens, **config.vllm_options}
+    return _vllm(config.model, dtype=config.dtype, seed=config.seed, device=config.device, **options)
+
+
+BACKENDS.add("hf", BackEnd(_transformers, _transformers_for_training, _transformers_for_evaluation))
+BACKENDS.add("vllm", BackEnd(_vllm, _vllm_for_training, _vllm_for_evaluation))

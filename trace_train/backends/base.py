@@ -20,6 +20,11 @@ the same semantics, so the rollout engine and the trainer never branch on which 
 * **Weights.** :meth:`GenerationBackend.update_weights` loads a trainer's state dict (Hugging Face
   parameter names) in place; no cached state computed with the old weights survives it.
 
+**Capabilities are declared, never probed.** Beyond ``generate`` and ``update_weights`` a back end says what
+else it does in :attr:`GenerationBackend.capabilities` (:class:`Capabilities`: prefix-cache reset, its own
+request stream, sleep and wake, weight streaming); callers read the declaration, and call the matching
+method only where it is declared.
+
 A back end may also take requests one at a time (:class:`RequestStream`): ``submit`` queues a request
 under a caller's key and ``poll`` advances generation by one engine step and returns the requests that
 finished. The vLLM back end does so through vLLM's request-level engine API (continuous batching:
@@ -34,8 +39,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
-__all__ = ["pad_token_id", "Sampling", "GenerationRequest", "Completion", "GenerationStats", "GenerationBackend",
-           "RequestStream", "BatchedStream", "request_stream", "generator_asleep"]
+__all__ = ["pad_token_id", "Sampling", "GenerationRequest", "Completion", "GenerationStats", "Capabilities",
+           "GenerationBackend", "RequestStream", "BatchedStream", "request_stream", "generator_asleep"]
 
 
 @dataclass(frozen=True)
@@ -139,18 +144,41 @@ class GenerationStats:
         return GenerationStats(*(getattr(self, f.name) - getattr(earlier, f.name) for f in fields))
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a back end does beyond ``generate`` and ``update_weights`` (each False unless declared)."""
+
+    prefix_cache_reset: bool = False
+    """``reset_prefix_cache()`` empties a prefix cache kept across calls."""
+    streaming: bool = False
+    """``stream()`` returns the back end's own :class:`RequestStream` (continuous batching); otherwise
+    callers get a :class:`BatchedStream` (:func:`request_stream`)."""
+    sleep_wake: bool = False
+    """``sleep()`` frees its GPU memory (KV cache, weights) until ``wake_up()`` restores it."""
+    weight_streaming: bool = False
+    """``update_weights`` takes an iterator of ``(name, tensor)`` pairs and loads each as it comes (a trainer
+    then never holds a second full copy of the weights)."""
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
-    """What the rollout engine and the trainer need from a generation engine (see the module docstring)."""
+    """What the rollout engine and the trainer need from a generation engine (see the module docstring).
+
+    Optional methods, called only where :attr:`capabilities` declares them (:class:`Capabilities`):
+    ``reset_prefix_cache()``, ``stream() -> RequestStream``, ``sleep()`` and ``wake_up()``."""
 
     tokenizer: Any
     stats: GenerationStats
+    capabilities: Capabilities
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
         """Sample every request; result ``[i][j]`` is sample ``j`` of request ``i``."""
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load new weights in place (Hugging Face names); drop everything cached under the old ones."""
+
+    def shares_weights(self, model: Any) -> bool:
+        """Whether it generates from ``model``'s own parameters (then a weight update is in place already)."""
 
 
 @runtime_checkable
@@ -212,27 +240,28 @@ def pad_token_id(source) -> int:
 
 
 def request_stream(backend: GenerationBackend, *, batched: bool = False) -> RequestStream:
-    """The back end's own request stream (``backend.stream()``) if it has one, else a :class:`BatchedStream`;
-    ``batched=True`` always gives the latter (generation in lockstep batches)."""
-    if not batched and hasattr(backend, "stream"):
+    """The back end's own request stream (``backend.stream()``) where it declares one
+    (``capabilities.streaming``), else a :class:`BatchedStream`; ``batched=True`` always gives the latter
+    (generation in lockstep batches)."""
+    if not batched and backend.capabilities.streaming:
         return backend.stream()
     return BatchedStream(backend)
 
 
 @contextlib.contextmanager
 def generator_asleep(backend):
-    """Inside the block a back end with ``sleep``/``wake_up`` (vLLM with ``sleep_mode``) holds no KV cache
-    and no weights on the GPU; it is awake again after the block, also after an error. Other back ends
-    (transformers, which shares the policy's weights) are left as they are."""
-    sleep, wake = getattr(backend, "sleep", None), getattr(backend, "wake_up", None)
-    if sleep is None or wake is None:
+    """Inside the block a back end that declares ``capabilities.sleep_wake`` (vLLM with ``sleep_mode`` on a
+    platform that supports it) holds no KV cache and no weights on the GPU; it is awake again after the
+    block, also after an error. Other back ends (transformers, which shares the policy's weights) are left
+    as they are."""
+    if not backend.capabilities.sleep_wake:
         yield
         return
-    sleep()
+    backend.sleep()
     try:
         yield
     finally:
-        wake()
+        backend.wake_up()
 
 
 def _positive_int(name: str, value) -> None:

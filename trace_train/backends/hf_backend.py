@@ -27,7 +27,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests, pad_token_id
+from .base import (Capabilities, Completion, GenerationRequest, GenerationStats, Sampling, check_requests,
+                   pad_token_id)
 from .prefix_cache import PrefixCache
 
 __all__ = ["HFBackend", "shared_prefix_length", "MIN_SHARED_PREFIX", "PREFIX_CACHE_BYTES"]
@@ -53,6 +54,9 @@ class HFBackend:
         Size of the prefix cache kept across calls (:mod:`.prefix_cache`); 0 turns it off. Models whose
         cache is not plain full attention (sliding windows, linear attention) run without it.
     """
+
+    capabilities = Capabilities(prefix_cache_reset=True)
+    """A prefix cache to reset; generation in batches (no stream of its own), no sleep, weights as a dict."""
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
@@ -91,6 +95,10 @@ class HFBackend:
         is emptied."""
         self.model.load_state_dict(dict(state_dict), strict=True)
         self.reset_prefix_cache()
+
+    def shares_weights(self, model) -> bool:
+        """Whether ``model`` is the model it generates from (a single-process fp32 trainer's policy)."""
+        return self.model is model
 
     def reset_prefix_cache(self) -> None:
         """Empty the prefix cache: call it whenever the model's weights change other than through

@@ -57,10 +57,14 @@ import logging
 import os
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
-from .base import Completion, GenerationRequest, GenerationStats, Sampling, check_requests
+from .base import Capabilities, Completion, GenerationRequest, GenerationStats, Sampling, check_requests
 
-__all__ = ["VLLMBackend", "VLLMStream", "CPU_BLOCK_SIZE", "kv_cache_bytes", "cpu_cache_options",
+__all__ = ["VLLMBackend", "VLLMStream", "CPU_BLOCK_SIZE", "ENFORCE_EAGER", "kv_cache_bytes", "cpu_cache_options",
            "kv_bytes_per_token", "shield_from_kernel_scan", "RotaryReloadFilter", "engine_placement", "keeping_current_device"]
+
+ENFORCE_EAGER = True
+"""Every vLLM engine's default, the trainer's (``backend.enforce_eager``) and ``trace-eval``'s alike: no CUDA
+graph capture (a start that is faster by the capture, decoding that is slower); the GPU presets turn it off."""
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
@@ -193,7 +197,7 @@ class VLLMBackend:
     kv_cache_memory_bytes : int, optional
         Memory for the KV cache (the way to size it on CPU); defaults to vLLM's choice.
     enforce_eager : bool
-        Skip graph capture / compilation: faster start, slower decoding.
+        Skip graph capture / compilation: faster start, slower decoding (default :data:`ENFORCE_EAGER`).
     in_process : bool
         Run the engine core in this process (sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
     sleep_mode : bool
@@ -207,7 +211,7 @@ class VLLMBackend:
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None,
                  block_size: int | None = None, kv_cache_memory_bytes: int | None = None,
-                 enforce_eager: bool = False, in_process: bool = True, sleep_mode: bool = False,
+                 enforce_eager: bool = ENFORCE_EAGER, in_process: bool = True, sleep_mode: bool = False,
                  device: str | None = None, **engine_kwargs: Any):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -236,6 +240,9 @@ class VLLMBackend:
             )
         self.tokenizer = self.llm.get_tokenizer()
         self.stats = GenerationStats()
+        self.capabilities = Capabilities(prefix_cache_reset=True, streaming=True, sleep_wake=self.sleeps,
+                                         weight_streaming=True)
+        """Sleep and wake free memory only where :attr:`sleeps`; weights are synced as a stream."""
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: Sampling) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
@@ -262,8 +269,9 @@ class VLLMBackend:
         self.stats.add(request.prompt_ids, completion)
         return completion
 
-    streams_weights = True
-    """:meth:`update_weights` takes an iterator of ``(name, tensor)`` and loads each as it comes."""
+    def shares_weights(self, model) -> bool:
+        """Never: the engine holds its own copy, synced by :meth:`update_weights`."""
+        return False
 
     def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Reload the weights in place, then reset the prefix cache (see the module docstring).

@@ -112,7 +112,7 @@ def _engine(backend, env, config: BenchConfig, arm: str):
 
 
 def _call(engine, backend, pool, seed: int) -> dict:
-    if hasattr(backend, "reset_prefix_cache"):
+    if backend.capabilities.prefix_cache_reset:
         backend.reset_prefix_cache()
     batch = engine.rollout(pool, predictor=Half(), seed=seed)
     if batch is None:  # pipelined expansion's first call: the pipeline fills (the untimed warm-up)

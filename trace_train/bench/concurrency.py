@@ -85,7 +85,7 @@ def _run(backend, make_env, pool, config: ConcurrencyBenchConfig, schedule: str,
         group_size=config.group_size, schedule=schedule, env_workers=config.env_workers,
         limits=EpisodeLimits(max_turns=config.turns, max_turn_tokens=8, max_context_tokens=4096),
     )
-    if hasattr(backend, "reset_prefix_cache"):
+    if backend.capabilities.prefix_cache_reset:
         backend.reset_prefix_cache()
     report = RolloutEngine(backend, make_env, rollout).rollout(pool, seed=seed).report
     keys = ("rollouts", "generated_tokens", "seconds", "generation_seconds", "env_seconds", "overlap_seconds",

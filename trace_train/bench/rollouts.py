@@ -102,7 +102,7 @@ def _run(backend, env, pool, config: BenchConfig, mode: str, seed: int) -> dict:
         roots=g * len(pool), continuations_per_root=n, group_size=g * (1 + n) if mode == "flat" else g,
         limits=EpisodeLimits(max_turns=config.max_guesses, max_turn_tokens=8, max_context_tokens=4096),
     )
-    if hasattr(backend, "reset_prefix_cache"):
+    if backend.capabilities.prefix_cache_reset:
         backend.reset_prefix_cache()
     cpu = time.process_time()
     report = RolloutEngine(backend, env, rollout).rollout(pool, seed=seed).report
