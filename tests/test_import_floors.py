@@ -26,7 +26,7 @@ TRAIN_STOREYS = (
                "trace_train.tiny")),
     ("commands", ("trace_train.train", "trace_train.evaluate")),
     ("integrations", ("trace_train.integrations", "trace_train.integrations.*")),
-    ("benchmarks", ("trace_train.bench.*", "trace_train.gpu_check")),
+    ("benchmarks", ("trace_train.bench.*",)),
 )
 
 THEORY_STOREYS = (

@@ -1,4 +1,4 @@
-"""The bracketing step shared by the threshold searches of both allocators.
+"""The bracketing steps shared by the threshold searches of both allocators and of eager expansion.
 
 The root solver (``_roots_closed_form._bracket``: one level, the total over all prompts) and the water
 filling (``_water_fill._water_level``: one level per group) both look for a level at which a count that
@@ -6,7 +6,10 @@ falls in steps as the level rises crosses a target. Both narrow a bracket [lo, h
 the Illinois rule, which lives here: step to where the line through the two ends crosses the goal, and
 halve the weight of an end that stays put twice in a row, so that the bracket shrinks from both sides.
 Their loops differ (a scalar total with a bisection fallback and rows summed once they stop moving,
-against per-group vectors with open groups pruned) and stay with their solvers.
+against per-group vectors with open groups pruned) and stay with their solvers. Eager expansion's level
+(``eager.offline_level``) looks for the largest threshold at which a replayed rule still spends a
+target; the spend is a step function of the threshold, so a plain bisection (:func:`bisect_last`) is what
+it needs.
 """
 
 from __future__ import annotations
@@ -34,3 +37,19 @@ def illinois(f_lo, f_hi, moved, side):
     f_lo = np.where((moved == -1) & (side == -1), 0.5 * f_lo, f_lo)
     f_hi = np.where((moved == 1) & (side == 1), 0.5 * f_hi, f_hi)
     return f_lo, f_hi, np.where(moved != 0, moved, side)
+
+
+def bisect_last(holds, lo: float, hi: float, *, steps: int = 40) -> float:
+    """The largest x in [lo, hi] at which ``holds(x)`` is true, to within (hi - lo) / 2^steps, for a
+    predicate true at ``lo`` and false at ``hi`` that changes once: bisection (the end that holds is kept).
+
+    >>> round(bisect_last(lambda x: x <= 0.3, 0.0, 1.0), 6)
+    0.3
+    """
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _checks
+from ._bracketing import bisect_last
 
 __all__ = ["expected_flip_probability", "expected_flip_probability_gain", "rollout_joint_gain", "EagerPlan",
            "rollout_budgets", "threshold_spend", "offline_level"]
@@ -386,13 +387,7 @@ def offline_level(v, price, rollout, budgets, target, *, max_per_anchor=None, ob
     lo, hi = -30.0, float(np.log(max(np.max(expected_flip_probability_gain(v, 0) / price), 1e-300)))
     if spend(np.exp(hi)) >= target - 1e-9:
         return float(np.exp(hi))
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if spend(np.exp(mid)) >= target - 1e-9:
-            lo = mid
-        else:
-            hi = mid
-    return float(np.exp(lo))
+    return float(np.exp(bisect_last(lambda t: spend(np.exp(t)) >= target - 1e-9, lo, hi)))
 
 
 def prior_level(v_root, m, budgets, *, price=None):

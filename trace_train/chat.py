@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ChatFormat", "clean_text"]
+__all__ = ["ChatFormat", "clean_text", "template_accepts_tools"]
 
 _SENTINEL = "\x00TRACE-ASSISTANT\x00"
 TOOL_RESULTS_SEPARATOR = "\n</tool_response>\n<tool_response>\n"
@@ -95,6 +95,21 @@ def _after_once(text: str, marker: str, what: str) -> str:
     return text[text.index(marker) + len(marker):]
 
 
+_TOOL_PROBE = {"type": "function", "function": {"name": "probe", "description": "TRACE-PROBE",
+                                                "parameters": {"type": "object", "properties": {}, "required": []}}}
+
+
+def template_accepts_tools(tokenizer) -> bool:
+    """Whether the chat template renders a ``tools=`` list (Qwen3's does; the tiny test template does not)."""
+    messages = [{"role": "user", "content": "probe"}]
+    try:
+        plain = tokenizer.apply_chat_template(messages, tokenize=False)
+        with_tools = tokenizer.apply_chat_template(messages, tools=[_TOOL_PROBE], tokenize=False)
+    except Exception:  # a template that cannot take tools
+        return False
+    return plain != with_tools
+
+
 class ChatFormat:
     """Token-level chat formatting for one tokenizer (see the module docstring).
 
@@ -102,15 +117,24 @@ class ChatFormat:
     ----------
     tokenizer : transformers.PreTrainedTokenizerBase
         A tokenizer with a chat template.
+    tools : sequence of mapping, optional
+        JSON schemas of the environment's tools: they go to the template (``tools=``) when it renders them
+        (:func:`template_accepts_tools`), else nowhere (environments explain their tools in their system
+        prompt too, so a template without tool support loses only the JSON schema).
     template_kwargs : mapping, optional
         Extra variables for the template, e.g. ``{"enable_thinking": False}`` for Qwen3.
     """
 
-    def __init__(self, tokenizer, *, template_kwargs: Mapping[str, Any] | None = None):
+    def __init__(self, tokenizer, *, tools: Sequence[Mapping[str, Any]] = (),
+                 template_kwargs: Mapping[str, Any] | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template; set `tokenizer.chat_template`")
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
+        if "tools" in self.template_kwargs:
+            raise ValueError("pass tool schemas as `tools`, not in `template_kwargs`")
+        if tools and template_accepts_tools(tokenizer):
+            self.template_kwargs["tools"] = [dict(tool) for tool in tools]
         closed = self._render(_PROBE + [{"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
         turn_end = closed[closed.rindex(_SENTINEL) + len(_SENTINEL):]
         if not turn_end:

@@ -28,6 +28,7 @@ from trace_theory import (ADVANTAGES, EXPANSIONS, VALUE_METHODS, AllocationPolic
 
 from .backends import BACKENDS
 from .backends.base import Sampling
+from .backends.vllm_backend import ENFORCE_EAGER
 from .envs.base import EpisodeLimits
 from .envs.spec import find_environment
 
@@ -471,8 +472,9 @@ class BackendConfig:
     choice (16)."""
     gpu_memory_utilization: float | None = None
     """vLLM: share of GPU memory it may take (None: vLLM's default)."""
-    enforce_eager: bool = True
-    """vLLM: no CUDA graphs (slower decoding, faster start)."""
+    enforce_eager: bool = ENFORCE_EAGER
+    """vLLM: no CUDA graphs (slower decoding, faster start); the default of every vLLM engine
+    (``vllm_backend.ENFORCE_EAGER``, ``trace-eval``'s too)."""
     max_batch_size: int = 64
     """Samples decoded together by the transformers back end."""
     prefix_cache_bytes: int = 2**30

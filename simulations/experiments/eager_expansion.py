@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from trace_theory import EagerPlan, RolloutBudget, flip_probability, get_policy
+from trace_theory.expansion import hindsight_continuations
 
 from ..mdp import MDPWorld, TreeMDP, policy_gradient_step
 from ..model import BernoulliTreeModel, PassRates
@@ -161,8 +162,7 @@ def regret(batch, policy_name: str, world) -> tuple[float, float]:
     price = None
     if policy.priced_in_tokens:
         price = world.expected_turns(forest.depth[anchors]) / world.expected_turns(0)
-    tree = forest.tree_index[anchors]
-    best = policy.allocate_prefixes(record.node_v, r, tree, per_root * m_tree, cost=price).k
+    best = hindsight_continuations(policy, forest, anchors, record.node_v, per_root * m_tree, cost=price)
     optimum = float(flip_probability(v_true, r, best).sum())
     return optimum - float(flip_probability(v_true, r, k_arm).sum()), optimum
 

@@ -108,7 +108,7 @@ def test_the_check_runs_without_vllm_math_verify_bm25s_or_datasets(tmp_path):
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
     out = tmp_path / "bare.json"
-    done = subprocess.run([sys.executable, "-m", "trace_train.gpu_check", "--cpu-smoke", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "trace_train.bench.gpu_check", "--cpu-smoke", "--out", str(out),
                            "--sections", "tree_packing", "training_steps", "two_gpus", "vllm"],
                           capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])  # the verdict is on stdout
@@ -127,7 +127,7 @@ def test_the_vllm_and_two_rank_sections_pass_on_cpu(tmp_path):
     # in its own process, as the check runs: a second in-process vLLM engine, once shut down, takes vLLM's
     # process-wide parallel state with it, and the suite's shared engine (tests/conftest.py) needs that state
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "trace_train.gpu_check", "--cpu-smoke", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "trace_train.bench.gpu_check", "--cpu-smoke", "--out", str(out),
                            "--sections", "vllm", "two_gpus"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from trace_theory import Origin
 from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 from trace_train.envs import EndReason, EpisodeLimits
-from trace_train.envs.tooling import chat_format
+from trace_train.chat import ChatFormat
 
 from .conftest import BFCL_IDS, arithmetic_rows
 from .scripted import DEMO
@@ -36,7 +36,7 @@ def run(request, hf_backend, factories):
     config = RolloutConfig(policy="uniform_tree", roots=2 * len(ROWS[name]), continuations_per_root=1,
                            group_size=2, temperature=0.6, limits=LIMITS[name],
                            binary_rewards=factory.binary_rewards, seed=0)
-    chat = chat_format(hf_backend.tokenizer, tools=factory.tools)
+    chat = ChatFormat(hf_backend.tokenizer, tools=factory.tools)
     engine = RolloutEngine(hf_backend, factory, config, chat=chat)
     return name, factory, ROWS[name], engine.rollout(ROWS[name], seed=0)
 

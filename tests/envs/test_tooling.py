@@ -8,12 +8,11 @@ import pytest
 
 from trace_train.envs.math_python import PYTHON_TOOL
 from trace_train.envs.search_qa import SEARCH_TOOL
+from trace_train.chat import ChatFormat, template_accepts_tools
 from trace_train.envs.tooling import (
-    chat_format,
     format_tool_results,
     observation_role_for,
     qwen3_tools_block,
-    template_accepts_tools,
     visible_text,
 )
 
@@ -68,11 +67,11 @@ def test_template_probes(qwen3_tokenizer, tiny_tokenizer):
 
 def test_chat_format_passes_tools_only_to_templates_that_render_them(qwen3_tokenizer, tiny_tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    qwen = chat_format(qwen3_tokenizer, tools=[PYTHON_TOOL], template_kwargs={"enable_thinking": False})
+    qwen = ChatFormat(qwen3_tokenizer, tools=[PYTHON_TOOL], template_kwargs={"enable_thinking": False})
     text = qwen3_tokenizer.decode(qwen.prompt_ids(messages))
     assert text.startswith(f"<|im_start|>system\nBe brief.\n\n{qwen3_tools_block([PYTHON_TOOL])}<|im_end|>")
     assert qwen.template_kwargs == {"enable_thinking": False, "tools": [PYTHON_TOOL]}
-    tiny = chat_format(tiny_tokenizer, tools=[PYTHON_TOOL])
+    tiny = ChatFormat(tiny_tokenizer, tools=[PYTHON_TOOL])
     assert tiny.template_kwargs == {} and "# Tools" not in tiny_tokenizer.decode(tiny.prompt_ids(messages))
     with pytest.raises(ValueError, match="`tools`"):
-        chat_format(tiny_tokenizer, template_kwargs={"tools": [PYTHON_TOOL]})
+        ChatFormat(tiny_tokenizer, template_kwargs={"tools": [PYTHON_TOOL]})

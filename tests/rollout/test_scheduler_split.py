@@ -125,3 +125,11 @@ def _grow_eager(backend, make_env=GuessNumberEnv):
 
 def test_eager_continuations_and_top_ups_do_not_depend_on_timing(hf_backend):
     _same_growth(_grow_eager(hf_backend), _grow_eager(hf_backend, SLOW))
+
+
+def test_the_passes_of_a_streamed_rollouts_seeds_are_named_and_fixed():
+    """The pass is part of a streamed rollout's seed: its values may not move (a run resumes on them)."""
+    from trace_train.rollout.scheduler import Pass, _seeds
+
+    assert [int(p) for p in (Pass.TREE_ENDED, Pass.REST_CONTINUATION, Pass.REST_TOP_UP, Pass.EAGER)] == [0, 1, 2, 3]
+    assert _seeds(7, 1, 2, Pass.REST_TOP_UP)(3) == _seeds(7, 1, 2, 2)(3)

@@ -87,3 +87,15 @@ def test_a_mode_registered_in_one_file_passes_the_decision_test(seed, horizon):
     finally:
         EXPANSIONS.remove("toy_at_rest")
     assert "toy_at_rest" not in EXPANSIONS
+
+
+def test_starts_cross_the_world_border_typed():
+    """A start's kind is a ``Kind`` (its name is accepted once, where a plain tuple comes in)."""
+    from trace_theory.expansion import Kind, Start, Starts
+
+    starts = Starts.of_kind([3, 5], Kind.TOP_UP, [2, 1]) + Starts.of_kind([7], Kind.CONTINUATION, [4])
+    assert starts.tuples() == [(3, Kind.TOP_UP, 2), (5, Kind.TOP_UP, 1), (7, Kind.CONTINUATION, 4)]
+    assert all(type(s.kind) is Kind for s in starts.tuples())
+    assert Start.of((1, "bare", 2)) == Start(1, Kind.BARE, 2) and Start.of((1, 2, 3)).kind is Kind.CONTINUATION
+    with pytest.raises(ValueError):
+        Start.of((1, "sideways", 2))

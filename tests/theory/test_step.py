@@ -102,16 +102,16 @@ class ScriptedWorld:
 
     def _started(self, nodes, counts):
         nodes, counts = np.asarray(nodes, dtype=np.int64), np.asarray(counts, dtype=np.int64)
-        kinds = ["top_up" if self.node_depth[n] == 0 else "continuation" for n in nodes.tolist()]
+        kinds = [Kind.TOP_UP if self.node_depth[n] == 0 else Kind.CONTINUATION for n in nodes.tolist()]
         self.log.append(("stream", [(int(n), kind, int(c)) for n, kind, c in zip(nodes, kinds, counts) if c]))
         for n, kind, c in zip(nodes.tolist(), kinds, counts.tolist()):
             for _ in range(c):
-                self._rollout(n, Origin.BARE if kind == "top_up" else Origin.CONTINUATION)
+                self._rollout(n, Origin.BARE if kind == Kind.TOP_UP else Origin.CONTINUATION)
 
     def grow(self, starts):
         self.log.append(("grow", starts.tuples()))
         for node, kind, count in starts.tuples():
-            origin = Origin.CONTINUATION if kind == "continuation" else Origin.BARE
+            origin = Origin.CONTINUATION if kind == Kind.CONTINUATION else Origin.BARE
             for _ in range(count):
                 self._rollout(node, origin)
         return self.builder.build()
@@ -190,7 +190,7 @@ def test_later_rounds_branch_from_the_rollouts_the_previous_round_added():
     assert sorted(set(record.node_round.tolist())) == [1, 2, 3]
     grows = [entry[1] for entry in world.log if entry[0] == "grow"]
     for r, starts in zip((2, 3), grows[1:]):
-        branched = np.array([node for node, kind, _ in starts if kind == "continuation"])
+        branched = np.array([node for node, kind, _ in starts if kind == Kind.CONTINUATION])
         assert np.isin(branched, record.node_ids[record.node_round == r]).all()
         # round r's anchors are prefixes of continuations, and all of them begin inside round r - 1's additions
         assert (forest.origin[branched] == Origin.CONTINUATION).all()
@@ -385,7 +385,7 @@ def _streaming(base):
                                       lambda concentration: self.predict_nodes(at, concentration=concentration))
                 self._start(tree, at, k)
             top_ups, more = events.rest()
-            self.log.append(("stream", "top-ups", [(int(r), "top_up", int(c)) for r, c in zip(roots, top_ups) if c]))
+            self.log.append(("stream", "top-ups", [(int(r), Kind.TOP_UP, int(c)) for r, c in zip(roots, top_ups) if c]))
             for root, c in zip(roots.tolist(), top_ups.tolist()):
                 for _ in range(c):
                     self._rollout(root, Origin.BARE)
@@ -394,7 +394,7 @@ def _streaming(base):
             return self.builder.build()
 
         def _start(self, tree, at, k):
-            self.log.append(("stream", tree, [(int(a), "continuation", int(c)) for a, c in zip(at, k) if c]))
+            self.log.append(("stream", tree, [(int(a), Kind.CONTINUATION, int(c)) for a, c in zip(at, k) if c]))
             for a, c in zip(at.tolist(), np.asarray(k).tolist()):
                 for _ in range(c):
                     self._rollout(a, Origin.CONTINUATION)

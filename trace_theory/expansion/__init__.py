@@ -15,7 +15,7 @@ The registry :data:`EXPANSIONS` is what the step driver, the trainer's config an
 
 from .base import EXPANSIONS, Expansion, Settled, get_expansion  # noqa: F401
 from .events import KINDS, Branch, Kind, PlantEvents, Prediction, Start, Starts, in_rollout_order  # noqa: F401
-from .barrier import Barrier, round_shares  # noqa: F401
+from .barrier import Barrier, hindsight_continuations, round_shares  # noqa: F401
 from .eager import Eager, TreeDecisions  # noqa: F401
 from .streamed import streamed  # noqa: F401
 from .pipelined import Pipelined, Wave, pipelines  # noqa: F401

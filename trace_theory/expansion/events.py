@@ -66,12 +66,18 @@ class Prediction:
 
 
 class Start(NamedTuple):
-    """One entry of :class:`Starts`, named: ``count`` rollouts of kind ``kind`` (a name of :data:`KINDS`)
-    from node ``node``. Unpacks as ``(node, kind, count)``."""
+    """One entry of :class:`Starts`, named: ``count`` rollouts of kind ``kind`` from node ``node``. Unpacks
+    as ``(node, kind, count)``; :meth:`of` reads a plain tuple whose kind is a :class:`Kind` or its name."""
 
     node: int
-    kind: str
+    kind: Kind
     count: int
+
+    @classmethod
+    def of(cls, entry) -> "Start":
+        """``entry`` (a ``Start`` or ``(node, kind, count)``, kind a :class:`Kind` or a name of :data:`KINDS`)."""
+        node, kind, count = entry
+        return cls(int(node), Kind(KINDS.index(kind)) if isinstance(kind, str) else Kind(kind), int(count))
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,8 @@ class Starts:
         return len(self.node)
 
     def tuples(self) -> list[Start]:
-        """A :class:`Start` ``(node, kind name, count)`` per start, for worlds that grow start by start."""
-        return [Start(int(n), KINDS[int(k)], int(c)) for n, k, c in zip(self.node, self.kind, self.count)]
+        """A :class:`Start` ``(node, kind, count)`` per start, for worlds that grow start by start."""
+        return [Start(int(n), Kind(int(k)), int(c)) for n, k, c in zip(self.node, self.kind, self.count)]
 
     def of(self, kind: Kind) -> tuple[np.ndarray, np.ndarray]:
         """(nodes, counts) of the starts of one kind, in order."""

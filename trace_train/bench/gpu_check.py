@@ -1,4 +1,5 @@
-"""What only a GPU can confirm, in one script: ``python -m trace_train.gpu_check`` (about 5 min on one H200).
+"""What only a GPU can confirm, in one script: ``python -m trace_train.bench.gpu_check`` (about 5 min on one
+H200).
 
 Needs torch and transformers on a CUDA machine, nothing else of the project's optional dependencies (no vLLM,
 math-verify, bm25s or datasets: every model is built from a config, as the tests do) and no network. Writes one

@@ -89,7 +89,7 @@ def demo_batch(policy: str, run_dir: str, seed: int):
 
     from ..config_loader import load_config
     from ..rollout.engine import RolloutEngine
-    from ..envs.tooling import chat_format
+    from ..chat import ChatFormat
     from ..predictors import build_predictor
     from ..tasks import build_task
     from ..configs import TrainConfig
@@ -102,7 +102,7 @@ def demo_batch(policy: str, run_dir: str, seed: int):
     path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed)
     model, tokenizer = load_policy(path, "cpu", getattr(torch, cfg.model.dtype))
     backend = training_backend(cfg, path, device="cpu", policy=model, tokenizer=tokenizer, sharded=False)
-    chat = chat_format(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
+    chat = ChatFormat(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
     engine = RolloutEngine(backend, task.make_env, _rollout_config(cfg, task), chat=chat)
     pool = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed).next_pool()
     batch = engine.rollout(pool, predictor=build_predictor(cfg.predictor), seed=_step_seed(cfg.seed, 0, 0))

@@ -57,7 +57,7 @@ class EnvFactory:
     make: Callable[[], Environment]
     """Builds a fresh environment (shared resources are bound in)."""
     tools: tuple[dict, ...] = ()
-    """JSON schemas of the tools, for chat templates that take ``tools=`` (``tooling.chat_format``)."""
+    """JSON schemas of the tools, for chat templates that take ``tools=`` (``trace_train.chat.ChatFormat``)."""
     binary_rewards: bool = True
     """Whether ``verify`` returns only 0 or 1; else the engine needs ``binary_rewards=False``."""
 

@@ -18,9 +18,9 @@ output cannot close its frame or forge another result.
 * role ``"user"``: for templates without a tool role; each result is wrapped in
   ``<tool_response>...</tool_response>`` by the environment, as Qwen3 renders tool results.
 
-:func:`observation_role_for` picks the role a tokenizer's template renders, and :func:`chat_format`
-builds the engine's :class:`~trace_train.chat.ChatFormat` with the environment's tool schemas passed to
-the template (``tools=``) when the template uses them.
+:func:`observation_role_for` picks the role a tokenizer's template renders; the engine's
+:class:`~trace_train.chat.ChatFormat` takes the environment's tool schemas (``tools=``) and passes them to
+the template when the template uses them.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from ..chat import TOOL_RESULTS_SEPARATOR, ChatFormat
+from ..chat import TOOL_RESULTS_SEPARATOR
 from ..tools.budget import BUDGET_EXHAUSTED, ToolCallBudget
 from ..tools.tool_calls import MalformedToolCall, parse_tool_calls, tag_spans
 
 __all__ = ["OBSERVATION_ROLES", "check_observation_role", "visible_text", "function_schema",
-           "format_tool_results", "qwen3_tools_block", "observation_role_for", "template_accepts_tools",
-           "chat_format", "run_tool_calls"]
+           "format_tool_results", "qwen3_tools_block", "observation_role_for", "run_tool_calls"]
 
 OBSERVATION_ROLES = ("tool", "user")
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
@@ -146,30 +145,3 @@ def observation_role_for(tokenizer) -> str:
     except Exception:  # templates raise on roles they do not know, with many exception types
         return "user"
     return "tool" if _PROBE_TEXT in rendered else "user"
-
-
-def template_accepts_tools(tokenizer) -> bool:
-    """Whether the chat template renders a ``tools=`` list (Qwen3's does; the tiny test template does not)."""
-    messages = [{"role": "user", "content": "probe"}]
-    tool = function_schema(_PROBE_TEXT.strip("\x00"), "probe", {}, [])
-    try:
-        plain = tokenizer.apply_chat_template(messages, tokenize=False)
-        with_tools = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=False)
-    except Exception:  # a template that cannot take tools
-        return False
-    return plain != with_tools
-
-
-def chat_format(tokenizer, *, tools: Sequence[Mapping[str, Any]] = (),
-                template_kwargs: Mapping[str, Any] | None = None) -> ChatFormat:
-    """The engine's chat format: ``tools`` go to the template when it renders them, else nowhere.
-
-    Environments always explain their tools in their system prompt, so a template without tool support
-    loses only the JSON schema.
-    """
-    kwargs = dict(template_kwargs or {})
-    if "tools" in kwargs:
-        raise ValueError("pass tool schemas as `tools`, not in `template_kwargs`")
-    if tools and template_accepts_tools(tokenizer):
-        kwargs["tools"] = [dict(tool) for tool in tools]
-    return ChatFormat(tokenizer, template_kwargs=kwargs)

@@ -51,6 +51,7 @@ the :class:`GrowReport` a call returns (both in :mod:`.timeline`); a rollout in 
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import math
 import struct
@@ -59,8 +60,8 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from trace_theory.step import Branch as PrefixBranch  # (depth, count): an eager decision
-from trace_theory.step import Start  # (node, kind, count): a start of a grow call
+from trace_theory.expansion import Branch as PrefixBranch  # (depth, count): an eager decision
+from trace_theory.expansion import Kind, Start  # (node, kind, count): a start of a grow call
 
 from ..backends.base import Completion, GenerationBackend, GenerationRequest, Sampling, request_stream
 from .batch import BatchBuilder, NodePayload
@@ -73,7 +74,7 @@ from .timeline import GrowReport, Timeline
 from .walkers import Anchor, Turn, Walker
 
 __all__ = ["SCHEDULES", "Timeline", "EnvFailure", "OpeningFailed", "ScheduleConfig", "GrowReport", "Scheduler",
-           "Prefix", "Branch"]
+           "Prefix", "Branch", "Pass"]
 
 BATCH_WINDOW_S = 0.02
 """With a back end that generates in batches, how long to wait after the first environment answer for
@@ -138,10 +139,18 @@ Rest = Callable[[], Sequence[Extra]]
 more continuations from a prefix of a start, or top-ups at its node (:class:`Extra`)."""
 
 
-def _start(entry) -> Start:
-    """A :class:`~trace_theory.step.Start`, or a plain ``(node, kind, count)`` tuple, as a ``Start``."""
-    node, kind, count = entry
-    return Start(node, kind, count)
+class Pass(enum.IntEnum):
+    """When a rollout of a grow call was started by a hook; part of its seeds (:class:`_seeds`), so the
+    values are fixed."""
+
+    TREE_ENDED = 0
+    """``branch``: its start's walkers had all ended."""
+    REST_CONTINUATION = 1
+    """``rest``: a continuation after the last start ended."""
+    REST_TOP_UP = 2
+    """``rest``: a top-up after the last start ended."""
+    EAGER = 3
+    """``boundary`` or ``finished``: at a walker's turn boundary or end."""
 
 
 class _FirstTurns(NamedTuple):
@@ -160,15 +169,15 @@ class _Place(NamedTuple):
 
 @dataclass(frozen=True)
 class _seeds:
-    """Seeds of a streamed rollout, the ``j``-th of start ``start`` in pass ``pass_`` (0: as its start
-    ended, 1: continuations from ``rest``, 2: top-ups from ``rest``, 3: eager): turn t samples with the
+    """Seeds of a streamed rollout, the ``j``-th of start ``start`` in pass ``pass_`` (a :class:`Pass`):
+    turn t samples with the
     32-bit BLAKE2b hash of (grow seed, start, j, t, pass), so they do not depend on the order starts end in
     (0.4 us a turn; numpy's ``SeedSequence``, used before round 15, took 7)."""
 
     seed: int
     start: int
     j: int
-    pass_: int = 0
+    pass_: Pass = Pass.TREE_ENDED
 
     def __call__(self, t: int) -> int:
         key = _SEED_KEY.pack(self.seed, self.start, self.j, t, self.pass_)
@@ -225,7 +234,7 @@ class Scheduler:
         their seeds come from (seed, start, walker, depth, count so far), whatever the timing. ``ahead``
         (optional) hears of each round's boundaries first, all together (:data:`Ahead`).
         """
-        return _Grower(self, builder, [_start(s) for s in starts], seed, branch, rest, boundary, finished,
+        return _Grower(self, builder, [Start.of(s) for s in starts], seed, branch, rest, boundary, finished,
                        ahead).run()
 
 
@@ -326,7 +335,8 @@ class _Grower:
             if len(k) != len(prefixes) or min(k, default=0) < 0:
                 raise ValueError(f"`branch` must return {len(prefixes)} non-negative counts, got {k}")
             self.prefixes[s] = prefixes
-            self._start_branches(stream, sampling, [Extra(s, a, c) for a, c in enumerate(k) if c], pass_=0)
+            self._start_branches(stream, sampling, [Extra(s, a, c) for a, c in enumerate(k) if c],
+                                 pass_=Pass.TREE_ENDED)
 
     def _tell_eager(self, stream, sampling) -> None:
         """Eager expansion: report every planted walker's new turn boundaries, then its end, and start what
@@ -371,14 +381,15 @@ class _Grower:
             if depth == 0:
                 node = self.starts[s].node
                 context = self.builder.context_ids(node)
-                snapshot, anchor, kind, depth = self.builder.nodes[node].snapshot, None, "top_up", w.start_depth
+                snapshot, anchor, kind, depth = self.builder.nodes[node].snapshot, None, Kind.TOP_UP, w.start_depth
             else:
                 node, context = -1, w.context[:w.boundaries[t]]
-                snapshot, anchor, kind = w.turns[t].snapshot, Anchor(w.index, t), "continuation"
+                snapshot, anchor, kind = w.turns[t].snapshot, Anchor(w.index, t), Kind.CONTINUATION
             done = self.eager_started.get((s, j, depth), 0)
             self.eager_started[s, j, depth] = done + count
             group = [Walker(len(self.walkers) + i, node, depth, list(context), snapshot=snapshot,
-                            seeds=_seeds(self.seed, s, (j * 4096 + depth) * 65536 + done + i, 3), anchor=anchor)
+                            seeds=_seeds(self.seed, s, (j * 4096 + depth) * 65536 + done + i, Pass.EAGER),
+                            anchor=anchor)
                      for i in range(count)]
             self._launch(stream, sampling, group, node, kind)
 
@@ -394,10 +405,10 @@ class _Grower:
             if k:
                 by_start.setdefault(s, []).append(extra._replace(prefix=None) if top_up else extra)
         for s, extras in sorted(by_start.items()):
-            self._start_branches(stream, sampling, [e for e in extras if not e.is_top_up], pass_=1)
-            self._start_branches(stream, sampling, [e for e in extras if e.is_top_up], pass_=2)
+            self._start_branches(stream, sampling, [e for e in extras if not e.is_top_up], pass_=Pass.REST_CONTINUATION)
+            self._start_branches(stream, sampling, [e for e in extras if e.is_top_up], pass_=Pass.REST_TOP_UP)
 
-    def _start_branches(self, stream, sampling, extras: list[Extra], pass_: int) -> None:
+    def _start_branches(self, stream, sampling, extras: list[Extra], pass_: Pass) -> None:
         """Start each of ``extras`` (all of one start) now: ``count`` walkers from that prefix of the start,
         or from its node for top-ups; the j-th of them seeded by (seed, start, j, ``pass_``)."""
         j = 0
@@ -406,18 +417,18 @@ class _Grower:
             if extra.is_top_up:
                 node = self.starts[s].node
                 context, depth = self.builder.context_ids(node), len(self.builder.path(node)) - 1
-                snapshot, anchor, kind = self.builder.nodes[node].snapshot, None, "top_up"
+                snapshot, anchor, kind = self.builder.nodes[node].snapshot, None, Kind.TOP_UP
             else:
                 prefix = self.prefixes[s][extra.prefix]
                 node, context, depth = -1, list(prefix.token_ids), prefix.depth
                 snapshot = self.walkers[prefix.walker].turns[prefix.turn].snapshot
-                anchor, kind = Anchor(prefix.walker, prefix.turn), "continuation"
+                anchor, kind = Anchor(prefix.walker, prefix.turn), Kind.CONTINUATION
             group = [Walker(len(self.walkers) + i, node, depth, list(context), snapshot=snapshot,
                             seeds=_seeds(self.seed, s, j + i, pass_), anchor=anchor) for i in range(count)]
             j += count
             self._launch(stream, sampling, group, node, kind)
 
-    def _launch(self, stream, sampling, group: list[Walker], node: int, kind: str) -> None:
+    def _launch(self, stream, sampling, group: list[Walker], node: int, kind: Kind) -> None:
         """Register ``group`` (walkers sharing one context) as a new start and request its first turns."""
         self.walkers += group
         key = len(self.starts)
@@ -442,7 +453,7 @@ class _Grower:
         """Record the turns just generated and hand each to its environment; returns the calls' futures."""
         if isinstance(key, _FirstTurns):  # a start's first turn: k samples for its k walkers
             walkers, start = self.first[key.start], self.starts[key.start]
-            if start.kind == "continuation":
+            if start.kind == Kind.CONTINUATION:
                 self.prefix_tokens += start.count * len(walkers[0].context)
                 self.prefix_cached += sum(c.cached_prompt_tokens for c in completions)
         else:
