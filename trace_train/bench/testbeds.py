@@ -46,6 +46,14 @@ TASKS: dict[str, dict] = {
                  "max_turns": 1, "max_turn_tokens": 16},
         "what": "reasoning-gym aiw (Alice in Wonderland: siblings' counts), levels 0-1, one answer",
     },
+    "chain_sum": {
+        "train": ["task.name=reasoning_gym", "task.env.dataset=chain_sum", "task.env.levels=[0,1]",
+                  "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16",
+                  *_GROUPS],
+        "eval": {"benchmark": "reasoning_gym", "env_options": {"dataset": "chain_sum", "levels": [0, 1]},
+                 "max_turns": 1, "max_turn_tokens": 16},
+        "what": "reasoning-gym chain_sum (add and subtract), levels 0-1, one answer",
+    },
     "family_relationships": {
         "train": ["task.name=reasoning_gym", "task.env.dataset=family_relationships", "task.env.levels=[0]",
                   "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16",
