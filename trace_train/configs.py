@@ -36,7 +36,7 @@ SCHEDULES = ("concurrent", "lockstep")
 """How the rollout scheduler interleaves generation and environment calls (``trace_train.rollout.scheduler``)."""
 
 __all__ = ["ScheduleConfig", "RolloutConfig", "PolicyLossConfig", "PredictorConfig", "TaskConfig", "ModelConfig", "BackendConfig",
-           "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",
+           "AlgorithmConfig", "OptimConfig", "HeldOutConfig", "DistributedConfig", "TrainConfig", "PACKINGS", "SHARED_TURN_WEIGHTS",
            "AGGREGATIONS", "KL_ESTIMATORS", "PREDICTOR_FITS", "PREDICTOR_KINDS"]
 
 PACKINGS = ("tree", "leaf")
@@ -623,6 +623,21 @@ class HeldOutConfig:
                                    temperature=self.temperature, token_budget=None, min_group=None)
 
 
+@dataclass(frozen=True)
+class DistributedConfig:
+    """The process group a torchrun job joins (``trace_train.run.distributed.init_distributed``)."""
+
+    timeout_s: float = 7200.0
+    """Longest wait of one collective, in seconds, before the job fails (torch's default is 1800 for
+    NCCL). Ranks wait on each other's uneven generation (rollouts differ in length) and on rank 0's
+    checkpoint write (an 8B policy and AdamW's state: about 100 GB), so the default allows two hours."""
+
+    def __post_init__(self):
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
+                or not 0 < self.timeout_s < float("inf"):
+            raise ValueError(f"`distributed.timeout_s` must be a positive number of seconds, got {self.timeout_s!r}")
+
+
 def default_run_dir(task_name: str) -> str:
     """``runs/<name>``: the attribute of an import path (``pkg.mod:Env`` -> ``Env``), else the name, with
     every character outside ``[A-Za-z0-9_.-]`` replaced by ``_``."""
@@ -676,6 +691,13 @@ class TrainConfig:
     names the first exception; its traceback is written to run_dir/env_errors/step_N.txt. 1 never stops."""
     env_failure_warn_share: float = 0.05
     """Warn (one line, and the traceback file) at every step where more than this share of rollouts failed."""
+    max_length_cut_share: float = 0.5
+    """Stop the run (after a checkpoint, exit 1) at a step where more than this share of turns were cut by
+    length (the metric ``length_cut_share``: the back end stopped the turn at ``rollout.limits.max_turn_tokens``
+    or at the context limit; its action never reached the environment): a thinking model with short turns
+    (``trace_train.run.turns``) earns no reward. 1 never stops."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """The process group under torchrun."""
     log_every: int = 1
     """Print a one-line summary of the metrics every this many steps (reward, eval success, effective
     ratio, contrast yield, tokens, seconds); 0 prints none."""
@@ -711,6 +733,9 @@ class TrainConfig:
         _check_dynamic_sampling(self.rollout.allocation_policy, self.task.binary_rewards,
                                 f"task {self.task.name!r} with reward {self.task.env.get('reward')!r} "
                                 "gives graded ones")
+        if isinstance(self.max_length_cut_share, bool) or not 0 < self.max_length_cut_share <= 1:
+            raise ValueError(f"`max_length_cut_share` must be a share in (0, 1] (1 never stops), "
+                             f"got {self.max_length_cut_share!r}")
         if not (0 <= self.env_failure_warn_share <= self.max_env_failure_share <= 1):
             raise ValueError("`env_failure_warn_share` and `max_env_failure_share` must satisfy 0 <= warn <= max <= 1, "
                              f"got {self.env_failure_warn_share!r} and {self.max_env_failure_share!r}")

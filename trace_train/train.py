@@ -73,17 +73,23 @@ from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.step_metrics import step_metrics
 from .run.step_state import StepState, apply_optimizer_overrides, set_engine_costs, state_digest, trajectory_fingerprint
 from .run.threads import set_compute_threads
+from .run.turns import thinking_warning, turn_limits_line
 from .tasks import Task, build_task
 from .update.optimizer_step import NonFiniteLossError
 from .update.optimizer_step import policy_update as _policy_update
 from .update.packing import training_batch_for
 
 __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFiniteLossError", "EnvFailureError",
+           "LengthCutError",
            "RunInterrupted", "cli", "entry"]
 
 
 class EnvFailureError(RuntimeError):
     """Too many rollouts of a step ended in an environment failure; the run stopped after a checkpoint."""
+
+
+class LengthCutError(RuntimeError):
+    """Too many turns of a step were cut by length (``max_length_cut_share``); the run stopped after a checkpoint."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,7 +222,7 @@ def _own_pending(ckpt: Checkpoint, rank: int, cfg: TrainConfig):
 def build_run(cfg: TrainConfig) -> Run:
     """Set up (or resume) a run: task, policy, generation back end, rollout engines, predictor, sampler."""
     check_device(cfg.device), check_model(cfg.model.name_or_path)  # one line each, before anything loads
-    info = init_distributed(cfg.device)
+    info = init_distributed(cfg.device, cfg.distributed.timeout_s)
     set_compute_threads(cfg.backend.threads)
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
@@ -271,6 +277,10 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                   weight_decay=cfg.optim.weight_decay)
     chat = ChatFormat(backend.tokenizer, tools=task.make_env.tools, template_kwargs=cfg.rollout.chat_template_kwargs)
+    if info.is_main:  # thinking and the turn limits, and a warning when thinking meets short turns
+        print(turn_limits_line(cfg, backend.tokenizer), flush=True)
+        if (warning := thinking_warning(cfg, backend.tokenizer)) is not None:
+            say(f"trace-train: warning: {warning}")
     rollout = _rollout_config(cfg, task)
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
@@ -420,11 +430,14 @@ def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, 
     for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
         say(f"trace-train: warning: {warning}")
     failed = None if batch is None else _check_env_failures(run, step, batch, metrics)
+    cut = None if batch is None or failed else _check_length_cuts(run, step, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
-    if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
+    if failed or cut or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
         run.checkpoint(step)
     if failed:
         raise EnvFailureError(failed + f"; stopped with a checkpoint of step {step}")
+    if cut:
+        raise LengthCutError(cut + f"; stopped with a checkpoint of step {step}")
     if stopping:
         raise RunInterrupted(stop.signum, f"saved a checkpoint of step {step}")
 
@@ -450,6 +463,21 @@ def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict)
         return text + f" (more than max_env_failure_share={cfg.max_env_failure_share})"
     say(f"trace-train: warning: {text}")
     return None
+
+
+def _check_length_cuts(run: Run, step: int, metrics: dict) -> str | None:
+    """The stop message of a step where more than ``max_length_cut_share`` of the turns (every rank's:
+    ``length_cut_share`` is merged, so every rank decides alike) were cut by length; None otherwise."""
+    cfg = run.cfg
+    share = metrics.get("length_cut_share", 0.0)
+    if share <= cfg.max_length_cut_share:
+        return None
+    limits = cfg.rollout.limits
+    return (f"step {step}: {int(metrics['length_cut_turns'])} of {int(metrics['turns'])} turns ({share:.0%}) were cut "
+            f"by length (rollout.limits.max_turn_tokens={limits.max_turn_tokens}, max_context_tokens="
+            f"{limits.max_context_tokens}; more than max_length_cut_share={cfg.max_length_cut_share}): a cut turn "
+            "never reaches the environment and earns 0; a thinking model needs "
+            "rollout.chat_template_kwargs.enable_thinking=false or longer turns")
 
 
 def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int, before: StepState | None) -> dict:
@@ -540,7 +568,7 @@ def cli(argv=None) -> int:
         return 0
     try:
         main(cfg)
-    except (ValueError, NonFiniteLossError, EnvFailureError, OutOfSpaceError) as err:
+    except (ValueError, NonFiniteLossError, EnvFailureError, LengthCutError, OutOfSpaceError) as err:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as stop:

@@ -11,8 +11,10 @@ from __future__ import annotations
 __all__ = ["ADDED_SINKS", "NOT_IN_FINGERPRINT", "REMOVED_IN_FINGERPRINT", "ADDED_IN_FINGERPRINT",
            "DEFAULT_CHANGED_IN_FINGERPRINT", "EAGER_ONLY", "DEFAULT_CHANGED_IN_TRAJECTORY"]
 
-ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet")
-"""Top-level fields added after checkpoints existed that only say where results and warnings go."""
+ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet", "max_length_cut_share",
+               "distributed")
+"""Top-level fields added after checkpoints existed that only say where results and warnings go, when a run
+stops, or how long its ranks wait for each other."""
 
 NOT_IN_FINGERPRINT = ("steps", "checkpoint_every", "keep_checkpoints", "tensorboard", "wandb_project", "run_dir",
                       *ADDED_SINKS)

@@ -25,6 +25,7 @@ The same code runs on CPUs with the gloo back end, which is how it is tested (2 
 from __future__ import annotations
 
 import atexit
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -60,8 +61,9 @@ _joined: list = []
 """The process group :func:`init_distributed` made (at most one), for :func:`leave_distributed`."""
 
 
-def init_distributed(device: str = "auto") -> DistInfo:
-    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs); a single process otherwise."""
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> DistInfo:
+    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs); a single process otherwise.
+    ``timeout_s``: the longest wait of one collective (``distributed.timeout_s``; None: torch's default)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
     if world == 1:
@@ -70,7 +72,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
     if not dist.is_initialized():
         # CPU tensors (object collectives, scalars) go through gloo and CUDA tensors through NCCL: an
         # NCCL-only group refuses a CPU tensor, so the first multi-GPU update would raise
-        dist.init_process_group(_backend(use_cuda))
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=float(timeout_s))
+        dist.init_process_group(_backend(use_cuda), timeout=timeout)
         _joined.append(dist.group.WORLD)
         atexit.register(_leave_process_group)
     if use_cuda:

@@ -10,6 +10,7 @@ from trace_theory.metrics import calibration_by_depth
 
 from ..rollout.batch import RolloutBatch
 from .distributed import DistInfo, merge_metrics
+from .turns import length_cut_counts
 
 __all__ = ["step_metrics"]
 
@@ -19,6 +20,7 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
     """The step's logged scalars (``docs/training.md``, "Metrics"), merged over ranks: counts summed,
     the rest weighted by each rank's rollouts; ``update`` holds whatever the policy update returned."""
     f, report = batch.forest, batch.report
+    turns, cut = length_cut_counts(batch)
     scalars = {  # contrast yield first: unlike the effective ratio, filtering prompts out cannot raise it
         **contrast_yield(f, rollouts=report.rollouts, tokens=report.generated_tokens),
         "reward_mean": float(f.reward[f.leaves].mean()) if f.n_leaves else float("nan"),
@@ -44,15 +46,18 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
         **{f"{k}_seconds": v for k, v in report.phase_seconds.items()},  # + allocation, forest building, envs' resets:
         "allocation_seconds": max(report.seconds - sum(report.phase_seconds.values()), 0.0),  # what the phases leave
         "env_failures": float(report.end_reasons.get("env_error", 0) + report.end_reasons.get("env_timeout", 0)),
+        "turns": float(turns),
+        "length_cut_turns": float(cut),
         **{k: float(v) for k, v in update.items()},
     }
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     scalars.update(_calibration_metrics(batch))
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "wave_tokens", "prompt_tokens",
-              "train_forward_tokens", "train_unique_tokens", "env_failures",
+              "train_forward_tokens", "train_unique_tokens", "env_failures", "turns", "length_cut_turns",
               *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     merged = merge_metrics(scalars, report.rollouts, info, sums=counts)
+    merged["length_cut_share"] = merged["length_cut_turns"] / max(merged["turns"], 1.0)  # of every rank's turns
     # one predictor for the job, fitted on every rank's targets: its metrics are already global
     return {**merged, **{k: float(v) for k, v in predictor_metrics.items()}}
 
