@@ -13,10 +13,17 @@ rewritten after every section (``finished`` false until the last), so a run cut 
   of FlexAttention's 128-token blocks). ok: the differences are within ``TOLERANCE[dtype]``.
 * ``training_steps``: 4 steps of ``trace-train --config cpu_demo`` at the presets' learning rate 1e-6 on
   the transformers back end, in fp32 and with ``model.dtype=bfloat16``: the share of weight-matrix and
-  norm entries that moved from the initial weights as loaded. ok: a finite loss and more than half of
-  both moved (fp32 master weights move them all; bf16 weights updated in place would round most away,
-  issue 23). ``--control no-optimizer-step`` runs it with AdamW's step disabled: the check must then FAIL
-  (a check that passes a trainer which never updates proves nothing).
+  norm entries of the policy, as the trainer holds it after its last update, that differ from its initial
+  weights as it held them (in its master dtype; spied on, :mod:`.trainer_step`). ok: a finite loss, every
+  master weight float32 and held as the model's files store it, and more than half of both kinds moved
+  (fp32 master weights move them all; bf16 ones would round most away, issue 23).
+  ``--control no-optimizer-step`` runs it with AdamW's step disabled: the check must then FAIL (a check
+  that passes a trainer which never updates proves nothing).
+* ``trainer_step`` (:mod:`.trainer_step`): one step of the trainer's own ``main`` on the CPU demo, in fp32
+  and in bf16, judged from outside it: alignment (the loss's old log-probabilities equal the generator's
+  at the same positions), direction (the step raises the log-probability of positive-advantage tokens and
+  lowers that of negative ones) and real movement (fp32 masters, compared with the initial fp32 weights).
+  ``tests/bench/test_broken_trainers.py`` keeps a set of broken trainers that each must fail it.
 * ``logprob_memory``: the peak memory of one update at Qwen3's 152k vocabulary, the full log-softmax
   against chunks (``trace_train.update.logprobs``). ok: every chunked peak below half the full one.
 * ``update_throughput``: one update, ``packing=tree`` against ``leaf``, on a synthetic tree (a long shared
@@ -29,8 +36,8 @@ rewritten after every section (``finished`` false until the last), so a run cut 
   (``update_weights`` of ``run.distributed.iter_full_tensors``) and the next generation must match that
   model's forward. ok: both within 1e-3 (fp32; 5e-3 on CUDA), and the second differs from the first model's.
 * ``two_gpus`` (only where 2 CUDA devices are visible; ``--cpu-smoke`` runs it on 2 gloo CPU ranks):
-  2 ranks under torchrun (:mod:`trace_train.bench.gpu_check_ranks`): an all-reduce (NCCL), one FSDP2 step
-  of a small Qwen3 against the same step unsharded, and one vLLM engine per GPU (where vLLM imports): each
+  2 ranks under torchrun (:mod:`trace_train.bench.gpu_check_ranks`): an all-reduce (NCCL), one step of
+  the trainer's own ``policy_update`` on a small Qwen3 sharded by FSDP2 against the same update unsharded, and one vLLM engine per GPU (where vLLM imports): each
   built for its own device, generating, and taking a streamed weight sync.
 
 ``--cpu-smoke`` runs the same code reduced to what a CPU can do (fp32, FlexAttention forward only: PyTorch has
@@ -58,7 +65,8 @@ import numpy as np
 from trace_train.child_python import isolated_environment, module_command
 from . import origin
 
-__all__ = ["main", "TOLERANCE", "SECTIONS", "tree_packing", "training_steps", "logprob_memory", "update_throughput",
+__all__ = ["main", "TOLERANCE", "SECTIONS", "tree_packing", "training_steps", "trainer_steps", "logprob_memory",
+           "update_throughput",
            "activation_checkpointing", "vllm_generate_and_sync", "two_ranks", "verdict"]
 
 TOLERANCE = {"float32": {"loss": 1e-4, "grad": 1e-3}, "bfloat16": {"loss": 5e-2, "grad": 1e-1}}
@@ -156,41 +164,53 @@ def _optimizer_step_disabled(disabled: bool):
 
 
 def training_steps(device: str, dtypes, steps: int, *, no_optimizer_step: bool = False) -> list[dict]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from ..config_loader import load_config
     from ..train import TrainConfig, main as train
+    from .trainer_step import _movement, _spies
 
     rows = []
     for dtype in dtypes:
+        record: dict = {}
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(TrainConfig, "cpu_demo", [
                 # the preset's warm-up (40 steps): a model warmed less mostly answers invalid guesses, and a
                 # step whose every group fails has no gradient to move the weights with
                 f"run_dir={tmp}/run", f"steps={steps}", f"device={device}", f"model.dtype={dtype}",
                 "eval.every=0", "tensorboard=false", f"checkpoint_every={steps}", "quiet=true",
-                "rollout.pool_size=4", "rollout.roots=8", "rollout.group_size=4", "optim.lr=1e-6"])
+                "rollout.pool_size=4", "rollout.roots=8", "rollout.group_size=4", "optim.lr=1e-6",
+                "max_length_cut_share=1"])
             t0 = time.perf_counter()
-            with _optimizer_step_disabled(no_optimizer_step):
+            with _optimizer_step_disabled(no_optimizer_step), _spies(record, last=True):
                 metrics = train(cfg)
             seconds = time.perf_counter() - t0
-            # the initial fp32 master weights as the run loaded them, against the exported (fp32) masters
-            before = AutoModelForCausalLM.from_pretrained(f"{tmp}/run/tiny_model", dtype=torch.float32).state_dict()
-            after = AutoModelForCausalLM.from_pretrained(f"{tmp}/run/hf", dtype=torch.float32).state_dict()
-        moved = {"matrices": [], "norms": []}
-        for name, w in before.items():
-            kind = "norms" if w.dim() == 1 else "matrices"
-            moved[kind].append(float((after[name] != w.float()).float().mean()))
+            stored = _stored_weights(f"{tmp}/run/tiny_model")
+        # the initial weights as the trainer held them (its master dtype) against its weights after the last
+        # update: an export's upcast of bf16 masters, compared with the fp32 files, would read as movement
+        moved = _movement(record["before"], record["after"], stored)
         row = {"dtype": dtype, "steps": steps, "seconds": seconds, "loss": metrics.get("loss"),
-               "grad_norm": metrics.get("grad_norm"), "optimizer_step_disabled": no_optimizer_step,
-               "matrix_entries_moved": float(np.mean(moved["matrices"])),
-               "norm_entries_moved": float(np.mean(moved["norms"]))}
+               "grad_norm": metrics.get("grad_norm"), "optimizer_step_disabled": no_optimizer_step, **moved}
         row["ok"] = bool(math.isfinite(row["loss"] if row["loss"] is not None else float("nan"))
+                         and row["master_dtypes"] == ["float32"] and row["initial_weights_as_stored"]
                          and row["matrix_entries_moved"] > 0.5 and row["norm_entries_moved"] > 0.5)
         rows.append(row)
         print(f"training steps: {row}", flush=True)
     return rows
+
+
+def _stored_weights(path: str) -> dict:
+    """The parameters of the model at ``path`` as its files store them (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return {k: v.detach() for k, v in model.named_parameters()}
+
+
+def trainer_steps(device: str, dtypes) -> list[dict]:
+    """:func:`.trainer_step.trainer_step` in each compute dtype: direction, alignment and real movement."""
+    from .trainer_step import trainer_step
+
+    return [trainer_step(device, dtype) for dtype in dtypes]
 
 
 def logprob_memory(vocab: int, chunks, tree: dict) -> list[dict]:
@@ -355,7 +375,7 @@ def importable(name: str) -> bool:
         return False
 
 
-SECTIONS = ("tree_packing", "training_steps", "logprob_memory", "update_throughput", "activation_checkpointing",
+SECTIONS = ("tree_packing", "training_steps", "trainer_step", "logprob_memory", "update_throughput", "activation_checkpointing",
             "vllm", "two_gpus")
 
 
@@ -398,6 +418,7 @@ def main(argv=None) -> int:
         "tree_packing": lambda: tree_packing(device, dtypes, flex_backward),
         "training_steps": lambda: training_steps(device, dtypes, steps,
                                                  no_optimizer_step=args.control == "no-optimizer-step"),
+        "trainer_step": lambda: trainer_steps(device, ("float32", "bfloat16")),
         "logprob_memory": lambda: logprob_memory(vocab, chunks, memory_tree),
         "update_throughput": lambda: update_throughput(prefix, k, repeats),
         "activation_checkpointing": lambda: activation_checkpointing(device, ckpt_tokens),

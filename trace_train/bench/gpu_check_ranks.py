@@ -4,9 +4,10 @@ Run by ``trace_train.bench.gpu_check`` (section ``two_gpus``) with DEVICE "cuda"
 "cpu" (gloo, what ``--cpu-smoke`` runs). Each rank writes ``OUT/rank<r>.json`` with its checks and ``ok``:
 
 * ``all_reduce``: a tensor of rank + 1 on the rank's device, summed over the ranks (3 everywhere);
-* ``fsdp_step``: a small Qwen3 sharded with the trainer's ``shard_policy`` (fp32), one SGD step on each rank's
-  own batch, against the same model unsharded taking one step on the mean of both ranks' losses (FSDP2
-  averages gradients): the gathered weights (``full_state_dict``) must equal the unsharded step's, and move;
+* ``fsdp_step``: a small Qwen3 sharded with the trainer's ``shard_policy`` (fp32) takes one step of the
+  trainer's own ``policy_update`` (SGD) on each rank's own packed tree batch, against the update the
+  unsharded model's ``policy_update`` gradients give for both batches, weighted by their token counts
+  (the global token mean): the gathered weights (``full_state_dict``) must equal it, and move;
 * ``engines`` (CUDA with vLLM only): each rank builds its vLLM engine as the trainer does
   (``VLLMBackend(device=cuda:LOCAL_RANK)``, external launcher): the current device is still the rank's after
   it, the engine's memory went to the rank's own GPU and not to the other, it generates, and it takes a
@@ -22,13 +23,6 @@ import tempfile
 from pathlib import Path
 
 
-def _loss(model, ids):
-    import torch.nn.functional as F
-
-    logits = model(input_ids=ids).logits.float()
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-
-
 def all_reduce(info) -> dict:
     import torch
     import torch.distributed as dist
@@ -39,33 +33,59 @@ def all_reduce(info) -> dict:
     return {"backend": str(dist.get_backend()), "device": str(t.device), "ok": bool((t == want).all())}
 
 
+def _rank_batches(model, world: int, cfg) -> list:
+    """Each rank's packed update batch (every rank builds all of them): a synthetic tree of its own seed
+    (``bench.packing.long_prefix_batch``), GRPO's advantages plus 0.25 (nonzero everywhere), laid out by
+    the trainer's ``training_batch_for``."""
+    from trace_theory import compute_advantages
+
+    from ..update.packing import training_batch_for
+    from .packing import long_prefix_batch
+
+    out = []
+    for rank in range(world):
+        batch = long_prefix_batch(128, 2, 16, vocab=model.config.vocab_size, seed=rank)
+        advantages = compute_advantages(batch.forest, "grpo") + 0.25
+        out.append(training_batch_for(batch, advantages, cfg, pad_token_id=0))
+    return out
+
+
 def fsdp_step(info) -> tuple[dict, object, object]:
+    """The trainer's own ``policy_update`` (SGD, lr 100, no clipping) on the sharded policy, each rank on its
+    own batch, against the update the unsharded policy's gradients give: the per-batch gradients g_r of
+    ``policy_update`` on one process, weighted by each batch's token count n_r (FSDP's global token mean)."""
     import torch
 
-    from ..run.distributed import full_state_dict, shard_policy
+    from ..config_loader import load_config
+    from ..configs import TrainConfig
+    from ..run.distributed import DistInfo, full_state_dict, shard_policy
     from ..tiny import build_model, build_tokenizer
+    from ..update.optimizer_step import policy_update
 
+    cfg = load_config(TrainConfig, "cpu_demo", ["optim.grad_clip=0", "algorithm.loss.kl_coef=0",
+                                                "model.dtype=float32", "optim.micro_batch_size=1"])
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, layers=2, seed=0).to(info.device)
     plain = copy.deepcopy(model)
-    start = {k: v.detach().clone() for k, v in plain.state_dict().items()}
-    g = torch.Generator().manual_seed(100)
-    batches = [torch.randint(2, model.config.vocab_size, (2, 24), generator=g).to(info.device)
-               for _ in range(info.world_size)]
+    start = {k: v.detach().clone() for k, v in plain.named_parameters()}
+    batches = _rank_batches(model, info.world_size, cfg)
     shard_policy(model, compute_dtype=torch.float32)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    loss = _loss(model, batches[info.rank])
-    loss.backward()
-    optimizer.step()
-    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.5)
-    (sum(_loss(plain, b) for b in batches) / len(batches)).backward()
-    plain_optimizer.step()
+    lr = 100.0  # the clipped loss of synthetic records has small gradients: a step that shows
+    stats = policy_update(model, torch.optim.SGD(model.parameters(), lr=lr), batches[info.rank], cfg, info)
+    frozen = torch.optim.SGD(plain.parameters(), lr=0.0)  # the gradients only
+    weighted = {k: torch.zeros_like(v) for k, v in start.items()}
+    total = sum(seqs.normaliser(True) for seqs in batches)
+    for seqs in batches:
+        policy_update(plain, frozen, seqs, cfg, DistInfo(device=info.device))
+        for k, p in plain.named_parameters():
+            if p.grad is not None:
+                weighted[k] += p.grad.detach() * seqs.normaliser(True) / total
+    want = {k: start[k] - lr * weighted[k] for k in start}
     gathered = full_state_dict(model, info, torch.float32)
-    want = plain.state_dict()
-    difference = max(float((gathered[k].float() - want[k].float()).abs().max()) for k in want)
-    moved = max(float((want[k].float() - start[k].float()).abs().max()) for k in want)
-    row = {"loss": float(loss.detach()), "max_difference_from_unsharded": difference, "max_change": moved,
-           "ok": bool(moved > 1e-4 and difference <= 1e-5 + 1e-4 * moved)}
+    difference = max(float((gathered[k].float().cpu() - want[k].float().cpu()).abs().max()) for k in want)
+    moved = max(float((want[k] - start[k]).abs().max()) for k in want)
+    row = {"runs": "policy_update", "loss": stats["loss"], "max_difference_from_unsharded": difference,
+           "max_change": moved, "ok": bool(moved > 1e-4 and difference <= 1e-5 + 1e-4 * moved)}
     return row, model, tokenizer
 
 
