@@ -481,14 +481,15 @@ def _check_length_cuts(run: Run, step: int, metrics: dict) -> str | None:
 
 
 def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int, before: StepState | None) -> dict:
-    """:func:`_policy_update`, then the gradients freed (their memory is vLLM's while it syncs and generates).
+    """:func:`_policy_update`, then the gradients freed while vLLM still sleeps (their memory, 4 P / W bytes,
+    is vLLM's once it wakes: freed after the wake-up, both were held at once).
     A non-finite loss stops the run with a checkpoint of the last good step: the one on disk when it is of
     that step (never rewritten), else one written from ``before`` (the state captured before this step's
     rollout; no update was made, so the weights and optimiser are that step's)."""
     try:
         with generator_asleep(run.backend):  # vLLM with backend.sleep_during_update frees the GPU meanwhile
             update = _policy_update(run.policy, run.optimizer, sequences, run.cfg, run.info, ref=run.ref)
-        run.optimizer.zero_grad(set_to_none=True)
+            run.optimizer.zero_grad(set_to_none=True)  # before vLLM wakes: its cache takes their memory back
         return update
     except NonFiniteLossError as err:
         fit.result()  # the fit's thread must be idle before anything is saved

@@ -98,3 +98,38 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert ckpt_loss == plain_loss
     for name in plain:
         torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-7)
+
+
+def test_the_plan_counts_the_reference_root_the_wake_order_transients_and_cuda_pools():
+    """The rows issue 51 found missing: the reference's root left gathered (``reshards_reference=False``:
+    P_root x 2 bytes, what ``tests/run/test_reference_root.py`` measures FSDP2 holding), gradients still
+    held when vLLM wakes (4 P / W), one layer's backward transients, the CUDA context and vLLM's graph pool."""
+    ok = _math_plan()
+    rows, p = ok["rows"], ok["parameters"]
+    root = parameter_sizes(model_config("Qwen/Qwen3-8B")).root
+    assert rows["reference root left gathered"] == 0.0 and rows["gradients when vLLM wakes"] == 0.0
+    assert rows["one layer's backward transients"] == 210.8 * 1024 * ok["micro_batch_tokens"]
+    assert rows["CUDA context"] > 0 and rows["vLLM's CUDA graph pool"] > 0  # the preset captures CUDA graphs
+    unfixed = _math_plan(reshards_reference=False, grads_freed_before_wake=False)
+    assert unfixed["rows"]["reference root left gathered"] == 2 * root
+    assert unfixed["update_peak"] - ok["update_peak"] == pytest.approx(2 * root)
+    assert unfixed["generate_peak"] - ok["generate_peak"] == pytest.approx(4 * p / 8)
+
+
+@pytest.mark.parametrize("name,gpu", [("math_qwen3_8b", "h200"), ("qa_qwen3_14b", "h200"), ("bfcl_qwen3_8b", "h200"),
+                                      ("math_qwen3_8b", "h100"), ("qa_qwen3_14b", "h100"), ("bfcl_qwen3_8b", "h100")])
+def test_every_gpu_preset_leaves_a_safe_margin_on_the_gpus_its_header_names(name, gpu):
+    """At least SAFE_MARGIN of the GPU free at the larger peak, with every row counted, and the margin its
+    YAML header states (GiB, to the tenth)."""
+    from trace_train.bench.memory_plan import GIB
+    from trace_train.config_loader import PRESET_DIR
+
+    cfg = load_config(TrainConfig, name)
+    result = plan(cfg, world=8, gpu_bytes=GPUS[gpu], layer_bytes_per_token=LAYER_BYTES[cfg.model.name_or_path])
+    assert result["safe"], result["margin"] / GIB
+    header = (PRESET_DIR / f"{name}.yaml").read_text().split("run_dir:")[0]
+    assert f"{result['margin'] / GIB:.1f} GiB free on {gpu.upper()}" in header, header
+
+
+LAYER_BYTES = {"Qwen/Qwen3-8B": 210.8 * 1024, "Qwen/Qwen3-14B": 276.85 * 1024}
+"""A decoder layer's saved activations per token in bf16, as ``measure_layer_activations`` gives them."""

@@ -25,17 +25,30 @@ hidden size H, a micro-batch of T tokens and a the measured bytes per token of o
   layer, C V 6 bytes (``trace_train.update.logprobs``, C = ``algorithm.logprob_chunk_tokens``);
 * vLLM: ``gpu_memory_utilization`` x the GPU's memory while it generates; during the update 0 when it
   sleeps (``backend.sleep_during_update``, level 1: weights to the CPU, KV cache freed; its CUDA context and
-  graph pool, a few hundred MB, are not counted), its whole share when awake;
+  graph pool stay, rows of their own), its whole share when awake;
 * the sync's peak: the weights stream into vLLM one parameter at a time (``run.distributed.iter_full_tensors``),
   so beyond vLLM's share it holds one full parameter in bf16 (the largest: the embedding, V H 2 bytes), and
   vLLM's in-place reload materialises the layer being loaded beside its own tensors before copying it in
   (``vllm/model_executor/model_loader/reload/layerwise.py``): one more copy of the largest layer.
 
-Two phases peak: **update** = weights + gradients + optimizer + reference + gathers + activations (+ vLLM if
-awake); **generate and sync** = weights + optimizer + reference + vLLM's share + the sync's largest
-parameter. "Fits" compares the larger with the GPU's memory. CUDA's allocator slack and the CUDA context
-(about 1 GiB) are not counted, so take a margin. The KV line says how many tokens vLLM's share holds after its
-bf16 weights: the most tokens of rollouts it can keep in flight at once.
+* one layer's backward transients: the gradients of the tensors the layer being back-propagated saved,
+  at most its a T again;
+* the reference's root: FSDP2 leaves a root module gathered after its forward (it expects a backward); the
+  trainer reshards the frozen reference after each forward (``run.distributed.reshard_after_forward``), so
+  the row is 0 (``reshards_reference=False``: s P_root, what ``tests/run/test_reference_root.py`` measures
+  on 2 ranks);
+* gradients when vLLM wakes: the trainer frees them inside the block vLLM sleeps through (``train``), so 0
+  (``grads_freed_before_wake=False``: 4 P / W, held beside vLLM's whole share);
+* the CUDA context (:data:`CUDA_CONTEXT_BYTES`) and vLLM's CUDA graph pool (:data:`CUDA_GRAPH_POOL_BYTES`,
+  without ``enforce_eager``; sleep does not free it), in both phases.
+
+Two phases peak: **update** = weights + gradients + optimizer + reference + gathers + activations +
+transients + the reference's root + the CUDA context and graph pool (+ vLLM if awake); **generate and
+sync** = weights + optimizer + reference + vLLM's share + the sync's largest parameter + gradients at the
+wake-up + the CUDA context and graph pool. "Fits" compares the larger with the GPU's memory; the margin is
+what is left, "safe" when at least :data:`SAFE_MARGIN` of the GPU (the caching allocator's fragmentation is
+not counted). The KV line says how many tokens vLLM's share holds after its bf16 weights: the most tokens of
+rollouts it can keep in flight at once.
 """
 
 from __future__ import annotations
@@ -61,6 +74,16 @@ GPUS = {"h200": 143771 * 2**20, "h100": 81559 * 2**20}
 """Memory of one GPU as ``nvidia-smi`` reports it (MiB): H200 141 GB (140.4 GiB), H100 80 GB (79.6 GiB)."""
 
 _DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+
+CUDA_CONTEXT_BYTES = 1 * GIB
+"""One process's CUDA context with NCCL's buffers (the trainer and its in-process vLLM engine share it):
+about 0.5-1 GiB on H100/H200; counted at 1 GiB in both phases."""
+CUDA_GRAPH_POOL_BYTES = 1 * GIB
+"""vLLM's CUDA graph memory pool when ``backend.enforce_eager`` is false (its start-up log reports a few
+hundred MB to about 1 GiB for an 8B model); sleep level 1 frees weights and KV cache, not this pool."""
+SAFE_MARGIN = 0.10
+"""Share of the GPU a plan must leave free to count as safe: what the rows leave out (the caching
+allocator's fragmentation, NCCL's growth, the variance of a layer's transients)."""
 
 
 def model_config(name: str):
@@ -137,7 +160,7 @@ def measure_layer_activations(config, dtype: str = "bfloat16", tokens: tuple[int
 
 
 def plan(cfg, *, world: int, gpu_bytes: int, layer_bytes_per_token: float, checkpointing: bool | None = None,
-         sleeps: bool | None = None) -> dict:
+         sleeps: bool | None = None, reshards_reference: bool = True, grads_freed_before_wake: bool = True) -> dict:
     """The per-GPU memory rows of a ``TrainConfig`` (see the module docstring), in bytes."""
     config = model_config(cfg.model.name_or_path)
     sizes = parameter_sizes(config)
@@ -156,6 +179,7 @@ def plan(cfg, *, world: int, gpu_bytes: int, layer_bytes_per_token: float, check
         decoder = layers * layer_bytes_per_token * tokens
     head = min(cfg.algorithm.logprob_chunk_tokens or tokens, tokens) * config.vocab_size * (s + 4)
     vllm = (cfg.backend.gpu_memory_utilization or 0.9) * gpu_bytes
+    graphs = 0.0 if cfg.backend.enforce_eager else CUDA_GRAPH_POOL_BYTES
     rows = {
         "weights (fp32 shards)": 4 * p / w,
         "gradients (fp32 shards)": 4 * p / w,
@@ -163,18 +187,32 @@ def plan(cfg, *, world: int, gpu_bytes: int, layer_bytes_per_token: float, check
         "reference (bf16 shards)": s * p / w if cfg.algorithm.loss.kl_coef > 0 else 0.0,
         "FSDP gathers": s * (sizes.root + 2 * sizes.layer) + (s + 4) * (sizes.root + sizes.layer),
         f"activations ({tokens} tokens{', checkpointed' if checkpointing else ''})": decoder + head,
+        "one layer's backward transients": layer_bytes_per_token * tokens,
+        "reference root left gathered": 0.0 if reshards_reference or not cfg.algorithm.loss.kl_coef > 0
+        else s * sizes.root,
         "vLLM during the update": 0.0 if sleeps else vllm,
+        "CUDA context": CUDA_CONTEXT_BYTES,
+        "vLLM's CUDA graph pool": graphs,
         "vLLM while generating": vllm,
         "sync's largest parameter, twice (bf16)": s * (sizes.largest + max(sizes.largest, sizes.layer)),
+        "gradients when vLLM wakes": 0.0 if grads_freed_before_wake else 4 * p / w,
     }
-    keys = list(rows)
-    update = sum(rows[k] for k in keys[:7])
-    generate = rows[keys[0]] + rows[keys[2]] + rows[keys[3]] + rows[keys[7]] + rows[keys[8]]
+    update_rows = ("weights (fp32 shards)", "gradients (fp32 shards)", "optimizer (AdamW, fp32)",
+                   "reference (bf16 shards)", "FSDP gathers", next(k for k in rows if k.startswith("activations")),
+                   "one layer's backward transients", "reference root left gathered", "vLLM during the update",
+                   "CUDA context", "vLLM's CUDA graph pool")
+    generate_rows = ("weights (fp32 shards)", "optimizer (AdamW, fp32)", "reference (bf16 shards)",
+                     "vLLM while generating", "sync's largest parameter, twice (bf16)", "gradients when vLLM wakes",
+                     "CUDA context", "vLLM's CUDA graph pool")
+    update = sum(rows[k] for k in update_rows)
+    generate = sum(rows[k] for k in generate_rows)
     kv_per_token = 2 * layers * config.num_key_value_heads * config.head_dim * s
     return {"model": cfg.model.name_or_path, "parameters": p, "world": w, "gpu_bytes": gpu_bytes,
             "micro_batch_tokens": tokens, "checkpointing": bool(checkpointing), "sleeps": bool(sleeps),
             "layer_bytes_per_token": layer_bytes_per_token, "rows": rows, "update_peak": update,
             "generate_peak": generate, "peak": max(update, generate), "fits": max(update, generate) <= gpu_bytes,
+            "margin": gpu_bytes - max(update, generate),
+            "safe": gpu_bytes - max(update, generate) >= SAFE_MARGIN * gpu_bytes,
             "kv_cache_tokens": int(max(vllm - s * p, 0) // kv_per_token)}
 
 
@@ -188,6 +226,8 @@ def table(name: str, result: dict, gpu: str) -> str:
     lines += [f"| **update peak** | **{result['update_peak'] / GIB:.1f}** |",
               f"| **generate + sync peak** | **{result['generate_peak'] / GIB:.1f}** |",
               f"| fits | {'yes' if result['fits'] else 'NO'} |",
+              f"| margin | {result['margin'] / GIB:.1f} GiB ({result['margin'] / result['gpu_bytes']:.0%}; "
+              f"{'safe' if result['safe'] else 'NOT safe'}: at least {SAFE_MARGIN:.0%} free) |",
               f"| vLLM's KV cache | {result['kv_cache_tokens']:,} tokens |"]
     return "\n".join(lines)
 

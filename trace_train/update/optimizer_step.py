@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..backends.base import pad_token_id
-from ..run.distributed import DistInfo, global_normaliser, max_over_ranks
+from ..run.distributed import DistInfo, global_normaliser, max_over_ranks, reshard_after_forward
 from .loss import LOSS_METRICS
 
 __all__ = ["NonFiniteLossError", "compute_precision", "policy_update"]
@@ -81,6 +81,7 @@ def _zero_pass(model, ref, cfg, info: DistInfo, device, *, backward: bool) -> No
         if ref is not None and info.enabled and backward:  # the sharded reference's forward is a collective too
             with torch.no_grad():
                 ref(input_ids=ids)
+            reshard_after_forward(ref)
     if backward:
         zero.backward()
 
@@ -126,6 +127,7 @@ def _step_on(model, optimizer, parts, inputs, group, total: float, cfg, info: Di
             if ref is not None:
                 with torch.no_grad():
                     ref_logp = part.logprobs(ref, **sampled)
+                reshard_after_forward(ref)  # FSDP2 keeps a root gathered for a backward the reference never runs
         loss, m = inputs[i].loss(logp, loss_cfg, ref_logprobs=ref_logp)  # clipped PG (update.loss.LossInputs)
         share = part.normaliser(per_token) / max(total, 1e-12)
         scaled = loss * share * info.world_size  # FSDP averages gradients over ranks
