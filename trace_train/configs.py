@@ -578,7 +578,15 @@ class OptimConfig:
     mini_batches: int = 1
     """Optimizer steps per rollout batch: the micro-batches are split into this many consecutive groups
     (every rank the same), each normalised by its own global token weight and followed by its own step, as
-    PPO's mini-batches. 1: one step on the whole batch (the paper's)."""
+    PPO's mini-batches. 1: one step on the whole batch (the paper's, and every preset's).
+
+    Why the presets keep 1, so that the old log-probabilities are never recomputed: with one step per batch
+    the policy being updated is the one that generated the batch, so the importance ratio is 1 but for the
+    generator's and the trainer's numerics (the GPU check's ``trainer_step`` gates that they agree), and a
+    recomputation would add a forward of every trained token (about a third of the update) to correct only
+    that mismatch. TRACE's budget comparison also needs every policy to take the same steps per rollout.
+    With k > 1 the later steps move the policy away from the generator, and the anchor is recomputed by
+    default (``algorithm.recompute_old_logprobs``)."""
 
     def __post_init__(self):
         if not (self.lr > 0 and math.isfinite(self.lr)):
