@@ -63,7 +63,7 @@ from .run.checkpoint import (Checkpoint, CheckpointError, check_world_size, clea
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                               gather_objects, init_distributed, iter_full_tensors, load_full_optimizer_state_dict,
-                              leave_distributed, max_over_ranks)
+                              leave_distributed, max_over_ranks, merge_metrics)
 from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_dir
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import (checkpoint_activations, export, load_policy, load_policy_weights, load_sharded_policy,
@@ -97,11 +97,23 @@ class LengthCutError(RuntimeError):
 # ---------------------------------------------------------------------------------------------------
 
 
-def _evaluate(engine_eval: RolloutEngine, rows: list, step: int) -> dict:
-    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor)."""
-    batch = engine_eval.rollout(rows, seed=10_000_019 + step)
-    f = batch.forest
-    return {"eval_success": float(f.reward[f.leaves].mean())}
+def _evaluate(engine_eval: RolloutEngine | None, rows: list, step: int, info: DistInfo) -> dict:
+    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor): each rank
+    plays its own share of the prompts (:func:`_own_eval_rows`; ``engine_eval`` None: a rank with none),
+    and the rewards are summed over the ranks: eval_success = sum of rewards / rollouts, over every rank."""
+    total, count = 0.0, 0.0
+    if engine_eval is not None and rows:
+        f = engine_eval.rollout(rows, seed=10_000_019 + step).forest
+        total, count = float(f.reward[f.leaves].sum()), float(f.n_leaves)
+    merged = merge_metrics({"reward_sum": total, "rollouts": count}, 1.0, info, sums=("reward_sum", "rollouts"))
+    return {"eval_success": merged["reward_sum"] / merged["rollouts"] if merged["rollouts"] else float("nan")}
+
+
+def _own_eval_rows(task: Task, cfg: TrainConfig, info: DistInfo) -> list:
+    """This rank's held-out prompts: the first ``eval.prompts`` rows dealt out over the ranks in turn
+    (rank r plays rows r, r + W, ...; one process plays them all), so a held-out pass costs each GPU 1 / W
+    of the whole instead of all of it."""
+    return list(task.eval_rows[:cfg.eval.prompts])[info.rank::info.world_size]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -196,9 +208,9 @@ class Run:
     def evaluate(self, step: int) -> dict:
         """Held-out success at this step, when the config asks for it (``eval.every``)."""
         every = self.cfg.eval.every
-        if self.eval_engine is None or step % every:
+        if not (every and self.task.eval_rows) or step % every:
             return {}
-        return _evaluate(self.eval_engine, self.task.eval_rows[:self.cfg.eval.prompts], step)
+        return _evaluate(self.eval_engine, _own_eval_rows(self.task, self.cfg, self.info), step, self.info)
 
     def log(self, step: int, metrics: dict) -> None:
         if self.logger is not None and metrics:
@@ -285,9 +297,8 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     eval_engine = None
-    if cfg.eval.every and task.eval_rows:
-        eval_engine = RolloutEngine(backend, task.make_env, cfg.eval.rollout_config(rollout, len(task.eval_rows)),
-                                    chat=chat)
+    if cfg.eval.every and (own := _own_eval_rows(task, cfg, info)):  # this rank's share of the held-out prompts
+        eval_engine = RolloutEngine(backend, task.make_env, cfg.eval.rollout_config(rollout, len(own)), chat=chat)
     sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
                             world_size=info.world_size)
     run = Run(cfg, info, task, policy, tokenizer, ref, optimizer, backend, engine, eval_engine,
@@ -349,6 +360,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         finally:
             _close(run, stop)
     export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
+    _shut_down_generator(run)
     if run.info.is_main:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
@@ -365,6 +377,16 @@ def _guarded_rollout(run: Run, step: int, before: StepState | None) -> RolloutBa
         kept = run.saved_step == step
         saved = Path(run.cfg.run_dir) / "checkpoints" / f"step_{step:08d}" if kept else run.checkpoint(step, before)
         raise EnvFailureError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at {saved}") from None
+
+
+def _shut_down_generator(run: Run) -> None:
+    """Under torchrun, once every rank is done, tear a vLLM engine down before the process group is left
+    (``VLLMBackend.shutdown``; it then destroys the group itself, and ``leave_distributed`` has nothing
+    left to do): the run exits without a traceback per rank."""
+    shutdown = getattr(run.backend, "shutdown", None)
+    if run.info.enabled and callable(shutdown):
+        torch.distributed.barrier()
+        shutdown()
 
 
 def _rollout(run: Run, step: int) -> RolloutBatch | None:
