@@ -298,6 +298,15 @@ class VLLMBackend:
             self.llm.wake_up()
             self._asleep = False
 
+    def shutdown(self) -> None:
+        """Tear the engine down now, while the process group it joined is whole: vLLM's engine core destroys
+        its own groups and then the default one (``cleanup_dist_env_and_memory``). Left to its finaliser at
+        interpreter exit, it ran after the trainer had destroyed the group and every torchrun rank ended
+        with a traceback ("Invalid process group specified"), exit status 0. Call it once every rank is done."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and callable(getattr(client, "shutdown", None)):
+            client.shutdown()
+
     def reset_prefix_cache(self) -> None:
         """Drop every cached block; raises if vLLM refuses (it does while requests are running)."""
         if not self.llm.reset_prefix_cache():
