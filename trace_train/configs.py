@@ -699,11 +699,13 @@ class TrainConfig:
     names the first exception; its traceback is written to run_dir/env_errors/step_N.txt. 1 never stops."""
     env_failure_warn_share: float = 0.05
     """Warn (one line, and the traceback file) at every step where more than this share of rollouts failed."""
-    max_length_cut_share: float = 0.5
+    max_length_cut_share: float = 0.9
     """Stop the run (after a checkpoint, exit 1) at a step where more than this share of turns were cut by
     length (the metric ``length_cut_share``: the back end stopped the turn at ``rollout.limits.max_turn_tokens``
     or at the context limit; its action never reached the environment): a thinking model with short turns
-    (``trace_train.run.turns``) earns no reward. 1 never stops."""
+    (``trace_train.run.turns``) earns no reward. 0.9: nearly every turn, as when thinking is cut inside
+    ``<think>``; a model that is still learning the task's format (the tiny model on a new task) cuts
+    many turns too and is trained on. 1 never stops."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """The process group under torchrun."""
     log_every: int = 1

@@ -359,8 +359,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
                 _after_step(run, step + 1, batch, metrics, stop)                      # print, check, checkpoint
         finally:
             _close(run, stop)
-    export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
-    _shut_down_generator(run)
+    _export_and_shut_down(run)
     if run.info.is_main:
         print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
               "trace-eval and vLLM)", file=sys.stderr)
@@ -379,10 +378,11 @@ def _guarded_rollout(run: Run, step: int, before: StepState | None) -> RolloutBa
         raise EnvFailureError(f"step {step + 1}: {err}; stopped with a checkpoint of step {step} at {saved}") from None
 
 
-def _shut_down_generator(run: Run) -> None:
-    """Under torchrun, once every rank is done, tear a vLLM engine down before the process group is left
-    (``VLLMBackend.shutdown``; it then destroys the group itself, and ``leave_distributed`` has nothing
-    left to do): the run exits without a traceback per rank."""
+def _export_and_shut_down(run: Run) -> None:
+    """Write ``hf/``; then, under torchrun, once every rank is done, tear a vLLM engine down before the
+    process group is left (``VLLMBackend.shutdown``; it then destroys the group itself, and
+    ``leave_distributed`` has nothing left to do): the run exits without a traceback per rank."""
+    export(run.policy, run.tokenizer, Path(run.cfg.run_dir) / "hf", run.info)
     shutdown = getattr(run.backend, "shutdown", None)
     if run.info.enabled and callable(shutdown):
         torch.distributed.barrier()

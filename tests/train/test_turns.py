@@ -104,7 +104,7 @@ def test_a_step_whose_turns_are_mostly_cut_stops_the_run_in_one_line(tmp_path, c
     err = err.strip().splitlines()
     assert code == 1
     assert err[-1].startswith("trace-train: step 1: ") and "turns (100%) were cut by length" in err[-1]
-    assert "max_length_cut_share=0.5" in err[-1] and "stopped with a checkpoint of step 1" in err[-1]
+    assert "max_length_cut_share=0.9" in err[-1] and "stopped with a checkpoint of step 1" in err[-1]
     assert not any(line.startswith("Traceback") for line in err)
     assert (run_dir / "checkpoints" / "step_00000001").is_dir()
     [row] = read_metrics(run_dir / "metrics.jsonl")
