@@ -68,7 +68,7 @@ from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_di
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import (checkpoint_activations, export, load_policy, load_policy_weights, load_sharded_policy,
                          model_path)
-from .run.resume import check_or_write_config, resume_fingerprint
+from .run.resume import check_config, resume_fingerprint, write_config
 from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.step_metrics import step_metrics
 from .run.step_state import StepState, apply_optimizer_overrides, set_engine_costs, state_digest, trajectory_fingerprint
@@ -221,9 +221,10 @@ def build_run(cfg: TrainConfig) -> Run:
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
     run_dir = writable_dir(cfg.run_dir, "`run_dir`")
+    started_before = (run_dir / RunLock.NAME).exists()  # a trace-train started here before (it may have failed)
     lock = _lock_run_dir(run_dir, info)
     try:
-        return _build_run(cfg, info, run_dir, lock)
+        return _build_run(cfg, info, run_dir, lock, started_before)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -239,10 +240,12 @@ def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
     return lock
 
 
-def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None) -> Run:
-    check_or_write_config(cfg, run_dir, write=info.is_main)
+def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None, started_before: bool) -> Run:
+    # another run's directory is refused before anything loads; one a failed start left is taken over
+    check_config(cfg, run_dir, announce=info.is_main, started_before=started_before)
     task = build_task(cfg.task, seed=cfg.seed, hold_out=cfg.eval.every > 0)
-    if info.is_main:
+    if info.is_main:  # the data and the environment checked: only now the directory holds this run
+        write_config(cfg, run_dir)
         print(task.describe(cfg.task.name), flush=True)
     path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed, task=task) if info.is_main else None
     if info.enabled:
