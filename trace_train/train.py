@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import signal
 import sys
@@ -51,7 +52,7 @@ from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
 from .run.collapse import CollapseWatch
-from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
+from .run.console import Eta, eval_line, line_buffered, metrics_line, progress, quiet_libraries, say, shows_bar
 from .run.heap import startup_objects_frozen
 from .preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
@@ -128,6 +129,8 @@ class Run:
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
     collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
     """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
+    eta: Eta | None = None
+    """The time left, printed at the end of each step line where no progress bar shows it (``run/console.py``)."""
 
     def checkpoint(self, step: int, state: StepState | None = None) -> Path | None:
         """Checkpoint ``step`` with the weights and optimiser of now and ``state`` (default: of now)."""
@@ -315,6 +318,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         try:
             if run.start_step == 0:
                 _evaluate_start(run)
+            if not shows_bar(run.info.is_main and not cfg.quiet):  # no bar: each step line says the time left
+                run.eta = Eta(run.start_step, cfg.steps)
             for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
                 # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
                 before = StepState.capture(run) if run.saved_step != step else None
@@ -419,7 +424,8 @@ def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, 
     None: a pipeline fill, nothing trained)."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
-        say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"]), file=sys.stdout)
+        eta = run.eta.text(step) if run.eta is not None else None
+        say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"], eta=eta), file=sys.stdout)
     for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
         say(f"trace-train: warning: {warning}")
     failed = None if batch is None else _check_env_failures(run, step, batch, metrics)
@@ -532,6 +538,8 @@ def cli(argv=None) -> int:
                         "(default: their warnings only)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_intermixed_args(argv)  # overrides on both sides of --quiet
+    user_env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before anything sets them
+    line_buffered()  # under nohup, | tee or > log each step line shows when printed, in order with stderr's
     quiet_libraries(args.verbose)
     try:
         cfg = load_config(TrainConfig, args.config, [*args.overrides, *(["quiet=true"] if args.quiet else [])])
@@ -547,8 +555,8 @@ def cli(argv=None) -> int:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as stop:
-        resume = shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
-                             *(sys.argv[1:] if argv is None else argv)])
+        resume = "".join(f"{name}={shlex.quote(value)} " for name, value in user_env.items()) + shlex.join(
+            [*(_invoked_as() if argv is None else ["trace-train"]), *(sys.argv[1:] if argv is None else argv)])
         name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
         say(f"trace-train: stopped by {name}; {stop}; to resume: {resume}")
         return 128 + stop.signum
@@ -557,6 +565,12 @@ def cli(argv=None) -> int:
         return 130
     leave_distributed()  # every rank ended well: leave together (a lone early exit could abort the last one)
     return 0
+
+
+RESUME_ENV = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE",
+              "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+"""The environment variables a printed resume command repeats where the user set them: where the task's
+module and the models are found, and which devices the run used."""
 
 
 def _invoked_as() -> list[str]:

@@ -9,7 +9,12 @@
   optimiser's learning rate, ``eff`` the effective ratio, ``mixed/1k`` mixed prompts per 1,000 rollouts,
   ``tokens`` generated tokens, then the step's seconds. Pipelined expansion's first step trains nothing
   (``step 1/20  pipeline fill: ...; no update  2.0 s``).
-- A progress bar only when stderr is a terminal; redirected to a file, the output is plain lines.
+- A progress bar with the time left (``ETA``) only when stderr is a terminal (one that reports no size,
+  as a bare pseudo-terminal does, gets 100 columns); otherwise each step line ends with the time left,
+  ``ETA 0:01:23`` (:class:`Eta`: the mean seconds per step of this process so far times the steps left).
+- Standard output is line-buffered (:func:`line_buffered`), so under ``nohup``, ``| tee`` or ``> log`` each
+  step line appears when printed, and in a ``2>&1`` log the closing lines (standard error) follow the step
+  lines they came after.
 - Every message (warnings, the signal's "stopping after this step") goes through :func:`say`, which
   prints it on its own line above the bar, never inside it.
 - transformers' and vLLM's logging is set to warnings (``TRANSFORMERS_VERBOSITY``, ``VLLM_LOGGING_LEVEL``)
@@ -20,9 +25,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Iterable, Mapping
 
-__all__ = ["metrics_line", "eval_line", "progress", "say", "quiet_libraries", "is_terminal"]
+__all__ = ["metrics_line", "eval_line", "progress", "say", "quiet_libraries", "is_terminal", "line_buffered", "Eta",
+           "shows_bar"]
 
 
 def is_terminal(stream=None) -> bool:
@@ -41,8 +48,8 @@ def _f(m: Mapping, key: str) -> float:
         return float("nan")
 
 
-def metrics_line(step: int, steps: int, m: Mapping, lr: float | None = None) -> str:
-    """One step's console line (the module docstring names each field)."""
+def metrics_line(step: int, steps: int, m: Mapping, lr: float | None = None, eta: str | None = None) -> str:
+    """One step's console line (the module docstring names each field), ending in ``ETA eta`` where given."""
     if m.get("pipeline_fill"):  # rollout.expansion=pipelined, first step: no tree is whole yet
         return (f"step {step}/{steps}  pipeline fill: this step's trees complete in the next step's wave; no "
                 f"update  {m.get('rollout_seconds', 0.0):.1f} s")
@@ -58,6 +65,8 @@ def metrics_line(step: int, steps: int, m: Mapping, lr: float | None = None) -> 
               f"{m.get('rollout_seconds', 0.0) + m.get('train_seconds', 0.0):.1f} s"]
     if m.get("env_failures"):
         parts.append(f"env failures {int(m['env_failures'])}")
+    if eta:
+        parts.append(f"ETA {eta}")
     return "  ".join(parts)
 
 
@@ -68,13 +77,56 @@ def eval_line(step: int, steps: int, m: Mapping) -> str | None:
     return f"step {step}/{steps}  eval {_f(m, 'eval_success'):.3f}  (held-out success before training)"
 
 
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, ETA {remaining}, {rate_fmt}]"
+
+
+def shows_bar(show: bool = True) -> bool:
+    """Whether :func:`progress` draws a bar: ``show`` and stderr is a terminal."""
+    return show and is_terminal()
+
+
 def progress(steps: Iterable, *, start: int, total: int, show: bool = True) -> Iterable:
-    """``steps`` wrapped in a tqdm bar when ``show`` and stderr is a terminal, else unchanged."""
-    if not show or not is_terminal():
+    """``steps`` wrapped in a tqdm bar with the time left when ``show`` and stderr is a terminal, else unchanged.
+    A terminal that reports 0 columns or rows (a pseudo-terminal nobody sized) gets 100 x 24: tqdm draws
+    nothing at 0 rows."""
+    if not shows_bar(show):
         return steps
     from tqdm.auto import tqdm
 
-    return tqdm(steps, initial=start, total=total, desc="train", unit="step")
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+        columns, rows = size.columns, size.lines
+    except (OSError, ValueError, AttributeError):
+        columns = rows = 0
+    return tqdm(steps, initial=start, total=total, desc="train", unit="step", bar_format=BAR_FORMAT,
+                ncols=None if columns else 100, nrows=None if rows else 24)
+
+
+class Eta:
+    """The time a run has left: ``(now - started) / (step - first) * (total - step)``, the mean seconds per
+    step this process took so far (a resumed run counts from its first step) times the steps left."""
+
+    def __init__(self, first: int, total: int, clock=time.monotonic):
+        self.first, self.total, self.clock, self.started = first, total, clock, clock()
+
+    def text(self, step: int) -> str | None:
+        """``H:MM:SS`` left after ``step`` steps, or None before a step has finished."""
+        if step <= self.first:
+            return None
+        left = (self.clock() - self.started) / (step - self.first) * max(self.total - step, 0)
+        minutes, seconds = divmod(int(round(left)), 60)
+        return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+def line_buffered(stream=None) -> None:
+    """Flush ``stream`` (default stdout) at every line where it is not a terminal (a terminal already is):
+    a pipe or a file is otherwise block-buffered, and nothing shows until the run ends."""
+    stream = sys.stdout if stream is None else stream
+    if not is_terminal(stream) and hasattr(stream, "reconfigure"):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (ValueError, OSError):
+            pass
 
 
 def say(text: str, file=None) -> None:
