@@ -93,10 +93,12 @@ class EnvFailureError(RuntimeError):
 
 
 def _evaluate(engine_eval: RolloutEngine, rows: list, step: int) -> dict:
-    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor)."""
+    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor), with how
+    many rollouts that is and how many of them ended in an environment failure."""
     batch = engine_eval.rollout(rows, seed=10_000_019 + step)
-    f = batch.forest
-    return {"eval_success": float(f.reward[f.leaves].mean())}
+    f, ends = batch.forest, batch.report.end_reasons
+    return {"eval_success": float(f.reward[f.leaves].mean()), "eval_rollouts": float(f.n_leaves),
+            "eval_env_failures": float(ends.get("env_error", 0) + ends.get("env_timeout", 0))}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -318,9 +320,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         try:
             if run.start_step == 0:
                 _evaluate_start(run)
-            if not shows_bar(run.info.is_main and not cfg.quiet):  # no bar: each step line says the time left
-                run.eta = Eta(run.start_step, cfg.steps)
-            for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
+            for step in _progress(run):   # a bar with the time left on a terminal, else the step lines say it
                 # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
                 before = StepState.capture(run) if run.saved_step != step else None
                 t0 = time.perf_counter()
@@ -516,8 +516,13 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.default_rng([seed, step, rank]).integers(0, 2**31 - 1))
 
 
-def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):
-    return progress(steps, start=start, total=total, show=info.is_main and not quiet)
+def _progress(run: Run):
+    """The steps left, in a progress bar where stderr is a terminal; without one, ``run.eta`` times them for
+    the step lines."""
+    show = run.info.is_main and not run.cfg.quiet
+    if not shows_bar(show):
+        run.eta = Eta(run.start_step, run.cfg.steps)
+    return progress(range(run.start_step, run.cfg.steps), start=run.start_step, total=run.cfg.steps, show=show)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -145,3 +145,12 @@ def test_stdout_is_line_buffered_when_it_is_a_pipe():
         assert proc.stdout.read() == "second\n"
     finally:
         proc.wait(timeout=120)
+
+
+def test_the_step_zero_evaluation_says_when_every_rollout_failed():
+    assert console.eval_line(0, 20, {"eval_success": 0.0, "eval_rollouts": 48.0, "eval_env_failures": 0.0}) == \
+        "step 0/20  eval 0.000  (held-out success before training; every one of its 48 rollouts failed)"
+    assert console.eval_line(0, 20, {"eval_success": 0.0, "eval_rollouts": 48.0, "eval_env_failures": 48.0}) == (
+        "step 0/20  eval 0.000  (held-out success before training; every one of its 48 rollouts failed, 48 of them "
+        "in an environment failure)")
+    assert console.eval_line(0, 20, {"eval_success": 0.0}) == "step 0/20  eval 0.000  (held-out success before training)"

@@ -43,8 +43,10 @@ def _check_json_lines(path: Path) -> int:
                     continue
                 try:
                     row = json.loads(line)
-                except (json.JSONDecodeError, RecursionError) as err:
-                    raise ValueError(f"{path}, line {number}: not valid JSON ({err})") from None
+                except json.JSONDecodeError as err:  # its own "line 1 column 5" counts within the line
+                    raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
+                except RecursionError:
+                    raise ValueError(f"{path}, line {number}: not valid JSON (nested too deeply)") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}, line {number}: a row must be a JSON object, "
                                      f"got {type(row).__name__}")

@@ -7,7 +7,8 @@
   ``reward`` is ``reward_mean``, ``eval`` held-out success (on evaluation steps), ``loss``, ``kl`` and
   ``gnorm`` the update's loss, KL to the reference and gradient norm before clipping, ``lr`` the
   optimiser's learning rate, ``eff`` the effective ratio, ``mixed/1k`` mixed prompts per 1,000 rollouts,
-  ``tokens`` generated tokens, then the step's seconds. Pipelined expansion's first step trains nothing
+  ``tokens`` generated tokens, then the step's seconds. The step-0 evaluation's line says when every one of
+  its rollouts failed (``eval 0.000`` alone reads like a rounding). Pipelined expansion's first step trains nothing
   (``step 1/20  pipeline fill: ...; no update  2.0 s``).
 - A progress bar with the time left (``ETA``) only when stderr is a terminal (one that reports no size,
   as a bare pseudo-terminal does, gets 100 columns); otherwise each step line ends with the time left,
@@ -70,11 +71,22 @@ def metrics_line(step: int, steps: int, m: Mapping, lr: float | None = None, eta
     return "  ".join(parts)
 
 
+def _count(m: Mapping, key: str) -> int:
+    value = _f(m, key)
+    return int(value) if value == value and abs(value) < 1e15 else 0  # NaN (absent) and inf count as none
+
+
 def eval_line(step: int, steps: int, m: Mapping) -> str | None:
     """The line of an evaluation outside a training step (step 0, before any update); None without one."""
     if "eval_success" not in m:
         return None
-    return f"step {step}/{steps}  eval {_f(m, 'eval_success'):.3f}  (held-out success before training)"
+    line = f"step {step}/{steps}  eval {_f(m, 'eval_success'):.3f}  (held-out success before training"
+    rollouts, failures = (_count(m, key) for key in ("eval_rollouts", "eval_env_failures"))
+    if _f(m, "eval_success") == 0 and rollouts > 0:
+        line += f"; every one of its {rollouts} rollouts failed"
+        if failures:
+            line += f", {failures} of them in an environment failure"
+    return line + ")"
 
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, ETA {remaining}, {rate_fmt}]"
