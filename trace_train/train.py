@@ -51,6 +51,7 @@ from .chat import ChatFormat
 from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
+from .run.all_fail import AllFailWatch
 from .run.collapse import CollapseWatch
 from .run.console import Eta, eval_line, line_buffered, metrics_line, progress, quiet_libraries, say, shows_bar
 from .run.heap import startup_objects_frozen
@@ -131,6 +132,10 @@ class Run:
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
     collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
     """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
+    all_fail: AllFailWatch = field(default_factory=lambda: AllFailWatch(eval_rollouts=1))
+    """Warns when most groups hold no success and held-out success stays flat (``run/all_fail.py``)."""
+    warnings: list = field(default_factory=list)
+    """Warnings to print after the step's line."""
     eta: Eta | None = None
     """The time left, printed at the end of each step line where no progress bar shows it (``run/console.py``)."""
 
@@ -200,7 +205,12 @@ class Run:
         return _evaluate(self.eval_engine, self.task.eval_rows[:self.cfg.eval.prompts], step)
 
     def log(self, step: int, metrics: dict) -> None:
+        """Log the row (rank 0), with the all-fail watch's fields added to ``metrics`` and its warning kept
+        for the step's line (``run/all_fail.py``)."""
         if self.logger is not None and metrics:
+            fields, said = self.all_fail.check(step, metrics)
+            metrics.update(fields)
+            self.warnings += said
             self.logger.log(step, metrics)
 
 
@@ -300,9 +310,11 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                    config=config_to_dict(cfg))
-        run.collapse = CollapseWatch(eval_rollouts=min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples)
+        eval_rollouts = min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples
+        run.collapse, run.all_fail = CollapseWatch(eval_rollouts=eval_rollouts), AllFailWatch(eval_rollouts=eval_rollouts)
         if ckpt is not None:
-            run.collapse.replay(read_metrics(run.logger.path))
+            rows = read_metrics(run.logger.path)
+            run.collapse.replay(rows), run.all_fail.replay(rows)
     return run
 
 
@@ -348,9 +360,16 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             _close(run, stop)
     export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
     if run.info.is_main:
-        print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
-              "trace-eval and vLLM)", file=sys.stderr)
+        print(_finished_line(cfg), file=sys.stderr)
     return metrics
+
+
+def _finished_line(cfg: TrainConfig) -> str:
+    """The closing line: where the run went, and the model it started from (``tiny_model/`` for the tiny
+    model), which ``trace-eval --model`` scores as the "before" of the trained ``hf/``."""
+    start = str(Path(cfg.run_dir) / "tiny_model") if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
+    return (f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for trace-eval and "
+            f"vLLM); the model it started from, for trace-eval's before-and-after: --model {start}")
 
 
 def _guarded_rollout(run: Run, step: int, before: StepState | None) -> RolloutBatch | None:
@@ -426,8 +445,9 @@ def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, 
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
         eta = run.eta.text(step) if run.eta is not None else None
         say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"], eta=eta), file=sys.stdout)
-    for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
+    for warning in [*run.collapse.check(step, metrics), *run.warnings] if run.info.is_main else ():
         say(f"trace-train: warning: {warning}")
+    run.warnings.clear()
     failed = None if batch is None else _check_env_failures(run, step, batch, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
     if failed or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:

@@ -6,7 +6,8 @@
 
   ``reward`` is ``reward_mean``, ``eval`` held-out success (on evaluation steps), ``loss``, ``kl`` and
   ``gnorm`` the update's loss, KL to the reference and gradient norm before clipping, ``lr`` the
-  optimiser's learning rate, ``eff`` the effective ratio, ``mixed/1k`` mixed prompts per 1,000 rollouts,
+  optimiser's learning rate, ``all-fail`` the share of groups with no success, ``eff`` the effective ratio,
+  ``mixed/1k`` mixed prompts per 1,000 rollouts,
   ``tokens`` generated tokens, then the step's seconds. The step-0 evaluation's line says when every one of
   its rollouts failed (``eval 0.000`` alone reads like a rounding). Pipelined expansion's first step trains nothing
   (``step 1/20  pipeline fill: ...; no update  2.0 s``).
@@ -60,6 +61,8 @@ def metrics_line(step: int, steps: int, m: Mapping, lr: float | None = None, eta
     parts += [f"loss {_f(m, 'loss'):.4f}", f"kl {_f(m, 'kl'):.4f}", f"gnorm {_f(m, 'grad_norm'):.3f}"]
     if lr is not None:
         parts.append(f"lr {lr:.0e}")
+    if "all_fail_group_share" in m:  # groups with no success: nothing to learn from (run/all_fail.py)
+        parts.append(f"all-fail {_f(m, 'all_fail_group_share'):.2f}")
     parts += [f"eff {_f(m, 'effective_ratio'):.2f}",
               f"mixed/1k {_f(m, 'mixed_prompts_per_1k_rollouts'):.1f}",
               f"tokens {int(m.get('generated_tokens', 0))}",
