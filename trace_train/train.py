@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shlex
 import signal
 import sys
@@ -53,7 +52,8 @@ from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
 from .run.all_fail import AllFailWatch
 from .run.collapse import CollapseWatch
-from .run.console import Eta, eval_line, line_buffered, metrics_line, progress, quiet_libraries, say, shows_bar
+from .run.console import (Eta, eval_line, finished_line, line_buffered, metrics_line, progress, quiet_libraries,
+                           resume_env, say, shows_bar)
 from .run.heap import startup_objects_frozen
 from .preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
@@ -360,16 +360,8 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             _close(run, stop)
     export(run.policy, run.tokenizer, Path(cfg.run_dir) / "hf", run.info)
     if run.info.is_main:
-        print(_finished_line(cfg), file=sys.stderr)
+        print(finished_line(cfg.steps, cfg.run_dir, cfg.model.name_or_path), file=sys.stderr)
     return metrics
-
-
-def _finished_line(cfg: TrainConfig) -> str:
-    """The closing line: where the run went, and the model it started from (``tiny_model/`` for the tiny
-    model), which ``trace-eval --model`` scores as the "before" of the trained ``hf/``."""
-    start = str(Path(cfg.run_dir) / "tiny_model") if cfg.model.name_or_path == "tiny" else cfg.model.name_or_path
-    return (f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for trace-eval and "
-            f"vLLM); the model it started from, for trace-eval's before-and-after: --model {start}")
 
 
 def _guarded_rollout(run: Run, step: int, before: StepState | None) -> RolloutBatch | None:
@@ -563,7 +555,7 @@ def cli(argv=None) -> int:
                         "(default: their warnings only)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_intermixed_args(argv)  # overrides on both sides of --quiet
-    user_env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before anything sets them
+    user_env = resume_env()  # before anything sets them
     line_buffered()  # under nohup, | tee or > log each step line shows when printed, in order with stderr's
     quiet_libraries(args.verbose)
     try:
@@ -580,8 +572,8 @@ def cli(argv=None) -> int:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as stop:
-        resume = "".join(f"{name}={shlex.quote(value)} " for name, value in user_env.items()) + shlex.join(
-            [*(_invoked_as() if argv is None else ["trace-train"]), *(sys.argv[1:] if argv is None else argv)])
+        resume = user_env + shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
+                                        *(sys.argv[1:] if argv is None else argv)])
         name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
         say(f"trace-train: stopped by {name}; {stop}; to resume: {resume}")
         return 128 + stop.signum
@@ -590,12 +582,6 @@ def cli(argv=None) -> int:
         return 130
     leave_distributed()  # every rank ended well: leave together (a lone early exit could abort the last one)
     return 0
-
-
-RESUME_ENV = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE",
-              "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-"""The environment variables a printed resume command repeats where the user set them: where the task's
-module and the models are found, and which devices the run used."""
 
 
 def _invoked_as() -> list[str]:

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Iterable, Mapping
 
-__all__ = ["metrics_line", "eval_line", "progress", "say", "quiet_libraries", "is_terminal", "line_buffered", "Eta",
+__all__ = ["finished_line", "resume_env", "RESUME_ENV", "metrics_line", "eval_line", "progress", "say", "quiet_libraries", "is_terminal", "line_buffered", "Eta",
            "shows_bar"]
 
 
@@ -142,6 +142,27 @@ def line_buffered(stream=None) -> None:
             stream.reconfigure(line_buffering=True)
         except (ValueError, OSError):
             pass
+
+
+def finished_line(steps: int, run_dir: str, start: str) -> str:
+    """The closing line: where the run went, and the model it started from (``run_dir/tiny_model`` for the
+    tiny model), which ``trace-eval --model`` scores as the "before" of the trained ``hf/``."""
+    start = os.path.join(run_dir, "tiny_model") if start == "tiny" else start
+    return (f"run finished: {steps} steps in {run_dir} (metrics.jsonl, checkpoints/, hf/ for trace-eval and "
+            f"vLLM); the model it started from, for trace-eval's before-and-after: --model {start}")
+
+
+RESUME_ENV = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE",
+              "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+"""The environment variables a printed resume command repeats where the user set them: where the task's
+module and the models are found, and which devices the run used."""
+
+
+def resume_env() -> str:
+    """``NAME=value `` for each of :data:`RESUME_ENV` set now (shell-quoted), to put before a resume command."""
+    import shlex
+
+    return "".join(f"{name}={shlex.quote(os.environ[name])} " for name in RESUME_ENV if name in os.environ)
 
 
 def say(text: str, file=None) -> None:
