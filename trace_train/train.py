@@ -132,12 +132,9 @@ class Run:
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
     collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
     """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
-    all_fail: AllFailWatch = field(default_factory=lambda: AllFailWatch(eval_rollouts=1))
-    """Warns when most groups hold no success and held-out success stays flat (``run/all_fail.py``)."""
-    warnings: list = field(default_factory=list)
-    """Warnings to print after the step's line."""
-    eta: Eta | None = None
-    """The time left, printed at the end of each step line where no progress bar shows it (``run/console.py``)."""
+    all_fail: AllFailWatch = field(default_factory=lambda: AllFailWatch(eval_rollouts=1))  # run/all_fail.py
+    warnings: list = field(default_factory=list)  # the all-fail watch's, printed after the step's line
+    eta: Eta | None = None  # the time left, at the end of each step line where no progress bar shows it
 
     def checkpoint(self, step: int, state: StepState | None = None) -> Path | None:
         """Checkpoint ``step`` with the weights and optimiser of now and ``state`` (default: of now)."""
@@ -529,8 +526,7 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def _progress(run: Run):
-    """The steps left, in a progress bar where stderr is a terminal; without one, ``run.eta`` times them for
-    the step lines."""
+    """The steps left, in a progress bar where stderr is a terminal; without one, ``run.eta`` times them."""
     show = run.info.is_main and not run.cfg.quiet
     if not shows_bar(show):
         run.eta = Eta(run.start_step, run.cfg.steps)
