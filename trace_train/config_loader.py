@@ -216,6 +216,24 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:80] + "..."
 
 
+def _closest_key(cls, key: str, prefix: str) -> str | None:
+    """The full dotted name closest to an unknown ``key`` of section ``prefix``: a field of the section
+    (``optim.lrr`` -> ``optim.lr``), else a field of a section nested in it (``lr`` -> ``optim.lr``)."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    dotted = (lambda name: f"{prefix}.{name}" if prefix else name)
+    close = difflib.get_close_matches(key, names, n=1)
+    if close:
+        return dotted(close[0])
+    nested = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        if name in names and dataclasses.is_dataclass(tp):
+            for sub in dataclasses.fields(tp):
+                if sub.init:
+                    nested.setdefault(sub.name, dotted(f"{name}.{sub.name}"))
+    close = difflib.get_close_matches(key, list(nested), n=1)
+    return nested[close[0]] if close else None
+
+
 def config_from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
     """Build dataclass ``cls`` from a nested mapping; unknown keys and wrong types are errors."""
     hints = typing.get_type_hints(cls)
@@ -223,9 +241,9 @@ def config_from_dict(cls, data: Mapping[str, Any], *, prefix: str = ""):
     unknown = [k for k in data if k not in names]
     if unknown:
         key = unknown[0]
-        close = difflib.get_close_matches(str(key), names, n=1)
         where = f"{prefix}.{key}" if prefix else str(key)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; known keys here: {', '.join(names)}"
+        close = _closest_key(cls, str(key), prefix)
+        hint = f"; did you mean {close!r}?" if close else f"; known keys here: {', '.join(names)}"
         raise ValueError(f"unknown config key {where!r}{hint}")
     kwargs = {}
     for name in names:

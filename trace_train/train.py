@@ -50,8 +50,10 @@ from .chat import ChatFormat
 from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
+from .run.all_fail import AllFailWatch
 from .run.collapse import CollapseWatch
-from .run.console import eval_line, metrics_line, progress, quiet_libraries, say
+from .run.console import (Eta, eval_line, finished_line, line_buffered, metrics_line, progress, quiet_libraries,
+                           resume_env, say, shows_bar)
 from .run.heap import startup_objects_frozen
 from .preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
@@ -68,7 +70,7 @@ from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_di
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import (checkpoint_activations, export, load_policy, load_policy_weights, load_sharded_policy,
                          model_path)
-from .run.resume import check_or_write_config, resume_fingerprint
+from .run.resume import check_config, resume_fingerprint, write_config
 from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.step_metrics import step_metrics
 from .run.step_state import StepState, apply_optimizer_overrides, set_engine_costs, state_digest, trajectory_fingerprint
@@ -98,15 +100,20 @@ class LengthCutError(RuntimeError):
 
 
 def _evaluate(engine_eval: RolloutEngine | None, rows: list, step: int, info: DistInfo) -> dict:
-    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor): each rank
-    plays its own share of the prompts (:func:`_own_eval_rows`; ``engine_eval`` None: a rank with none),
-    and the rewards are summed over the ranks: eval_success = sum of rewards / rollouts, over every rank."""
-    total, count = 0.0, 0.0
+    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor), with how
+    many rollouts that is and how many of them ended in an environment failure: each rank plays its own
+    share of the prompts (:func:`_own_eval_rows`; ``engine_eval`` None: a rank with none), and the counts
+    are summed over the ranks: eval_success = sum of rewards / rollouts, over every rank."""
+    total, count, failed = 0.0, 0.0, 0.0
     if engine_eval is not None and rows:
-        f = engine_eval.rollout(rows, seed=10_000_019 + step).forest
+        batch = engine_eval.rollout(rows, seed=10_000_019 + step)
+        f, ends = batch.forest, batch.report.end_reasons
         total, count = float(f.reward[f.leaves].sum()), float(f.n_leaves)
-    merged = merge_metrics({"reward_sum": total, "rollouts": count}, 1.0, info, sums=("reward_sum", "rollouts"))
-    return {"eval_success": merged["reward_sum"] / merged["rollouts"] if merged["rollouts"] else float("nan")}
+        failed = float(ends.get("env_error", 0) + ends.get("env_timeout", 0))
+    merged = merge_metrics({"reward_sum": total, "rollouts": count, "env_failures": failed}, 1.0, info,
+                           sums=("reward_sum", "rollouts", "env_failures"))
+    return {"eval_success": merged["reward_sum"] / merged["rollouts"] if merged["rollouts"] else float("nan"),
+            "eval_rollouts": merged["rollouts"], "eval_env_failures": merged["env_failures"]}
 
 
 def _own_eval_rows(task: Task, cfg: TrainConfig, info: DistInfo) -> list:
@@ -146,6 +153,9 @@ class Run:
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "predictor-fit"))
     collapse: CollapseWatch = field(default_factory=lambda: CollapseWatch(eval_rollouts=1))
     """Warns when tokens per rollout or held-out success move the way a collapse does (``run/collapse.py``)."""
+    all_fail: AllFailWatch = field(default_factory=lambda: AllFailWatch(eval_rollouts=1))  # run/all_fail.py
+    warnings: list = field(default_factory=list)  # the all-fail watch's, printed after the step's line
+    eta: Eta | None = None  # the time left, at the end of each step line where no progress bar shows it
 
     def checkpoint(self, step: int, state: StepState | None = None) -> Path | None:
         """Checkpoint ``step`` with the weights and optimiser of now and ``state`` (default: of now)."""
@@ -213,7 +223,12 @@ class Run:
         return _evaluate(self.eval_engine, _own_eval_rows(self.task, self.cfg, self.info), step, self.info)
 
     def log(self, step: int, metrics: dict) -> None:
+        """Log the row (rank 0), with the all-fail watch's fields added to ``metrics`` and its warning kept
+        for the step's line (``run/all_fail.py``)."""
         if self.logger is not None and metrics:
+            fields, said = self.all_fail.check(step, metrics)
+            metrics.update(fields)
+            self.warnings += said
             self.logger.log(step, metrics)
 
 
@@ -239,9 +254,10 @@ def build_run(cfg: TrainConfig) -> Run:
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
     run_dir = writable_dir(cfg.run_dir, "`run_dir`")
+    started_before = (run_dir / RunLock.NAME).exists()  # a trace-train started here before (it may have failed)
     lock = _lock_run_dir(run_dir, info)
     try:
-        return _build_run(cfg, info, run_dir, lock)
+        return _build_run(cfg, info, run_dir, lock, started_before)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -257,10 +273,12 @@ def _lock_run_dir(run_dir: Path, info: DistInfo) -> RunLock | None:
     return lock
 
 
-def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None) -> Run:
-    check_or_write_config(cfg, run_dir, write=info.is_main)
+def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | None, started_before: bool) -> Run:
+    # another run's directory is refused before anything loads; one a failed start left is taken over
+    check_config(cfg, run_dir, announce=info.is_main, started_before=started_before)
     task = build_task(cfg.task, seed=cfg.seed, hold_out=cfg.eval.every > 0)
-    if info.is_main:
+    if info.is_main:  # the data and the environment checked: only now the directory holds this run
+        write_config(cfg, run_dir)
         print(task.describe(cfg.task.name), flush=True)
     path = model_path(cfg.model, cfg.run_dir, seed=cfg.seed, task=task) if info.is_main else None
     if info.enabled:
@@ -313,9 +331,11 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
         run.logger = MetricsLogger(run_dir, resume_step=run.start_step if ckpt is not None else None,
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                    config=config_to_dict(cfg))
-        run.collapse = CollapseWatch(eval_rollouts=min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples)
+        eval_rollouts = min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples
+        run.collapse, run.all_fail = CollapseWatch(eval_rollouts=eval_rollouts), AllFailWatch(eval_rollouts=eval_rollouts)
         if ckpt is not None:
-            run.collapse.replay(read_metrics(run.logger.path))
+            rows = read_metrics(run.logger.path)
+            run.collapse.replay(rows), run.all_fail.replay(rows)
     return run
 
 
@@ -333,7 +353,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
         try:
             if run.start_step == 0:
                 _evaluate_start(run)
-            for step in _progress(range(run.start_step, cfg.steps), run.info, run.start_step, cfg.steps, cfg.quiet):
+            for step in _progress(run):   # a bar with the time left on a terminal, else the step lines say it
                 # what a checkpoint of the last good step holds if this one fails (none needed when it is on disk)
                 before = StepState.capture(run) if run.saved_step != step else None
                 t0 = time.perf_counter()
@@ -361,8 +381,7 @@ def main(cfg: TrainConfig) -> dict[str, Any]:
             _close(run, stop)
     _export_and_shut_down(run)
     if run.info.is_main:
-        print(f"run finished: {cfg.steps} steps in {cfg.run_dir} (metrics.jsonl, checkpoints/, hf/ for "
-              "trace-eval and vLLM)", file=sys.stderr)
+        print(finished_line(cfg.steps, cfg.run_dir, cfg.model.name_or_path), file=sys.stderr)
     return metrics
 
 
@@ -448,9 +467,11 @@ def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, 
     None: a pipeline fill, nothing trained)."""
     cfg = run.cfg
     if run.info.is_main and not cfg.quiet and cfg.log_every and step % cfg.log_every == 0:
-        say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"]), file=sys.stdout)
-    for warning in run.collapse.check(step, metrics) if run.info.is_main else ():
+        eta = run.eta.text(step) if run.eta is not None else None
+        say(metrics_line(step, cfg.steps, metrics, lr=run.optimizer.param_groups[0]["lr"], eta=eta), file=sys.stdout)
+    for warning in [*run.collapse.check(step, metrics), *run.warnings] if run.info.is_main else ():
         say(f"trace-train: warning: {warning}")
+    run.warnings.clear()
     failed = None if batch is None else _check_env_failures(run, step, batch, metrics)
     cut = None if batch is None or failed else _check_length_cuts(run, step, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
@@ -558,8 +579,12 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.default_rng([seed, step, rank]).integers(0, 2**31 - 1))
 
 
-def _progress(steps, info: DistInfo, start: int, total: int, quiet: bool = False):
-    return progress(steps, start=start, total=total, show=info.is_main and not quiet)
+def _progress(run: Run):
+    """The steps left, in a progress bar where stderr is a terminal; without one, ``run.eta`` times them."""
+    show = run.info.is_main and not run.cfg.quiet
+    if not shows_bar(show):
+        run.eta = Eta(run.start_step, run.cfg.steps)
+    return progress(range(run.start_step, run.cfg.steps), start=run.start_step, total=run.cfg.steps, show=show)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -580,6 +605,8 @@ def cli(argv=None) -> int:
                         "(default: their warnings only)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. rollout.policy=grpo optim.lr=3e-5")
     args = parser.parse_intermixed_args(argv)  # overrides on both sides of --quiet
+    user_env = resume_env()  # before anything sets them
+    line_buffered()  # under nohup, | tee or > log each step line shows when printed, in order with stderr's
     quiet_libraries(args.verbose)
     try:
         cfg = load_config(TrainConfig, args.config, [*args.overrides, *(["quiet=true"] if args.quiet else [])])
@@ -595,8 +622,8 @@ def cli(argv=None) -> int:
         print(f"trace-train: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as stop:
-        resume = shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
-                             *(sys.argv[1:] if argv is None else argv)])
+        resume = user_env + shlex.join([*(_invoked_as() if argv is None else ["trace-train"]),
+                                        *(sys.argv[1:] if argv is None else argv)])
         name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
         say(f"trace-train: stopped by {name}; {stop}; to resume: {resume}")
         return 128 + stop.signum

@@ -162,3 +162,27 @@ def test_demo_set_is_consistent():
         assert len(gold_ids) == 2 and all(doc in corpus for doc in gold_ids)
         assert example.supporting_titles == tuple(corpus[doc]["title"] for doc in gold_ids)
         assert any(answer in corpus[gold_ids[1]]["text"] for answer in example.answers), example.id
+
+
+def test_a_local_jsonl_loads_without_the_generating_split_bar(tmp_path, capfd):
+    """Issue 54: the bar showed before every run and every trace-eval on a local file (even before an error)."""
+    import datasets
+
+    from trace_train.data.loading import load_rows
+
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.enable_progress_bars()  # as in a fresh process (another test's cli may have turned them off)
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n')
+    assert load_rows(path, cache_dir=tmp_path / "cache") == [{"a": 1}, {"a": 2}]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{"b": "x"}\n')  # JSON objects whose columns differ: datasets fails while generating
+    try:
+        load_rows(bad, cache_dir=tmp_path / "cache")
+    except ValueError:
+        pass
+    err = capfd.readouterr().err
+    assert "Generating" not in err and "examples/s" not in err, err
+    assert datasets.is_progress_bar_enabled()  # put back for the caller's own data sets
+    if not was_on:
+        datasets.disable_progress_bars()

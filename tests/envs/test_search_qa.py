@@ -54,7 +54,7 @@ def test_snapshots_hold_the_observations_and_restoring_never_queries_again(searc
     serve_in_background(server)
     host, port = server.server_address[:2]
     question = DEMO[0]
-    env = SearchQAEnv(SearchTool(HttpRetriever(f"http://{host}:{port}/retrieve", timeout=2.0)))
+    env = SearchQAEnv(SearchTool(HttpRetriever(f"http://{host}:{port}/retrieve", timeout=30.0)))
     env.reset(row_of(question))
     actions = qa_actions(question)
     first = env.step(actions[0])
@@ -63,7 +63,7 @@ def test_snapshots_hold_the_observations_and_restoring_never_queries_again(searc
     server.shutdown()
     server.server_close()
     assert snapshot.searches == ((question["hops"][0]["query"], first.observation),)
-    fresh = SearchQAEnv(SearchTool(HttpRetriever(f"http://{host}:{port}/retrieve", timeout=2.0)))
+    fresh = SearchQAEnv(SearchTool(HttpRetriever(f"http://{host}:{port}/retrieve", timeout=30.0)))
     fresh.restore(env.snapshot())
     assert fresh.snapshot().searches[-1] == (question["hops"][1]["query"], second.observation)
     assert fresh.step(actions[2]).done and fresh.verify() == 1.0

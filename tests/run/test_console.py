@@ -90,3 +90,67 @@ def test_a_resumed_watch_keeps_its_baseline_and_does_not_repeat_a_warning():
     assert watch.check(5, _steps([30.0])[0]) == []
     fresh = CollapseWatch(eval_rollouts=48).replay(rows[:3])
     assert fresh.check(4, _steps([12.0])[0])
+
+
+def test_a_progress_bar_with_the_time_left_shows_on_a_terminal_that_reports_no_size():
+    """A pseudo-terminal nobody sized reports 0 x 0; tqdm draws nothing at 0 rows (issue 54)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    code = "from trace_train.run.console import progress\nfor _ in progress(range(3), start=0, total=3): pass\n"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave, timeout=300)
+    finally:
+        os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's other end is closed and everything was read
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    text = out.decode(errors="replace")
+    assert done.returncode == 0, text
+    assert "train: 100%" in text and "3/3" in text and "ETA 00:00" in text, repr(text)
+
+
+def test_without_a_bar_the_step_line_ends_with_the_time_left():
+    clock = iter([100.0, 130.0, 190.0]).__next__
+    eta = console.Eta(first=2, total=20, clock=clock)
+    assert eta.text(2) is None  # no step finished yet
+    assert eta.text(5) == "0:02:30"  # 30 s for 3 steps, 15 steps left
+    assert eta.text(8) == "0:03:00"  # 90 s for 6 steps, 12 left
+    m = {"reward_mean": 0.5, "rollout_seconds": 1.0}
+    assert console.metrics_line(5, 20, m, eta="0:03:00").endswith("  ETA 0:03:00")
+    assert "ETA" not in console.metrics_line(5, 20, m)
+
+
+def test_stdout_is_line_buffered_when_it_is_a_pipe():
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom trace_train.run.console import line_buffered\nline_buffered()\n"
+            "print('first', flush=False)\nsys.stdin.readline()\nprint('second')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "first\n"  # arrives while the process still waits for its input
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.stdout.read() == "second\n"
+    finally:
+        proc.wait(timeout=120)
+
+
+def test_the_step_zero_evaluation_says_when_every_rollout_failed():
+    assert console.eval_line(0, 20, {"eval_success": 0.0, "eval_rollouts": 48.0, "eval_env_failures": 0.0}) == \
+        "step 0/20  eval 0.000  (held-out success before training; every one of its 48 rollouts failed)"
+    assert console.eval_line(0, 20, {"eval_success": 0.0, "eval_rollouts": 48.0, "eval_env_failures": 48.0}) == (
+        "step 0/20  eval 0.000  (held-out success before training; every one of its 48 rollouts failed, 48 of them "
+        "in an environment failure)")
+    assert console.eval_line(0, 20, {"eval_success": 0.0}) == "step 0/20  eval 0.000  (held-out success before training)"

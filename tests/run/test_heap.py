@@ -46,12 +46,19 @@ def test_objects_alive_at_the_start_are_frozen_for_the_block_and_collectable_aft
     assert gone() is None  # unfrozen on leaving: a process that runs several jobs frees each one's cycles
 
 
+def _still_frozen(frozen: int) -> bool:
+    """The freeze holds: a frozen object freed meanwhile (its last reference dropped, say by a thread an
+    earlier test left ending now) leaves the permanent generation, so the count may fall by a few, whereas
+    an unfreeze empties it."""
+    return 0 < gc.get_freeze_count() <= frozen and gc.get_freeze_count() > frozen // 2
+
+
 def test_an_inner_block_leaves_the_outer_freeze_alone():
     with startup_objects_frozen():
         frozen = gc.get_freeze_count()
         with startup_objects_frozen():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen  # the inner block did not unfreeze
+            assert _still_frozen(frozen)
+        assert _still_frozen(frozen)  # the inner block did not unfreeze
     assert gc.get_freeze_count() == 0
 
 
@@ -61,5 +68,5 @@ def test_a_freeze_made_before_the_block_is_kept_after_it():
     gc.freeze()
     frozen = gc.get_freeze_count()
     with startup_objects_frozen():
-        assert gc.get_freeze_count() == frozen
-    assert gc.get_freeze_count() == frozen
+        assert _still_frozen(frozen)
+    assert _still_frozen(frozen)

@@ -125,10 +125,15 @@ def test_process_limit_stops_forking():
 
 
 def test_writing_outside_the_working_directory_is_denied():
+    """Wherever the checkout is: under ``/tmp`` the sandbox's private ``/tmp`` hides it, so the write fails
+    on a path that does not exist there (FileNotFoundError) rather than on the audit hook's refusal
+    (PermissionError); either way nothing is written outside, which is what is asserted."""
     target = Path(__file__).with_name("outside.txt")
     result = run_python(f"open({str(target)!r}, 'w').write('pwned')")
     assert result.status == "error"
-    assert "PermissionError" in result.stderr and "outside the working directory" in result.stderr
+    refused = ("PermissionError" in result.stderr and "outside the working directory" in result.stderr)
+    hidden = "FileNotFoundError" in result.stderr or "Read-only file system" in result.stderr
+    assert refused or hidden, result.stderr[-500:]
     assert not target.exists()
     inside = run_python("open('notes.txt', 'w').write('ok')\nprint(open('notes.txt').read())")
     assert inside.stdout == "ok\n"

@@ -126,7 +126,9 @@ def test_a_signal_ends_the_run_in_one_line_with_a_checkpoint_and_the_resume_comm
     assert "Traceback" not in err
     step = read_metrics(metrics)[-1]["step"]
     assert lines[-1].startswith("trace-train: stopped by ") and f"saved a checkpoint of step {step}" in lines[-1]
-    assert lines[-1].endswith("to resume: " + shlex.join([sys.executable, "-m", "trace_train.train", *args]))
+    resume = lines[-1].split("to resume: ", 1)[1]  # the environment the run needed first (issue 54), then the command
+    assert resume.startswith(f"PYTHONPATH={REPO} ") and resume.endswith(
+        " " + shlex.join([sys.executable, "-m", "trace_train.train", *args]))
     assert (run_dir / "checkpoints" / f"step_{step:08d}").is_dir()
     assert not (run_dir / "checkpoints" / ".step_").exists()
 

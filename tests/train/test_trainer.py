@@ -104,7 +104,7 @@ def test_bad_configuration_fails_in_one_line_before_any_model_is_loaded(tmp_path
     out = subprocess.run([sys.executable, "-m", "trace_train.train", "--config", "cpu_demo", f"run_dir={run_dir}",
                           "rollout.polcy=grpo"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip() == "trace-train: unknown config key 'rollout.polcy'; did you mean 'policy'?"
+    assert out.stderr.strip() == "trace-train: unknown config key 'rollout.polcy'; did you mean 'rollout.policy'?"
     assert not run_dir.exists()
     out = subprocess.run([sys.executable, "-m", "trace_train.train", "--config", "cpu_demo", "rollout.policy=best"],
                          capture_output=True, text=True, timeout=120)

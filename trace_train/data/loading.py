@@ -11,7 +11,8 @@ does not exist is an error here; it is never sent to the Hub. Anything else (``n
 Loading from the Hub needs network access on the user's machine; local files do not.
 
 A local file that is empty, or a JSON Lines file with a line that is not a JSON object, is refused with
-an error that names the file and the line.
+an error that names the file and the line. A local file loads without ``datasets``' "Generating train
+split" progress bar.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,10 @@ def _check_json_lines(path: Path) -> int:
                     continue
                 try:
                     row = json.loads(line)
-                except (json.JSONDecodeError, RecursionError) as err:
-                    raise ValueError(f"{path}, line {number}: not valid JSON ({err})") from None
+                except json.JSONDecodeError as err:  # its own "line 1 column 5" counts within the line
+                    raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
+                except RecursionError:
+                    raise ValueError(f"{path}, line {number}: not valid JSON (nested too deeply)") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}, line {number}: a row must be a JSON object, "
                                      f"got {type(row).__name__}")
@@ -52,6 +56,18 @@ def _check_json_lines(path: Path) -> int:
         except UnicodeDecodeError as err:
             raise ValueError(f"{path}: not UTF-8 text ({err})") from None
     return rows
+
+
+@contextmanager
+def _no_progress_bars(datasets):
+    """``datasets``' progress bars off for the block, then back as they were."""
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
 
 
 def load_rows(
@@ -83,12 +99,13 @@ def load_rows(
         if path.suffix.lower() == ".jsonl" and _check_json_lines(path) == 0:
             raise ValueError(f"data file {str(path)!r} holds no rows")
         try:
-            dataset = datasets.load_dataset(
-                builder,
-                data_files=str(path.resolve()),
-                split="train",
-                cache_dir=None if cache_dir is None else str(cache_dir),
-            )
+            with _no_progress_bars(datasets):  # a local file loads in a blink: no "Generating train split" bar
+                dataset = datasets.load_dataset(
+                    builder,
+                    data_files=str(path.resolve()),
+                    split="train",
+                    cache_dir=None if cache_dir is None else str(cache_dir),
+                )
         except Exception as err:  # datasets wraps parse errors in its own types; name the file
             raise ValueError(f"data file {str(path)!r} cannot be read: {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}") from None

@@ -267,6 +267,10 @@ def _load_file(path: Path):
     return module
 
 
+ENVIRONMENT_METHODS = ("reset", "step", "verify", "snapshot", "restore")
+"""What an :class:`Environment` has (``envs.base``)."""
+
+
 def build_factory(source: EnvironmentSource, options: Mapping[str, Any]):
     """The :class:`EnvFactory` of an environment with these options (checked against the
     factory's parameters; one environment is built to validate them)."""
@@ -280,7 +284,10 @@ def build_factory(source: EnvironmentSource, options: Mapping[str, Any]):
     if source.registered or isinstance(made, EnvFactory):
         return made
     if not isinstance(made, Environment):
+        missing = [name for name in ENVIRONMENT_METHODS if not callable(getattr(made, name, None))]
+        listed = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
         raise ValueError(f"environment {source.name!r}: the factory returned a {type(made).__name__}, which "
-                         "lacks the Environment methods reset, step, verify, snapshot and restore")
+                         f"lacks the Environment method{'s' if len(missing) > 1 else ''} {listed} (an environment "
+                         f"has {', '.join(ENVIRONMENT_METHODS[:-1])} and {ENVIRONMENT_METHODS[-1]})")
     return EnvFactory(source.name, partial(source.factory, **options), tools=tuple(getattr(made, "tools", ())),
                       binary_rewards=source.spec.rewards_are_binary(options))

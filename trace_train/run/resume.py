@@ -2,8 +2,10 @@
 
 A checkpoint stores :func:`resume_fingerprint` of the config that wrote it; a run resumes only from a
 checkpoint with its own. A run directory's ``config.yaml`` is compared field by field
-(:func:`check_or_write_config`) before anything is written, so another run's config and metrics are never
-overwritten. What may differ between the two, and the fields that came and went, is in
+(:func:`check_config`) before anything is written, so another run's config and metrics are never
+overwritten; ours is written (:func:`write_config`) only once the task's data and environment loaded. A
+directory a failed start left (``run.lock`` and a ``config.yaml``, but no checkpoint and no metrics row) is
+taken over, with one line saying so. What may differ between the two, and the fields that came and went, is in
 :mod:`.config_history`.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,7 +27,8 @@ from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, DEFAULT_CHANGED_
 from .files import write_file
 from .step_state import RESUME_OVERRIDES, describe_overrides
 
-__all__ = ["resume_fingerprint", "check_or_write_config", "differing_fields"]
+__all__ = ["resume_fingerprint", "check_or_write_config", "check_config", "write_config", "differing_fields",
+           "never_stepped"]
 
 
 def resume_fingerprint(cfg: TrainConfig) -> str:
@@ -46,25 +50,67 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
 
 
 def check_or_write_config(cfg: TrainConfig, run_dir: Path, *, write: bool = True) -> None:
-    """Refuse a run directory that holds another run's ``config.yaml``; then write ours (where ``write``:
-    rank 0).
+    """:func:`check_config`, then :func:`write_config` (where ``write``: rank 0)."""
+    check_config(cfg, run_dir, announce=write)
+    if write:
+        write_config(cfg, run_dir)
+
+
+def check_config(cfg: TrainConfig, run_dir: Path, *, announce: bool = True, started_before: bool = False) -> None:
+    """Refuse a run directory that holds another run's ``config.yaml``.
 
     Another run is one whose resume fingerprint differs (only steps, ``optim.lr``, ``optim.grad_clip``,
-    checkpointing and logging may change: ``run.step_state.RESUME_OVERRIDES``, each change printed),
-    whether or not it wrote a checkpoint: its config and metrics are never overwritten.
+    checkpointing and logging may change: ``run.step_state.RESUME_OVERRIDES``, each change printed where
+    ``announce``), whether or not it wrote a checkpoint: its config and metrics are never overwritten. The
+    exception is a start that failed before its first step: ``started_before`` (the directory held a
+    ``run.lock`` before this run locked it: a ``config.yaml`` alone, written by hand or by another tool, is
+    not taken for one) and :func:`never_stepped`. Its directory is taken over with one line (where
+    ``announce``), and the ``tiny_model/`` it may have built for its config removed.
     """
     stored = run_dir / "config.yaml"
-    if stored.exists():
-        before, now = _eager_only(_stored_config(stored)), _eager_only(config_to_dict(cfg))
-        differs = differing_fields(before, now)
-        if differs:
-            raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
-                             "use another run_dir (only steps, optim.lr, optim.grad_clip, checkpointing and "
-                             f"logging may change){_changed_defaults(differs, before, now)}")
-        for change in describe_overrides(_stored_config(stored), config_to_dict(cfg)) if write else ():
-            print(f"trace-train: resuming with {change}", file=sys.stderr)
-    if write:
-        write_file(stored, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))  # replaces a link, never follows
+    if not stored.exists():
+        return
+    before, now = _eager_only(_stored_config(stored)), _eager_only(config_to_dict(cfg))
+    differs = differing_fields(before, now)
+    if differs and started_before and never_stepped(run_dir):
+        if announce:
+            print(f"trace-train: taking over {run_dir}: the run that wrote its config.yaml (differing in "
+                  f"{', '.join(differs)}) stopped before its first step (no checkpoint, no metrics)", file=sys.stderr)
+            _remove_tiny_model(run_dir)
+        return
+    if differs:
+        raise ValueError(f"{run_dir} holds another run (its config.yaml differs in {', '.join(differs)}); "
+                         "use another run_dir (only steps, optim.lr, optim.grad_clip, checkpointing and "
+                         f"logging may change){_changed_defaults(differs, before, now)}")
+    for change in describe_overrides(_stored_config(stored), config_to_dict(cfg)) if announce else ():
+        print(f"trace-train: resuming with {change}", file=sys.stderr)
+
+
+def write_config(cfg: TrainConfig, run_dir: Path) -> None:
+    """Write the resolved config as ``run_dir/config.yaml`` (replaces a link, never follows one)."""
+    write_file(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def never_stepped(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds no checkpoint and no metrics row (a link in their place counts as holding one)."""
+    if (run_dir / "checkpoints").is_symlink():
+        return False
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        return False
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        return metrics.is_symlink() is False and (not metrics.exists() or not metrics.read_bytes().strip())
+    except OSError:
+        return False
+
+
+def _remove_tiny_model(run_dir: Path) -> None:
+    path = run_dir / "tiny_model"
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def _eager_only(data: dict) -> dict:

@@ -9,6 +9,7 @@ from trace_theory import contrast_yield
 from trace_theory.metrics import calibration_by_depth
 
 from ..rollout.batch import RolloutBatch
+from .all_fail import all_fail_share
 from .distributed import DistInfo, merge_metrics
 from .turns import length_cut_counts
 
@@ -25,6 +26,7 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
         **contrast_yield(f, rollouts=report.rollouts, tokens=report.generated_tokens),
         "reward_mean": float(f.reward[f.leaves].mean()) if f.n_leaves else float("nan"),
         "effective_ratio": batch.metrics()["effective_ratio"],
+        "all_fail_group_share": all_fail_share(f),  # prompts whose every rollout failed (run/all_fail.py)
         "mixed_anchor_ratio": batch.metrics()["mixed_anchor_ratio"],
         "prompts": float(f.n_prompts),
         "rollouts": float(report.rollouts),
