@@ -131,8 +131,11 @@ def test_an_entry_point_registers_an_environment_with_its_task_spec(tmp_path, mo
     from trace_train.tasks import build_task
 
     task = build_task(TaskConfig(name="counting", rows={"start": 100}, train_size=6, eval_size=2), seed=0)
-    assert task.train_rows == [{"word": str(100 + i)} for i in range(6)]
-    assert task.make_env().reset(task.eval_rows[0])[-1] == {"role": "user", "content": "100"}
+    # generated rows: the prompts split by hash, so training and held-out words never meet
+    train, held = [r["word"] for r in task.train_rows], [r["word"] for r in task.eval_rows]
+    assert len(train) == 6 and len(held) == 2 and not set(train) & set(held)
+    assert all(int(word) >= 100 for word in train + held)
+    assert task.make_env().reset(task.eval_rows[0])[-1] == {"role": "user", "content": held[0]}
     with pytest.raises(ValueError, match=r"task 'counting' has no row option 'stop'; row options: \['start'\]"):
         TaskConfig(name="counting", rows={"stop": 3})
     # without a spec, rows come from a local file (here Parquet) through the data loader
@@ -153,7 +156,7 @@ def test_unknown_names_list_the_entry_points(tmp_path, monkeypatch):
     from trace_train.envs.spec import find_environment
 
     with pytest.raises(ValueError, match=r"unknown environment 'chess'; known: bfcl, counting, echo, "
-                                         r"guess_number, math_python, search_qa \(or an import path package.module:attribute\)"):
+                                         r"guess_number, math_python, reasoning_gym, search_qa(, textarena)? \(or an import path package.module:attribute\)"):
         find_environment("chess")
 
 

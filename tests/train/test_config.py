@@ -217,16 +217,18 @@ def test_the_eager_lag_default_change_leaves_other_runs_resuming_and_names_the_f
         (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
         return run_dir
 
-    grpo = load_config(TrainConfig, "cpu_demo", ["rollout.policy=grpo"])
+    # cpu_demo's games as round 13 had them (its rows changed since, for the held-out prompt split)
+    grpo = load_config(TrainConfig, "cpu_demo", ["rollout.policy=grpo", "task.rows={low: 1, high: 6, max_guesses: 3}"])
     assert grpo.rollout.eager_lag == 0
     check_or_write_config(grpo, stored(tmp_path / "grpo", grpo, 1))  # resumes
     lag1 = dataclasses.replace(grpo, rollout=dataclasses.replace(grpo.rollout, eager_lag=1))
     assert resume_fingerprint(grpo) == resume_fingerprint(lag1) == "c47b04860ebc23de"  # round 13's code's value
 
-    eager = load_config(TrainConfig, "cpu_demo", ["rollout.expansion=eager"])
+    eager = load_config(TrainConfig, "cpu_demo", ["rollout.expansion=eager", "task.rows={low: 1, high: 6, max_guesses: 3}"])
     with pytest.raises(ValueError, match=r"differs in rollout\.eager_lag\).*default changed from 1 to 0 in "
                                          r"round 14: add rollout\.eager_lag=1 to resume this run"):
         check_or_write_config(eager, stored(tmp_path / "eager", eager, 1))
-    old = load_config(TrainConfig, "cpu_demo", ["rollout.expansion=eager", "rollout.eager_lag=1"])
+    old = load_config(TrainConfig, "cpu_demo", ["rollout.expansion=eager", "rollout.eager_lag=1",
+                                                "task.rows={low: 1, high: 6, max_guesses: 3}"])
     check_or_write_config(old, tmp_path / "eager")
     assert resume_fingerprint(old) == "a880684dc582b1fa" != resume_fingerprint(eager)  # round 13's value at lag 1
