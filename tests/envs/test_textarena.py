@@ -167,3 +167,53 @@ def test_the_scripted_experts_win():
             env.reset(r)
             results = _play(env, demonstration(r))
             assert results[-1][1] and env.verify() == 1.0, (game, r["seed"])
+
+
+def test_uniform_tree_continues_textarena_games_from_mid_game_states(hf_backend):
+    """Through the real engine: continuations branch after one or more turns of a game, and every prefix's
+    snapshot, restored on a fresh instance, answers its children's actions as the factual rollout saw."""
+    import numpy as np
+
+    from trace_theory import Origin
+    from trace_train.envs import EpisodeLimits
+    from trace_train.envs.tooling import chat_format
+    from trace_train.rollout.engine import RolloutConfig, RolloutEngine
+
+    factory = make_env_factory("textarena", {"env_id": ["FrozenLake-v0", "Blackjack-v0"]})
+    rows = make_rows(["FrozenLake-v0", "Blackjack-v0"], 3, seed=5, held_out=False)
+    config = RolloutConfig(policy="uniform_tree", roots=2 * len(rows), continuations_per_root=2, group_size=2,
+                           temperature=1.0, limits=EpisodeLimits(max_turns=4, max_turn_tokens=8,
+                                                                 max_context_tokens=2048), seed=0)
+    engine = RolloutEngine(hf_backend, factory, config, chat=chat_format(hf_backend.tokenizer))
+    batch = engine.rollout(rows, seed=0)
+    forest, nodes = batch.forest.validate(), batch.nodes
+    starts = np.flatnonzero((forest.origin == Origin.CONTINUATION) & forest.starts_rollout)
+    branch_depths = forest.depth[forest.parent[starts]]
+    assert len(starts) > 0 and branch_depths.max() >= 1  # some continuation starts mid-game
+    checked = 0
+    for node in np.flatnonzero(~forest.is_leaf & (forest.depth >= 1)).tolist():
+        for child in forest.children(node).tolist():
+            if nodes[child].finish_reason == "stop":
+                env = factory()
+                env.restore(nodes[node].snapshot)
+                assert env.step(nodes[child].action).observation == nodes[child].observation
+                checked += 1
+    assert checked > 0
+
+
+def test_trace_eval_plays_the_trainers_held_out_games(tmp_path):
+    from trace_train.evaluate import EvalConfig, load_tasks, summarize
+
+    options = {"env_id": ["FrozenLake-v0", "TowerOfHanoi-v0"]}
+    config = EvalConfig(model="unused", benchmark="textarena", output_dir=str(tmp_path), env_options=options,
+                        limit=16)
+    task = build_task(TaskConfig(name="textarena", env=options, train_size=200, eval_size=16), seed=0)
+    assert load_tasks(config) == task.eval_rows
+    records = [{"id": r["id"], "rewards": [1.0, 0.0], "samples": [
+        {"reward": x, "turns": 1, "end_reason": "done", "metrics": {"success": x, "score": x or 0.5, "finished": 1.0}} for x in (1.0, 0.0)]}
+        for r in task.eval_rows]
+    metrics = summarize("textarena", records, k=2)["metrics"]
+    assert metrics["success"] == 0.5 and metrics["score"] == 0.75 and metrics["pass@2"] == 1.0
+    assert set(metrics["per_game"]) == {r["game"] for r in task.eval_rows}
+    with pytest.raises(ValueError, match="needs the game: --env-options"):
+        EvalConfig(model="unused", benchmark="textarena", output_dir=str(tmp_path))
