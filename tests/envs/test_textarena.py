@@ -210,7 +210,7 @@ def test_trace_eval_plays_the_trainers_held_out_games(tmp_path):
     task = build_task(TaskConfig(name="textarena", env=options, train_size=200, eval_size=16), seed=0)
     assert load_tasks(config) == task.eval_rows
     records = [{"id": r["id"], "rewards": [1.0, 0.0], "samples": [
-        {"reward": x, "turns": 1, "end_reason": "done", "metrics": {"success": x, "score": x or 0.5, "finished": 1.0}} for x in (1.0, 0.0)]}
+        {"reward": x, "turns": 1, "end_reason": "done", "generated_tokens": 3, "metrics": {"success": x, "score": x or 0.5, "finished": 1.0}} for x in (1.0, 0.0)]}
         for r in task.eval_rows]
     metrics = summarize("textarena", records, k=2)["metrics"]
     assert metrics["success"] == 0.5 and metrics["score"] == 0.75 and metrics["pass@2"] == 1.0
