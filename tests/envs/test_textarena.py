@@ -180,7 +180,7 @@ def test_uniform_tree_continues_textarena_games_from_mid_game_states(hf_backend)
     from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 
     factory = make_env_factory("textarena", {"env_id": ["FrozenLake-v0", "Blackjack-v0"]})
-    rows = make_rows(["FrozenLake-v0", "Blackjack-v0"], 3, seed=5, held_out=False)
+    rows = make_rows(["FrozenLake-v0", "Blackjack-v0"], 3, seed=5)
     config = RolloutConfig(policy="uniform_tree", roots=2 * len(rows), continuations_per_root=2, group_size=2,
                            temperature=1.0, limits=EpisodeLimits(max_turns=4, max_turn_tokens=8,
                                                                  max_context_tokens=2048), seed=0)
@@ -214,6 +214,6 @@ def test_trace_eval_plays_the_trainers_held_out_games(tmp_path):
         for r in task.eval_rows]
     metrics = summarize("textarena", records, k=2)["metrics"]
     assert metrics["success"] == 0.5 and metrics["score"] == 0.75 and metrics["pass@2"] == 1.0
-    assert set(metrics["per_game"]) == {r["game"] for r in task.eval_rows}
+    assert set(metrics["per_level"]) == {f"L{r['level']}" for r in task.eval_rows} == {"L0", "L1"}
     with pytest.raises(ValueError, match="needs the game: --env-options"):
         EvalConfig(model="unused", benchmark="textarena", output_dir=str(tmp_path))
