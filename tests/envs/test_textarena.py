@@ -89,6 +89,8 @@ def test_two_invalid_moves_in_a_row_end_the_game():
     ("Wordle-v0", "textarena game 'Wordle-v0' needs the nltk resource 'words', which is not installed"),
     ("FrozenLak-v0", "unknown textarena game 'FrozenLak-v0'; did you mean FrozenLake-v0"),
     (None, "textarena needs `env_id`"),
+    ("ScorableGames-v0", "textarena game 'ScorableGames-v0' cannot be reset: FileNotFoundError"),
+    ("Chess-v0", "textarena game 'Chess-v0' cannot be built: SyntaxError"),
 ])
 def test_games_that_cannot_be_played_fail_in_one_line(env_id, message):
     with pytest.raises(ValueError) as error:

@@ -143,6 +143,9 @@ def _reset(game, env_id: str, seed: int) -> None:
     except (AssertionError, ValueError) as error:
         raise ValueError(f"textarena game {env_id!r} is not a single-player game (its reset with one player "
                          f"says: {_one_line(error)}); only single-player games are supported") from None
+    except Exception as error:  # noqa: BLE001 - a game that cannot start (missing files): one line
+        raise ValueError(f"textarena game {env_id!r} cannot be reset: {type(error).__name__}: "
+                         f"{_one_line(error)}") from None
     state = getattr(game, "state", None)
     if not isinstance(state, SinglePlayerState):
         raise ValueError(f"textarena game {env_id!r} is not a single-player game (it keeps a "
