@@ -178,7 +178,7 @@ def test_uniform_tree_continues_textarena_games_from_mid_game_states(hf_backend)
 
     from trace_theory import Origin
     from trace_train.envs import EpisodeLimits
-    from trace_train.envs.tooling import chat_format
+    from trace_train.chat import ChatFormat
     from trace_train.rollout.engine import RolloutConfig, RolloutEngine
 
     factory = make_env_factory("textarena", {"env_id": ["FrozenLake-v0", "Blackjack-v0"]})
@@ -186,7 +186,7 @@ def test_uniform_tree_continues_textarena_games_from_mid_game_states(hf_backend)
     config = RolloutConfig(policy="uniform_tree", roots=2 * len(rows), continuations_per_root=2, group_size=2,
                            temperature=1.0, limits=EpisodeLimits(max_turns=4, max_turn_tokens=8,
                                                                  max_context_tokens=2048), seed=0)
-    engine = RolloutEngine(hf_backend, factory, config, chat=chat_format(hf_backend.tokenizer))
+    engine = RolloutEngine(hf_backend, factory, config, chat=ChatFormat(hf_backend.tokenizer))
     batch = engine.rollout(rows, seed=0)
     forest, nodes = batch.forest.validate(), batch.nodes
     starts = np.flatnonzero((forest.origin == Origin.CONTINUATION) & forest.starts_rollout)
