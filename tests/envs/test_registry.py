@@ -12,7 +12,8 @@ from trace_train.envs import ENVIRONMENTS, EnvFactory, Environment, make_env_fac
 
 from .scripted import CORPUS, DEMO, MATH
 
-OPTIONS = {"search_qa": {"corpus": str(CORPUS)}, "reasoning_gym": {"dataset": "chain_sum", "attempts": 3}}
+OPTIONS = {"search_qa": {"corpus": str(CORPUS)}, "reasoning_gym": {"dataset": "chain_sum", "attempts": 3},
+           "textarena": {"env_id": "GuessTheNumber-v0"}}
 ROWS = {
     "guess_number": {"target": 3, "low": 1, "high": 8, "max_guesses": 3},
     "math_python": MATH[0][0],
@@ -20,12 +21,14 @@ ROWS = {
     "bfcl": {"id": "multi_turn_long_context_7"},
     "reasoning_gym": {"id": "chain_sum/0", "question": "State the final answer: 5 + 7 =", "answer": "12",
                       "entry": {"question": "State the final answer: 5 + 7 =", "answer": "12", "metadata": {}}},
+    "textarena": {"game": "GuessTheNumber-v0", "seed": 5},
 }
 ACTIONS = ["4", "no idea", '<tool_call>{"name": "ls", "arguments": {}}</tool_call>']
 
 
 def test_the_environments_are_registered():
-    assert ENVIRONMENTS.names()[:5] == ["guess_number", "math_python", "search_qa", "reasoning_gym", "bfcl"]
+    assert ENVIRONMENTS.names()[:6] == ["guess_number", "math_python", "search_qa", "reasoning_gym", "bfcl",
+                                        "textarena"]
 
 
 @pytest.mark.parametrize("name", ENVIRONMENTS.names())
@@ -40,10 +43,14 @@ def test_every_environment_keeps_the_protocol(name):
     assert [m["role"] for m in messages] == ["system", "user"] and all(m["content"] for m in messages)
     first = env.step(ACTIONS[0])
     snapshot = env.snapshot()
-    rest = [env.step(action) for action in ACTIONS[1:]]
+    rest = []
+    for action in ACTIONS[1:]:  # a TextArena game ends at the second invalid move in a row
+        rest.append(env.step(action))
+        if rest[-1].done:
+            break
     fresh = factory()
     fresh.restore(snapshot)
-    assert [fresh.step(action) for action in ACTIONS[1:]] == rest
+    assert [fresh.step(action) for action in ACTIONS[1:1 + len(rest)]] == rest
     assert not first.done and fresh.verify() == env.verify() == 0.0
 
 
@@ -61,7 +68,8 @@ def test_factories_describe_tools_and_rewards():
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("chess", {}, "unknown environment 'chess'; known: bfcl, guess_number, math_python, reasoning_gym, search_qa"),
+    ("chess", {}, "unknown environment 'chess'; known: bfcl, guess_number, math_python, reasoning_gym, search_qa, "
+                  "textarena"),
     ("math_python", {"max_calls": 3}, "has no option 'max_calls'; options: max_tool_calls"),
     ("math_python", {"sandbox": {"seconds": 3}}, "fields of SandboxLimits"),
     ("math_python", {"observation_role": "system"}, "observation_role"),

@@ -120,6 +120,8 @@ HELD_OUT_CONFIGS = {
                              rows={"subsets": ["base"]}),
     "reasoning_gym": lambda tmp: dict(name="reasoning_gym", env={"dataset": "chain_sum", "levels": [0]},
                                       train_size=300, eval_size=32),
+    "textarena": lambda tmp: dict(name="textarena", env={"env_id": ["FrozenLake-v0", "Mastermind-v0"]},
+                                  train_size=300, eval_size=32),
 }
 
 

@@ -62,6 +62,15 @@ TASKS: dict[str, dict] = {
                  "max_turns": 1, "max_turn_tokens": 16},
         "what": "reasoning-gym family_relationships (name the relation), level 0, one answer",
     },
+    "frozen_lake": {
+        "train": ["task.name=textarena", "task.env.env_id=[FrozenLake-v0,FrozenLake-v0-hardcore]",
+                  "model.tiny_warm_steps=200", "rollout.limits.max_turns=10", "rollout.limits.max_turn_tokens=8",
+                  "rollout.limits.max_context_tokens=2048", *_GROUPS],
+        "eval": {"benchmark": "textarena", "env_options": {"env_id": ["FrozenLake-v0", "FrozenLake-v0-hardcore"]},
+                 "max_turns": 10, "max_turn_tokens": 8, "max_context_tokens": 2048},
+        "what": "textarena FrozenLake: walk the shown map to the goal, one move a turn; L0 4x4 with 3 holes, "
+                "L1 5x5 with 6 holes",
+    },
 }
 """Task name -> trace-train overrides, trace-eval options and one line saying what a rollout is."""
 
@@ -100,7 +109,8 @@ def run_seed(name: str, seed: int, *, steps: int, k: int, limit: int) -> dict:
         _run(["-m", "trace_train.evaluate", "--model", str(run / "tiny_model"), "--task", ev["benchmark"],
               "--env-options", json.dumps(ev["env_options"]), "--output-dir", str(Path(tmp) / "eval"),
               "--k", str(k), "--limit", str(limit), "--seed", str(seed), "--max-turns", str(ev["max_turns"]),
-              "--max-turn-tokens", str(ev["max_turn_tokens"]), "--max-context-tokens", "1024", "--device", "cpu"])
+              "--max-turn-tokens", str(ev["max_turn_tokens"]),
+              "--max-context-tokens", str(ev.get("max_context_tokens", 1024)), "--device", "cpu"])
         levels = success_by_level(Path(tmp) / "eval" / "results.jsonl")
         summary = json.loads((Path(tmp) / "eval" / "summary.json").read_text())
     mixed = [r["effective_ratio"] for r in rows if "effective_ratio" in r]

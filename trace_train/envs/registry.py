@@ -306,3 +306,62 @@ def bfcl(*, observation_role: str = "tool", max_steps_per_turn: int | None = Non
 
     steps = MAX_STEPS_PER_TURN if max_steps_per_turn is None else max_steps_per_turn
     return _checked("bfcl", partial(BfclEnv, observation_role=observation_role, max_steps_per_turn=steps))
+
+
+# ---------------------------------------------------------------------------------------------------
+# textarena: TextArena's single-player games (``textarena_env``). Options: ``env_id`` (a game id, or a
+# list of them to mix levels), ``game_kwargs={}`` (over the id's constructor options, e.g. {size: 3}),
+# ``success_threshold=1.0`` (reward = 1[TextArena score >= it]), ``system_prompt=None``
+# ---------------------------------------------------------------------------------------------------
+
+
+def textarena_rows(source: None, *, split: str, subset: str | None, size: int, seed: int,
+                   env_id: str | list | None = None, game_kwargs: Mapping[str, Any] | None = None) -> list[dict]:
+    """Seeded games of ``task.env.env_id``, one distinct opening each (``textarena_env.make_rows``); the
+    trainer splits them by prompt (``trace_train.tasks.generated_rows``)."""
+    from .textarena_env import make_rows
+
+    if not env_id:
+        raise ValueError("task textarena needs `task.env.env_id`: a single-player TextArena game id such as "
+                         "FrozenLake-v0 (or a list of them)")
+    return make_rows(env_id, size, seed=seed, game_kwargs=game_kwargs)
+
+
+def _textarena_demonstration(row: Mapping[str, Any]) -> list[str]:
+    from .textarena_env import demonstration
+
+    return demonstration(row)
+
+
+def textarena_metrics(records, means, *, k: int) -> dict:
+    """``success``, ``score`` and ``pass@k`` (:func:`success_metrics`), and ``per_level``: success per level
+    (the index of the game in a list of ``env_id``; from the row ids, ``<env id>/L<level>/<seed>``)."""
+    levels: dict[str, list] = {}
+    for record in records:
+        level = str(record["id"]).split("/")[1] if str(record["id"]).count("/") == 2 else "-"
+        levels.setdefault(level, []).extend(s["metrics"]["success"] for s in record["samples"])
+    return {**success_metrics(records, means, k=k),
+            "per_level": {level: float(sum(v) / len(v)) for level, v in sorted(levels.items())}}
+
+
+def _textarena_check(config) -> None:
+    if not config.env_options.get("env_id"):
+        raise ValueError("trace-eval --task textarena needs the game: --env-options '{env_id: FrozenLake-v0}'")
+
+
+@_with_spec(TaskSpec(textarena_rows, data="generated", env_row_options=("env_id", "game_kwargs"),
+                     demonstration=_textarena_demonstration,
+                     evaluation=EvalSpec(max_turns=16, flags=(), check=_textarena_check, metrics=textarena_metrics)))
+@ENVIRONMENTS.register("textarena")
+def textarena(*, env_id: str | list | None = None, game_kwargs: Mapping[str, Any] | None = None,
+              success_threshold: float = 1.0, system_prompt: str | None = None) -> EnvFactory:
+    """TextArena's single-player game ``env_id`` (or games: a list mixes them as levels)."""
+    from .textarena_env import TextArenaEnv, check_game
+
+    if not env_id or not isinstance(env_id, (str, list, tuple)):
+        raise ValueError("textarena needs `env_id`: a single-player TextArena game id such as FrozenLake-v0 "
+                         f"(or a list of them), got {env_id!r}")
+    for game in [env_id] if isinstance(env_id, str) else env_id:
+        check_game(game, game_kwargs)
+    return _checked("textarena", partial(TextArenaEnv, success_threshold=success_threshold,
+                                         system_prompt=system_prompt))
