@@ -58,12 +58,16 @@ TASKS = {
     "mixed": ["task.rows={low: 1, highs: [2, 6, 64], max_guesses: 3, shift: 11}"],
     "aiw": ["task.name=reasoning_gym", "task.env={dataset: aiw, levels: [0, 1]}", *_RG],
     "family_relationships": ["task.name=reasoning_gym", "task.env={dataset: family_relationships, levels: [0]}", *_RG],
+    "chain_sum": ["task.name=reasoning_gym", "task.env={dataset: chain_sum, levels: [0, 1]}", *_RG],
+    "frozen_lake": ["task.name=textarena", "task.env={env_id: [FrozenLake-v0, FrozenLake-v0-hardcore]}", "task.rows={}",
+                    "model.tiny_warm_steps=200", "rollout.limits.max_turns=10", "rollout.limits.max_turn_tokens=8"],
 }
 """Tasks, as overrides of the ``cpu_demo`` preset. Guess-the-number's difficulty mixes: ``uniform`` (every
 prompt about equally hard) and ``mixed`` (a third of the prompts almost always solved, a third almost never,
 as in real RL data sets); each row's range shifts by up to 11, so held-out games are ranges never trained on.
 Testbeds no one here wrote (``trace_train.bench.testbeds`` measures where the warmed tiny model starts):
-reasoning-gym's ``aiw`` (levels 0-1) and ``family_relationships`` (level 0), one answer per rollout."""
+reasoning-gym's ``aiw`` (levels 0-1), ``family_relationships`` (level 0) and ``chain_sum`` (levels 0-1), one
+answer per rollout; textarena's FrozenLake (4x4 and 5x5 maps mixed), one move a turn."""
 
 
 ARM_FORM = "POLICY[+PREDICTOR_KIND][@EXPANSION][:ROLLOUT_FIELD=VALUE...]"
