@@ -37,31 +37,23 @@ REPO = Path(__file__).resolve().parents[2]
 _GROUPS = ["rollout.pool_size=16", "rollout.roots=64", "rollout.group_size=8"]
 """Eight prompts a step, eight rollouts each: GRPO's mixed share is read over 8 groups a step."""
 
+def _reasoning_gym(dataset: str, levels: list[int], what: str) -> dict:
+    """A reasoning-gym task: one answer of at most 16 tokens per rollout, the tiny model warmed 200 steps."""
+    return {
+        "train": ["task.name=reasoning_gym", f"task.env.dataset={dataset}", f"task.env.levels={levels}",
+                  "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16",
+                  *_GROUPS],
+        "eval": {"benchmark": "reasoning_gym", "env_options": {"dataset": dataset, "levels": levels},
+                 "max_turns": 1, "max_turn_tokens": 16},
+        "what": what,
+    }
+
+
 TASKS: dict[str, dict] = {
-    "aiw": {
-        "train": ["task.name=reasoning_gym", "task.env.dataset=aiw", "task.env.levels=[0,1]",
-                  "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16",
-                  *_GROUPS],
-        "eval": {"benchmark": "reasoning_gym", "env_options": {"dataset": "aiw", "levels": [0, 1]},
-                 "max_turns": 1, "max_turn_tokens": 16},
-        "what": "reasoning-gym aiw (Alice in Wonderland: siblings' counts), levels 0-1, one answer",
-    },
-    "chain_sum": {
-        "train": ["task.name=reasoning_gym", "task.env.dataset=chain_sum", "task.env.levels=[0,1]",
-                  "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16",
-                  *_GROUPS],
-        "eval": {"benchmark": "reasoning_gym", "env_options": {"dataset": "chain_sum", "levels": [0, 1]},
-                 "max_turns": 1, "max_turn_tokens": 16},
-        "what": "reasoning-gym chain_sum (add and subtract), levels 0-1, one answer",
-    },
-    "family_relationships": {
-        "train": ["task.name=reasoning_gym", "task.env.dataset=family_relationships", "task.env.levels=[0]",
-                  "model.tiny_warm_steps=200", "rollout.limits.max_turns=1", "rollout.limits.max_turn_tokens=16",
-                  *_GROUPS],
-        "eval": {"benchmark": "reasoning_gym", "env_options": {"dataset": "family_relationships", "levels": [0]},
-                 "max_turns": 1, "max_turn_tokens": 16},
-        "what": "reasoning-gym family_relationships (name the relation), level 0, one answer",
-    },
+    "aiw": _reasoning_gym("aiw", [0, 1], "reasoning-gym aiw (Alice in Wonderland: siblings' counts), levels 0-1, one answer"),
+    "chain_sum": _reasoning_gym("chain_sum", [0, 1], "reasoning-gym chain_sum (add and subtract), levels 0-1, one answer"),
+    "family_relationships": _reasoning_gym("family_relationships", [0],
+                                           "reasoning-gym family_relationships (name the relation), level 0, one answer"),
     "frozen_lake": {
         "train": ["task.name=textarena", "task.env.env_id=[FrozenLake-v0,FrozenLake-v0-hardcore]",
                   "model.tiny_warm_steps=200", "rollout.limits.max_turns=10", "rollout.limits.max_turn_tokens=8",
