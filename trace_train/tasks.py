@@ -52,6 +52,8 @@ class Task:
     """Whether ``eval_rows`` were taken out of the training rows (no separate held-out source)."""
     dropped: int = 0
     """Training rows left out because their prompt occurs in the held-out set (:func:`hold_out_prompts`)."""
+    generated: bool = False
+    """Whether the rows were generated, split by prompt (:func:`generated_rows`)."""
     demonstration: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
     """The environment's scripted expert (``TaskSpec.demonstration``), if it has one."""
 
@@ -59,7 +61,9 @@ class Task:
         """One start-up line: rows that train, rows held out and where those come from."""
         if not self.eval_rows:
             return f"task {name}: {len(self.train_rows)} training rows, none held out (held-out evaluation off)"
-        where = "taken out of the training rows" if self.held_out_from_train else "a separate held-out set"
+        where = ("generated; a quarter of the distinct prompts, chosen by a hash of the prompt, is held out"
+                 if self.generated else
+                 "taken out of the training rows" if self.held_out_from_train else "a separate held-out set")
         dropped = (f"; {self.dropped} training rows whose prompt is held out were dropped" if self.dropped
                    else "")
         return (f"task {name}: {len(self.train_rows)} training rows, {len(self.eval_rows)} held out ({where}; "
@@ -163,4 +167,5 @@ def build_task(cfg: TaskConfig, *, seed: int, hold_out: bool = True) -> Task:
                          f"nothing would train on an unseen prompt; make the rows' prompts distinct (for "
                          f"guess_number: task.rows.shift), give a separate task.eval, or set eval.every=0")
     return Task(factory, train, held_out, factory.binary_rewards, held_out_from_train=from_train and bool(held_out),
-                demonstration=source.spec.demonstration, dropped=dropped)
+                demonstration=source.spec.demonstration, dropped=dropped,
+                generated=source.spec.data == "generated" and cfg.train is None and cfg.eval is None)
