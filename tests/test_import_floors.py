@@ -26,7 +26,7 @@ TRAIN_STOREYS = (
                "trace_train.tiny")),
     ("commands", ("trace_train.train", "trace_train.evaluate")),
     ("integrations", ("trace_train.integrations", "trace_train.integrations.*")),
-    ("benchmarks", ("trace_train.bench.*",)),
+    ("benchmarks", ("trace_train.bench.*", "trace_train.gpu_check")),  # gpu_check: the GPU check at its old name
 )
 
 THEORY_STOREYS = (

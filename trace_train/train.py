@@ -65,14 +65,16 @@ from .run.checkpoint import (Checkpoint, CheckpointError, check_world_size, clea
                              load_latest_checkpoint, restore_rng, save_checkpoint)
 from .run.distributed import (DistInfo, GlobalRootAllocator, checkpoint_state_dict, full_optimizer_state_dict,
                               gather_objects, init_distributed, iter_full_tensors, load_full_optimizer_state_dict,
-                              leave_distributed, max_over_ranks, merge_metrics)
-from .run.files import OutOfSpaceError, RunLock, subdir, write_file, writable_dir
+                              leave_distributed, max_over_ranks)
+from .run.files import OutOfSpaceError, RunLock, writable_dir
 from .run.metrics_log import MetricsLogger, read_metrics
 from .run.policy import (checkpoint_activations, export, load_policy, load_policy_weights, load_sharded_policy,
                          model_path)
 from .run.resume import check_config, resume_fingerprint, write_config
 from .run.signals import RunInterrupted, StopOnSignal, finish_process
 from .run.step_metrics import step_metrics
+from .run.stops import EnvFailureError, LengthCutError, check_env_failures, check_length_cuts
+from .run.evaluation import evaluate_held_out, own_eval_rows
 from .run.step_state import StepState, apply_optimizer_overrides, set_engine_costs, state_digest, trajectory_fingerprint
 from .run.threads import set_compute_threads
 from .run.turns import thinking_warning, turn_limits_line
@@ -86,41 +88,9 @@ __all__ = ["TrainConfig", "Run", "build_run", "main", "PromptSampler", "NonFinit
            "RunInterrupted", "cli", "entry"]
 
 
-class EnvFailureError(RuntimeError):
-    """Too many rollouts of a step ended in an environment failure; the run stopped after a checkpoint."""
-
-
-class LengthCutError(RuntimeError):
-    """Too many turns of a step were cut by length (``max_length_cut_share``); the run stopped after a checkpoint."""
-
-
 # ---------------------------------------------------------------------------------------------------
 # One step's pieces
 # ---------------------------------------------------------------------------------------------------
-
-
-def _evaluate(engine_eval: RolloutEngine | None, rows: list, step: int, info: DistInfo) -> dict:
-    """Mean reward of fresh rollouts on the fixed held-out prompts (uniform groups, no predictor), with how
-    many rollouts that is and how many of them ended in an environment failure: each rank plays its own
-    share of the prompts (:func:`_own_eval_rows`; ``engine_eval`` None: a rank with none), and the counts
-    are summed over the ranks: eval_success = sum of rewards / rollouts, over every rank."""
-    total, count, failed = 0.0, 0.0, 0.0
-    if engine_eval is not None and rows:
-        batch = engine_eval.rollout(rows, seed=10_000_019 + step)
-        f, ends = batch.forest, batch.report.end_reasons
-        total, count = float(f.reward[f.leaves].sum()), float(f.n_leaves)
-        failed = float(ends.get("env_error", 0) + ends.get("env_timeout", 0))
-    merged = merge_metrics({"reward_sum": total, "rollouts": count, "env_failures": failed}, 1.0, info,
-                           sums=("reward_sum", "rollouts", "env_failures"))
-    return {"eval_success": merged["reward_sum"] / merged["rollouts"] if merged["rollouts"] else float("nan"),
-            "eval_rollouts": merged["rollouts"], "eval_env_failures": merged["env_failures"]}
-
-
-def _own_eval_rows(task: Task, cfg: TrainConfig, info: DistInfo) -> list:
-    """This rank's held-out prompts: the first ``eval.prompts`` rows dealt out over the ranks in turn
-    (rank r plays rows r, r + W, ...; one process plays them all), so a held-out pass costs each GPU 1 / W
-    of the whole instead of all of it."""
-    return list(task.eval_rows[:cfg.eval.prompts])[info.rank::info.world_size]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -220,7 +190,7 @@ class Run:
         every = self.cfg.eval.every
         if not (every and self.task.eval_rows) or step % every:
             return {}
-        return _evaluate(self.eval_engine, _own_eval_rows(self.task, self.cfg, self.info), step, self.info)
+        return evaluate_held_out(self.eval_engine, own_eval_rows(self.task, self.cfg, self.info), step, self.info)
 
     def log(self, step: int, metrics: dict) -> None:
         """Log the row (rank 0), with the all-fail watch's fields added to ``metrics`` and its warning kept
@@ -315,7 +285,7 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
     engine = RolloutEngine(backend, task.make_env, rollout, chat=chat,
                            root_allocator=GlobalRootAllocator(info) if info.enabled else None)
     eval_engine = None
-    if cfg.eval.every and (own := _own_eval_rows(task, cfg, info)):  # this rank's share of the held-out prompts
+    if cfg.eval.every and (own := own_eval_rows(task, cfg, info)):  # this rank's share of the held-out prompts
         eval_engine = RolloutEngine(backend, task.make_env, cfg.eval.rollout_config(rollout, len(own)), chat=chat)
     sampler = PromptSampler(task.train_rows, cfg.rollout.pool_size, seed=cfg.seed, rank=info.rank,
                             world_size=info.world_size)
@@ -472,8 +442,8 @@ def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, 
     for warning in [*run.collapse.check(step, metrics), *run.warnings] if run.info.is_main else ():
         say(f"trace-train: warning: {warning}")
     run.warnings.clear()
-    failed = None if batch is None else _check_env_failures(run, step, batch, metrics)
-    cut = None if batch is None or failed else _check_length_cuts(run, step, metrics)
+    failed = None if batch is None else check_env_failures(run.cfg, run.info, step, batch, metrics)
+    cut = None if batch is None or failed else check_length_cuts(run.cfg, step, metrics)
     stopping = max_over_ranks(int(stop.requested), run.info)  # every rank stops at the same step
     if failed or cut or stopping or step % cfg.checkpoint_every == 0 or step == cfg.steps:
         run.checkpoint(step)
@@ -483,44 +453,6 @@ def _after_step(run: Run, step: int, batch: RolloutBatch | None, metrics: dict, 
         raise LengthCutError(cut + f"; stopped with a checkpoint of step {step}")
     if stopping:
         raise RunInterrupted(stop.signum, f"saved a checkpoint of step {step}")
-
-
-def _check_env_failures(run: Run, step: int, batch: RolloutBatch, metrics: dict) -> str | None:
-    """Warn above ``env_failure_warn_share``; above ``max_env_failure_share`` return the stop message.
-    The first failure's traceback of this rank goes to ``run_dir/env_errors/step_N.txt``."""
-    cfg = run.cfg
-    share = metrics.get("env_failures", 0.0) / max(metrics.get("rollouts", 0.0), 1.0)
-    if share <= cfg.env_failure_warn_share or not run.info.is_main:
-        return None if share <= cfg.max_env_failure_share else "env failures on another rank"
-    sample = batch.report.env_error_sample
-    where = "(the failures ran on other ranks)"
-    first = ""
-    if sample:
-        path = subdir(cfg.run_dir, "env_errors") / f"step_{step:08d}.txt"  # a planted file or link: one line
-        write_file(path, sample)
-        lines = [ln for ln in sample.strip().splitlines() if ln.strip()]
-        first, where = lines[-1].strip() if len(lines) > 1 else lines[0], f"traceback in {path}"
-    text = (f"step {step}: {int(metrics['env_failures'])} of {int(metrics['rollouts'])} rollouts ({share:.0%}) ended "
-            f"in an environment failure: {first}; {where}")
-    if share > cfg.max_env_failure_share:
-        return text + f" (more than max_env_failure_share={cfg.max_env_failure_share})"
-    say(f"trace-train: warning: {text}")
-    return None
-
-
-def _check_length_cuts(run: Run, step: int, metrics: dict) -> str | None:
-    """The stop message of a step where more than ``max_length_cut_share`` of the turns (every rank's:
-    ``length_cut_share`` is merged, so every rank decides alike) were cut by length; None otherwise."""
-    cfg = run.cfg
-    share = metrics.get("length_cut_share", 0.0)
-    if share <= cfg.max_length_cut_share:
-        return None
-    limits = cfg.rollout.limits
-    return (f"step {step}: {int(metrics['length_cut_turns'])} of {int(metrics['turns'])} turns ({share:.0%}) were cut "
-            f"by length (rollout.limits.max_turn_tokens={limits.max_turn_tokens}, max_context_tokens="
-            f"{limits.max_context_tokens}; more than max_length_cut_share={cfg.max_length_cut_share}): a cut turn "
-            "never reaches the environment and earns 0; a thinking model needs "
-            "rollout.chat_template_kwargs.enable_thinking=false or longer turns")
 
 
 def _guarded_policy_update(run: Run, sequences, fit: PredictorFit, step: int, before: StepState | None) -> dict:
