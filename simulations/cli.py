@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from .experiments import EXPERIMENTS
+from .memory import keep_freed_memory
 from .results import parse_override, run_experiment
 
 
@@ -55,6 +56,7 @@ def _names(requested: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    keep_freed_memory()  # batch after batch reuses the same pages (simulations.memory)
     if args.command == "list":
         for name, experiment in EXPERIMENTS.items():
             print(f"{name}\n    {experiment.claim}")

@@ -13,6 +13,7 @@ value is Beta(v kappa, (1 - v) kappa), which ``trace_beta`` uses and every other
 ``learned``       ridge regression of the recursive targets (``trace_theory.node_targets``) on a
                   basis of the node's signal and depth, fitted online (PAPER.md, "Predictor update")
 ``running_mean``  the running success rate of all rollouts seen, the same at every node (no features)
+``prompt_mean``   each prompt's own running pass rate under a uniform prior, at every node of the prompt
 ================  ==================================================================================
 """
 
@@ -218,6 +219,44 @@ class RunningMeanPredictor:
                                    rollouts=self.decay * self.rollouts + float(reward.size))
 
 
+@dataclass(frozen=True)
+class PromptMeanPredictor:
+    """Each prompt's own pass rate under a uniform prior, at every node of the prompt: the uniform-prior
+    control (nothing learned from the history, nothing shared across prompts).
+
+    v = (1 + s_i) / (2 + n_i) for every node of prompt i, where s_i and n_i count the successes and the
+    rollouts sampled at its root so far (``trace_theory.root_outcomes``), discounted by ``decay`` per update;
+    the concentration is 2 + n_i. A prompt is a task of the tree MDP (payload ``task``); the Bernoulli
+    world draws fresh prompts every step, so there every prompt is new and v = 1/2.
+    """
+
+    decay: float = 0.8
+    counts: dict = field(default_factory=dict, repr=False, compare=False)
+    """task -> (successes, rollouts), discounted."""
+
+    def __post_init__(self):
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"`decay` must lie in (0, 1], got {self.decay!r}")
+
+    def predict(self, nodes, depth, rng) -> Prediction:
+        n = len(np.asarray(depth))
+        task = nodes.get("task")
+        seen = np.array([self.counts.get(int(t), (0.0, 0.0)) for t in task]).reshape(-1, 2) if task is not None \
+            else np.zeros((n, 2))
+        return Prediction((1.0 + seen[:, 0]) / (2.0 + seen[:, 1]),
+                          np.minimum(2.0 + seen[:, 1], _KAPPA_RANGE[1]))
+
+    def update(self, sim: SimForest) -> PromptMeanPredictor:
+        if "task" not in sim.nodes:
+            return self
+        roots, m, s = root_outcomes(sim.forest)
+        counts = {t: (self.decay * a, self.decay * b) for t, (a, b) in self.counts.items()}
+        for t, si, mi in zip(sim.nodes["task"][roots].tolist(), s.tolist(), m.tolist()):
+            a, b = counts.get(int(t), (0.0, 0.0))
+            counts[int(t)] = (a + si, b + mi)
+        return dataclasses.replace(self, counts=counts)
+
+
 def _weighted_gram(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
     """sum_n w_n phi_n phi_n^T. ``einsum`` keeps this thin product off multi-threaded BLAS, whose thread
     start-up costs ten times the product itself on a two-core machine."""
@@ -225,7 +264,7 @@ def _weighted_gram(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 PREDICTORS = {"oracle": OraclePredictor, "noisy": NoisyOracle, "learned": LearnedPredictor,
-              "running_mean": RunningMeanPredictor}
+              "running_mean": RunningMeanPredictor, "prompt_mean": PromptMeanPredictor}
 
 
 def make_predictor(name: str, **options) -> Predictor:

@@ -43,7 +43,8 @@ class Arm:
     """A registered policy, its settings and the predictor that guides it.
 
     Written ``policy``, ``policy[predictor]`` or with policy settings ``policy{key=value,...}[predictor]``
-    (``dapo{dapo_target=16}``, ``trace{max_per_anchor=2}[oracle]``). The predictor defaults to
+    (``dapo{dapo_target=16}``, ``trace{max_per_anchor=2}[oracle]``,
+    ``pilot_commit{pilot=4,pilot_band=(0.2, 0.8)}``). The predictor defaults to
     ``learned``, as in the paper; ``trace[oracle]`` is TRACE's upper bound.
     """
 
@@ -86,9 +87,11 @@ class Arm:
 
 
 def _settings(text: str, arm: str) -> tuple[tuple[str, object], ...]:
-    """``key=value`` pairs separated by commas; values are Python literals (``16``, ``None``, ``0.5``)."""
+    """``key=value`` pairs separated by commas; values are Python literals (``16``, ``None``, ``0.5``,
+    ``(0.2, 0.8)``)."""
     out = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    parts = re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", text)  # commas before a key: a tuple's own stay in its value
+    for item in filter(None, (part.strip() for part in parts)):
         key, sep, raw = item.partition("=")
         try:
             value = ast.literal_eval(raw.strip())
@@ -217,7 +220,8 @@ def sample_batch(
         raise ValueError(
             f"`pool` ({pool}) must hold at least the {need} prompts that {policy.name!r} may use"
         )
-    sim_world = BernoulliWorld(world, world.sample_prompts(pool, rng), predictor, rng, order_seed=order_seed)
+    sim_world = BernoulliWorld(world, world.sample_prompts(pool, rng), predictor, rng, order_seed=order_seed,
+                               priced=policy.priced_in_tokens)
     record = run_step(sim_world, policy, budget, pool=pool, rng=rng, expansion_rounds=expansion_rounds,
                       expansion=mode)
     return sim_world.batch(record)
@@ -231,9 +235,12 @@ class BernoulliWorld:
     """
 
     def __init__(self, world: World, prompts: dict[str, np.ndarray], predictor: Predictor, rng,
-                 order_seed: int | None = None):
+                 order_seed: int | None = None, priced: bool = True):
         self.world, self.prompts, self.predictor, self.rng = world, prompts, predictor, rng
         self.order_seed = order_seed
+        self.priced = priced
+        """Whether predictions carry their cost (read only by a policy priced in tokens; the step driver drops
+        it for the others, so computing it for them only costs time)."""
         self.m = np.zeros(len(prompts["v"]), dtype=np.int64)
         self.blocks: list[Rollouts] = []
         self.planted = 0
@@ -254,7 +261,7 @@ class BernoulliWorld:
         """The prediction with its cost: the world's expected turns of a rollout from that depth (1 token
         per turn; a continuation re-reads its prefix for free, as with a prefix cache). Read only by a
         policy priced in tokens. A world without ``expected_turns`` leaves the cost unknown."""
-        turns = getattr(self.world, "expected_turns", None)
+        turns = getattr(self.world, "expected_turns", None) if self.priced else None
         return guess if turns is None else dataclasses.replace(guess, cost=turns(depth))
 
     def plant(self, prompts, counts, events: PlantEvents | Wave | None = None):

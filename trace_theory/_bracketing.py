@@ -3,10 +3,11 @@
 The root solver (``_roots_closed_form._bracket``: one level, the total over all prompts) and the water
 filling (``_water_fill._water_level``: one level per group) both look for a level at which a count that
 falls in steps as the level rises crosses a target. Both narrow a bracket [lo, hi] by regula falsi with
-the Illinois rule, which lives here: step to where the line through the two ends crosses the goal, and
-halve the weight of an end that stays put twice in a row, so that the bracket shrinks from both sides.
-Their loops differ (a scalar total with a bisection fallback and rows summed once they stop moving,
-against per-group vectors with open groups pruned) and stay with their solvers. Eager expansion's level
+the Illinois rule: step to where the line through the two ends crosses the goal, and halve the weight of
+an end that stays put twice in a row, so that the bracket shrinks from both sides. The root solver's
+scalar steps live here; the water filling applies the same rule in place on per-group vectors (in
+(level, sqrt(count)), with open groups gathered as they close), where fresh arrays per step cost more
+than the arithmetic. Their loops stay with their solvers. Eager expansion's level
 (``eager.offline_level``) looks for the largest threshold at which a replayed rule still spends a
 target; the spend is a step function of the threshold, so a plain bisection (:func:`bisect_last`) is what
 it needs.

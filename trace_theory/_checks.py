@@ -17,6 +17,8 @@ def _first_bad(x: np.ndarray, bad: np.ndarray):
 def probabilities(name: str, x) -> np.ndarray:
     """``x`` as a float array with every element in [0, 1] (NaN rejected)."""
     arr = np.asarray(x, dtype=float)
+    if arr.size and arr.min() >= 0.0 and arr.max() <= 1.0:  # two reductions, no temporaries (NaN fails)
+        return arr
     bad = ~((arr >= 0.0) & (arr <= 1.0))
     if bad.any():
         raise ValueError(f"`{name}` must lie in [0, 1], got {_first_bad(arr, bad)!r}")
@@ -49,9 +51,8 @@ def counts(name: str, x) -> np.ndarray:
         if bad.any():
             raise ValueError(f"`{name}` must be non-negative integers, got {_first_bad(arr_f, bad)!r}")
         arr = arr_f
-    bad = arr < 0
-    if bad.any():
-        raise ValueError(f"`{name}` must be non-negative integers, got {_first_bad(arr, bad)!r}")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"`{name}` must be non-negative integers, got {_first_bad(arr, arr < 0)!r}")
     return arr.astype(np.int64)
 
 

@@ -344,7 +344,9 @@ def allocate_prefixes(v, r, prompt, budget, *, max_per_anchor=None, start=None, 
     """
     v, r, prompt, budget = _prefix_inputs(v, r, prompt, budget)
     cap = np.inf if max_per_anchor is None else float(_checks.count("max_per_anchor", max_per_anchor))
-    q = r * v + (1.0 - r) * (1.0 - v)
+    q = np.subtract(1.0, r)  # q = r v + (1 - r)(1 - v), with two temporaries
+    q *= np.subtract(1.0, v)
+    q += r * v
     if start is not None:
         start = _checks.counts("start", _checks.vector("start", start, dtype=None))
         _checks.same_length(v=v, start=start)
@@ -389,6 +391,9 @@ def water_fill(q, group, budget, *, room, start=None) -> PrefixAllocation:
     group = np.asarray(group, dtype=np.int64)
     budget = np.asarray(budget, dtype=np.int64)
     room = np.asarray(room, dtype=float)  # a scalar: the same room for every anchor
-    k = _water_fill.fill(q, group, budget, room, start)
-    spent = np.bincount(group, weights=k, minlength=len(budget)).astype(np.int64)
-    return PrefixAllocation(k=k, unspent=budget - spent)
+    if room.ndim and room.size and np.isposinf(room).all():
+        room = np.asarray(np.inf)  # no cap anywhere: the scalar path skips a clip per counting pass
+    if start is not None and not np.any(start):
+        start = None  # gains from q^0 (1 - q): the same units, without continuing each anchor's sequence
+    k, placed = _water_fill.fill(q, group, budget, room, start)
+    return PrefixAllocation(k=k, unspent=budget - placed)

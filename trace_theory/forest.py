@@ -296,14 +296,7 @@ class RolloutForest:
     def _append_trusted(self, parent, reward, origin, cost) -> "RolloutForest":
         """:meth:`append` without checks: the new arrays from the parents, by pointer jumping."""
         n, n_new = len(self), len(parent)
-        # Walk each new node up through new nodes until an existing ancestor, counting the turns.
-        hop, dist = parent.copy(), np.ones(n_new, np.int64)
-        inside = np.flatnonzero(hop >= n)
-        while inside.size:
-            up = hop[inside] - n
-            dist[inside] += dist[up]
-            hop[inside] = hop[up]
-            inside = inside[hop[inside] >= n]
+        hop, dist = _existing_ancestor(parent, n)
         is_leaf = np.concatenate([self.is_leaf, np.ones(n_new, bool)])
         is_leaf[parent] = False
         return RolloutForest._trusted(
@@ -551,3 +544,27 @@ class RolloutForest:
         """Non-terminal, non-root nodes of bare rollouts: where stage-2 continuations may branch from."""
         return np.flatnonzero((self.origin == Origin.BARE) & ~self.is_leaf)
 
+
+
+def _existing_ancestor(parent: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """For nodes ``n, n + 1, ...`` appended with ``parent``: (nearest ancestor among the first ``n`` nodes,
+    turns from it), so that depth = depth[ancestor] + turns and prompt = prompt[ancestor].
+
+    When every appended node whose parent is appended too hangs below the node just before it (each
+    rollout's turns numbered consecutively, as the simulator grows them), node j's ancestor is the parent
+    of the chain's first node s <= j and its turns j - s + 1: one pass. Otherwise pointer jumping: each
+    node walks up through appended nodes, doubling the distance covered per pass.
+    """
+    own = n + np.arange(parent.size)
+    inside = np.flatnonzero(parent >= n)
+    if (parent[inside] == own[inside] - 1).all():
+        first = np.where(parent < n, np.arange(parent.size), 0)
+        np.maximum.accumulate(first, out=first)  # the start of each node's chain
+        return parent[first], np.arange(1, parent.size + 1) - first
+    hop, dist = parent.copy(), np.ones(parent.size, np.int64)
+    while inside.size:
+        up = hop[inside] - n
+        dist[inside] += dist[up]
+        hop[inside] = hop[up]
+        inside = inside[hop[inside] >= n]
+    return hop, dist

@@ -18,6 +18,7 @@ name                          roots            prefixes         what it stands f
 ============================  ===============  ===============  =====================================
 ``grpo``                      uniform          none             GRPO: G rollouts per prompt
 ``dapo``                      uniform, rounds  none             DAPO dynamic sampling (see below)
+``pilot_commit``              pilot, commit    none             Pilot-Commit (see below)
 ``pcl``                       v nearest 0.5    none             PCL-style prompt filtering
 ``root_only``                 active           none             TRACE stage 1 alone
 ``random_prefix``             uniform          random           TreePO / Tree-GRPO-style expansion
@@ -45,6 +46,15 @@ not know its costs) such a policy is rollout-priced; rollout-priced policies nev
 DAPO oversamples and filters, which needs rounds of generation: the ``dapo`` entry sets
 ``dynamic_sampling``, and :func:`trace_theory.step.run_step` runs the rounds with
 :mod:`trace_theory.dynamic_sampling` (target: :meth:`AllocationPolicy.dynamic_target`).
+
+Pilot-Commit (Kim et al., 2026, arXiv 2605.26606) reads outcomes too: the ``pilot_commit`` entry sets
+``pilot`` = p, and :func:`trace_theory.step.run_step` plants p rollouts for each of the first
+n = min(pool, floor(``pilot_share`` B / p)) prompts (default share 1/2: with p = 2, twice GRPO's G = 8
+batch of prompts), then commits: each prompt whose pilot success rate s / p lies strictly inside
+``pilot_band`` (lo, hi) (default (0, 1): a mixed pilot) grows to G rollouts, its pilot kept in its group,
+in pool order while the rest of the budget pays for it; budget left over tops up the committed groups
+(none committed: every piloted group). Every rollout counts, so it spends exactly B rollouts, as every
+other policy does (:func:`trace_theory.dynamic_sampling.commit_counts`).
 
 Adding a policy touches this file only: register its rules (``@root_rule(name, predicts=...)``,
 ``@prefix_rule(name, predicts=..., randomised=...)``) if they are new, then ``_register`` the policy.
@@ -201,6 +211,13 @@ class AllocationPolicy:
     """DAPO-style rounds of oversampling and filtering (run by :func:`trace_theory.step.run_step`)."""
     dapo_target: int | None = None
     """Mixed groups a dynamic-sampling batch aims to keep; None: :meth:`dynamic_target`'s default."""
+    pilot: int | None = None
+    """Pilot-Commit: rollouts per prompt in the pilot (p); None: the policy runs no pilot."""
+    pilot_band: tuple[float, float] = (0.0, 1.0)
+    """Pilot-Commit: the open band (lo, hi) of pilot success rates s / p whose prompts are committed to
+    groups of ``group_size``; (0, 1): prompts whose pilot mixed."""
+    pilot_share: float = 0.5
+    """Pilot-Commit: share of the budget spent on pilots (it fixes how many prompts are piloted)."""
     price: str = "rollouts"
     """Unit the rules price the budget in: "rollouts" (every rollout costs 1; the paper) or "tokens" (the
     ``cost`` of a rollout or continuation where the caller passes one; see the module)."""
@@ -221,6 +238,7 @@ class AllocationPolicy:
             _checks.count("max_per_anchor", self.max_per_anchor)
         if self.dynamic_sampling and (self.branches or self.predicts_roots):
             raise ValueError("dynamic sampling is defined for uniform roots without branching")
+        self._check_pilot()
         if self.price not in PRICES:
             raise ValueError(f"`price` must be one of {PRICES}, got {self.price!r}")
         if self.price == "tokens":
@@ -237,7 +255,42 @@ class AllocationPolicy:
             if _checks.count("dapo_target", self.dapo_target) < 1:
                 raise ValueError(f"`dapo_target` must be at least 1, got {self.dapo_target}")
 
+    def _check_pilot(self) -> None:
+        band = self.pilot_band
+        if isinstance(band, list) and len(band) == 2:  # a band read from YAML or a command line
+            band = tuple(band)
+            object.__setattr__(self, "pilot_band", band)
+        if not (isinstance(band, (tuple, list)) and len(band) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band)
+                and 0.0 <= band[0] < band[1] <= 1.0):
+            raise ValueError(f"`pilot_band` must be two rates (lo, hi) with 0 <= lo < hi <= 1, got {band!r}")
+        share = self.pilot_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+            raise ValueError(f"`pilot_share` must be a share of the budget in (0, 1], got {share!r}")
+        if self.pilot is None:
+            if tuple(band) != (0.0, 1.0) or share != 0.5:
+                raise ValueError("`pilot_band` and `pilot_share` are settings of Pilot-Commit; "
+                                 f"policy {self.name!r} sets no `pilot`")
+            return
+        if _checks.count("pilot", self.pilot) < 1 or self.pilot >= self.group_size:
+            raise ValueError(f"`pilot` must lie in [1, group_size) = [1, {self.group_size}), got {self.pilot}")
+        if self.dynamic_sampling or self.branches or self.root_rule != "uniform" or self.price != "rollouts":
+            raise ValueError("Pilot-Commit is defined for uniform roots priced in rollouts, without branching "
+                             f"or dynamic sampling; policy {self.name!r} has root rule {self.root_rule!r}, "
+                             f"prefix rule {self.prefix_rule!r}, price {self.price!r}")
+
     # -----------------------------------------------------------------------------------------------
+
+    @property
+    def pilot_commits(self) -> bool:
+        """Whether the policy runs a pilot and commits to the prompts whose pilot lies in its band."""
+        return self.pilot is not None
+
+    @property
+    def reads_root_outcomes(self) -> bool:
+        """Whether the step decides its roots from the outcomes of earlier rollouts of the same step (DAPO's
+        rounds, Pilot-Commit's pilot): the driver runs the rounds and the rewards must be 0/1."""
+        return self.dynamic_sampling or self.pilot_commits
 
     @property
     def branches(self) -> bool:
@@ -520,6 +573,7 @@ def _register(policy: AllocationPolicy) -> None:
 
 _register(AllocationPolicy("grpo", "uniform"))
 _register(AllocationPolicy("dapo", "uniform", dynamic_sampling=True))
+_register(AllocationPolicy("pilot_commit", "uniform", pilot=2))
 _register(AllocationPolicy("pcl", "pcl"))
 _register(AllocationPolicy("root_only", "active"))
 _register(AllocationPolicy("random_prefix", "uniform", "random"))

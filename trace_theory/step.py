@@ -14,7 +14,11 @@ environment world only answer the driver's questions (the :class:`World` protoco
 4. for a dynamic-sampling policy (DAPO) instead: rounds of G bare rollouts for fresh prompts in pool
    order, as :class:`~trace_theory.dynamic_sampling.DynamicSamplingState` decides, until
    ``policy.dynamic_target(budget)`` groups mixed, the budget cannot pay for a group, or the pool is
-   used up.
+   used up;
+5. for a Pilot-Commit policy instead: a pilot of p bare rollouts for each of the first n prompts (the
+   pilot's share of the budget, :func:`~trace_theory.dynamic_sampling.pilot_prompts`), then the prompts whose pilot lies in the band
+   grow to G, and the budget left tops them up (:func:`~trace_theory.dynamic_sampling.commit_counts`),
+   all grown from their roots in one call (kind "top_up"; the commits count as bare rollouts).
 
 The rounds, and how the continuation budget is split over them so that every policy spends exactly
 M (1 + N) rollouts for every R, are :mod:`trace_theory.expansion.barrier`'s.
@@ -48,7 +52,7 @@ from typing import Protocol
 import numpy as np
 
 from . import _checks
-from .dynamic_sampling import DynamicSamplingState, mixed_groups
+from .dynamic_sampling import DynamicSamplingState, commit_counts, group_outcomes, mixed_groups, pilot_prompts
 from .forest import Origin, RolloutForest
 from .expansion import EXPANSIONS, Expansion, PlantEvents, get_expansion
 from .expansion.barrier import expand_rounds, place_continuations, round_shares
@@ -109,7 +113,8 @@ class StepRecord:
     continuations_by_round : tuple of int
         Continuations placed in each expansion round.
     rounds : int
-        Rounds of generation at the roots: 1, or DAPO's number of rounds (0 if none was affordable).
+        Rounds of generation at the roots: 1, DAPO's number of rounds, or Pilot-Commit's 2 (pilot, commit)
+        (0 if none was affordable).
     kept : ndarray of int64 or None
         DAPO: candidate prompts whose group mixed (what the update trains on); None for other policies.
     planned : RolloutBudget or None
@@ -130,6 +135,9 @@ class StepRecord:
     continuations_by_round: tuple[int, ...] = ()
     rounds: int = 1
     kept: np.ndarray | None = None
+    committed: np.ndarray | None = None
+    """Pilot-Commit: candidate prompts whose pilot lay in the band (grown to G and topped up); None for other
+    policies."""
     planned: RolloutBudget | None = None
     streamed: bool = False
     """Whether each tree's expansion started as soon as its own bare rollouts ended (see the module)."""
@@ -222,6 +230,8 @@ def run_step(
     planned = RolloutBudget(*policy.split(budget))
     if policy.dynamic_sampling:
         return _dynamic_sampling(world, policy, planned, pool)
+    if policy.pilot_commits:
+        return _pilot_commit(world, policy, planned, pool)
     per_root = planned.continuations_per_root
     m, v, root_cost, record = plan_roots(world, policy, planned, pool=pool, rng=rng, root_allocator=root_allocator)
     active = np.flatnonzero(m > 0)
@@ -328,3 +338,36 @@ def _dynamic_sampling(world: World, policy: AllocationPolicy, planned: RolloutBu
     kept_ids = np.concatenate(kept) if kept else _EMPTY_I
     return StepRecord(forest, groups, counts=counts, rounds=rounds, kept=kept_ids.astype(np.int64),
                       planned=planned)
+
+
+def _pilot_commit(world: World, policy: AllocationPolicy, planned: RolloutBudget, pool: int) -> StepRecord:
+    """Pilot-Commit: p rollouts for each of n prompts, then the commits and top-ups from their roots."""
+    p, budget = policy.pilot, planned.total
+    n = pilot_prompts(budget, p, pool, policy.pilot_share)
+    prompts = np.arange(n)
+    forest = world.plant(prompts, np.full(n, p, dtype=np.int64))
+    counts = dict.fromkeys(KINDS, 0)
+    counts["bare"] = n * p
+    groups = np.zeros(pool, dtype=np.int64)
+    groups[:n] = p
+    committed = _EMPTY_I
+    if n:
+        leaves = forest.leaves
+        ids, _, s = group_outcomes(forest.prompt[leaves], forest.reward[leaves])
+        at = np.zeros(n, dtype=np.int64)
+        at[ids] = s  # planted prompts are 0 .. n - 1
+        commits, top_ups = commit_counts(at, pilot=p, group_size=policy.group_size, budget=budget,
+                                         band=policy.pilot_band)
+        extra = commits + top_ups
+        committed = np.flatnonzero(commits).astype(np.int64)
+        counts["bare"] += int(commits.sum())
+        counts["top_up"] = int(top_ups.sum())
+        groups[:n] += extra
+        roots = forest.roots
+        root_of = np.empty(n, dtype=np.int64)
+        root_of[forest.prompt[roots]] = roots
+        grown = np.flatnonzero(extra)
+        if grown.size:
+            forest = world.grow(Starts.of_kind(root_of[grown], Kind.TOP_UP, extra[grown]))
+    return StepRecord(forest, groups, counts=counts, rounds=2 if n else 0, committed=committed, planned=planned)
+

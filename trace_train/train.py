@@ -50,7 +50,7 @@ from .chat import ChatFormat
 from .config_loader import config_to_dict, describe, load_config
 from .configs import RolloutConfig, TrainConfig
 from .data.sampler import PromptSampler
-from .run.all_fail import AllFailWatch
+from .run.all_fail import AllFailWatch, advice
 from .run.collapse import CollapseWatch
 from .run.console import (Eta, eval_line, finished_line, line_buffered, metrics_line, progress, quiet_libraries,
                            resume_env, say, shows_bar)
@@ -302,7 +302,10 @@ def _build_run(cfg: TrainConfig, info: DistInfo, run_dir: Path, lock: RunLock | 
                                    tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                    config=config_to_dict(cfg))
         eval_rollouts = min(cfg.eval.prompts, len(task.eval_rows)) * cfg.eval.samples
-        run.collapse, run.all_fail = CollapseWatch(eval_rollouts=eval_rollouts), AllFailWatch(eval_rollouts=eval_rollouts)
+        run.collapse = CollapseWatch(eval_rollouts=eval_rollouts)
+        run.all_fail = AllFailWatch(eval_rollouts=eval_rollouts, advice=advice(
+            tiny=cfg.model.name_or_path == "tiny", demonstrated=task.demonstration is not None,
+            warm_steps=cfg.model.tiny_warm_steps))
         if ckpt is not None:
             rows = read_metrics(run.logger.path)
             run.collapse.replay(rows), run.all_fail.replay(rows)

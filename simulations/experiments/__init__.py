@@ -15,4 +15,5 @@ from . import expansion_rounds  # noqa: F401  (8, issue 15)
 from . import sensitivity  # noqa: F401  (9)
 from . import regime_map  # noqa: F401  (10)
 from . import eager_expansion  # noqa: F401  (11, issue 35)
+from . import key_lock  # noqa: F401  (12, issue 56)
 from .base import EXPERIMENTS, Experiment, get_experiment  # noqa: F401

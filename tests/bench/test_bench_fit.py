@@ -13,7 +13,7 @@ def test_the_ratios_are_per_pair_per_step_and_per_token(monkeypatch):
     runs = {("trace_eager", 0): (0.6, 660.0), ("grpo", 0): (0.5, 600.0),
             ("trace_eager", 1): (0.4, 500.0), ("grpo", 1): (0.5, 500.0)}
 
-    def measure_arm(arm, pair, steps, token_budget, backend, root):
+    def measure_arm(arm, pair, steps, token_budget, backend, root, task="mixed"):
         seconds, tokens = runs[arm, pair]
         return {"arm": arm, "pair": pair, "step_seconds": seconds, "generated_tokens": tokens,
                 "trained_tokens": tokens, "stale_token_share": 0.0, **dict.fromkeys(fit.PHASES, 0.0)}

@@ -208,7 +208,8 @@ def test_a_trace_arm_with_another_predictor_kind_is_paired_against_every_arm(tmp
     assert best["variants_minus"]["trace+probe"]["grpo"]["mean"] == pytest.approx(0.235)
     assert best["variants_minus"]["trace+probe"]["trace"]["mean"] == pytest.approx(0.045)
     assert best["trace_minus"]["trace+probe"]["mean"] == pytest.approx(-0.045)
-    assert "trace+probe minus grpo: +0.235" in capsys.readouterr().out
+    printed = capsys.readouterr().out  # each line says its reading and its correction
+    assert "trace+probe minus grpo at equal tokens: +0.235" in printed and "Holm-adjusted p = " in printed
     for bad in ("trace+", "trace+oracle", "nope+probe", "trace@eager:no_such_field=1"):
         with pytest.raises(SystemExit):
             bench.cli(["--policies", bad, "--out", str(tmp_path)])

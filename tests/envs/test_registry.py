@@ -22,6 +22,8 @@ ROWS = {
     "reasoning_gym": {"id": "chain_sum/0", "question": "State the final answer: 5 + 7 =", "answer": "12",
                       "entry": {"question": "State the final answer: 5 + 7 =", "answer": "12", "metadata": {}}},
     "textarena": {"game": "GuessTheNumber-v0", "seed": 5},
+    "key_lock": {"keys": ["red", "blue"], "marks": ["star", "moon"], "lock": "moon", "right_key": "blue",
+                 "lamp": "dark"},
 }
 ACTIONS = ["4", "no idea", '<tool_call>{"name": "ls", "arguments": {}}</tool_call>']
 
@@ -68,7 +70,7 @@ def test_factories_describe_tools_and_rewards():
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("chess", {}, "unknown environment 'chess'; known: bfcl, guess_number, math_python, reasoning_gym, search_qa, "
+    ("chess", {}, "unknown environment 'chess'; known: bfcl, guess_number, key_lock, math_python, reasoning_gym, search_qa, "
                   "textarena"),
     ("math_python", {"max_calls": 3}, "has no option 'max_calls'; options: max_tool_calls"),
     ("math_python", {"sandbox": {"seconds": 3}}, "fields of SandboxLimits"),

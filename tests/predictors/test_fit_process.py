@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from trace_train.predictors.fit_process import FitProcess, feature_matrix, fit_inline, hashed_row
+from trace_train.predictors.fit_process import (FitProcess, batch_gram_counts, feature_matrix, fit_inline,
+                                                gram_counts, hashed_row)
 
 FIT = dict(dense=False, eps=1e-4, steps=50, learning_rate=0.1, l2=1e-4)
 
@@ -35,6 +36,25 @@ def _problem(seed=0, rows=80, n_buckets=512):
 
 def _same(a, b):
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("ngram", [1, 2, 3])
+def test_hashing_every_row_at_once_gives_each_rows_own_counts(ngram):
+    """``batch_gram_counts`` (every history of a batch hashed in one pass) gives each row exactly what
+    ``gram_counts`` gives it alone, with and without a start, for empty, one-token and long rows: no gram
+    spans two rows, none ends before the row's start."""
+    rng = np.random.default_rng(ngram)
+    lengths = np.array([0, 1, 2, 3, 40, 0, 7, 120, 1, 5])
+    tokens = rng.integers(0, 300, lengths.sum()).astype(np.uint64)
+    starts = np.array([0, 0, 1, 2, 17, 0, 7, 60, 1, 0])
+    for rows_start in (None, starts):
+        keys, counts = batch_gram_counts(tokens, lengths, n_buckets=97, ngram=ngram, starts=rows_start)
+        ends = np.cumsum(lengths)
+        for r, (e, n) in enumerate(zip(ends, lengths)):
+            alone = gram_counts(tokens[e - n: e], n_buckets=97, ngram=ngram,
+                                start=0 if rows_start is None else int(rows_start[r]))
+            mine = (keys >= r * 97) & (keys < (r + 1) * 97)
+            assert np.array_equal(keys[mine] - r * 97, alone[0]) and np.array_equal(counts[mine], alone[1]), r
 
 
 def test_the_rows_are_the_hashed_rows_of_each_history():

@@ -99,7 +99,7 @@ def test_state_dict_round_trip_is_exact():
         (dict(l2=-1.0), r"`l2` must be >= 0, got -1.0"),
         (dict(prior_strength=0.0), r"`prior_strength` must be positive, got 0.0"),
         (dict(history_decay=1.5), r"`history_decay` must lie in \(0, 1\], got 1.5"),
-        (dict(kind="mlp"), r"unknown predictor kind 'mlp'; known: ngram, probe, running_mean"),
+        (dict(kind="mlp"), r"unknown predictor kind 'mlp'; known: ngram, probe, prompt_mean, running_mean"),
         (dict(fit="sgd"), r"`fit` must be one of lazy_adam, adam, got 'sgd'"),
         (dict(mean_decay=0.0), r"`mean_decay` must lie in \(0, 1\], got 0.0"),
     ],
@@ -183,9 +183,10 @@ def test_a_history_that_extends_a_known_opening_hashes_its_new_grams_only_with_t
             expected.append(len(tail) + min(ngram - 1, len(o.token_ids)))  # its grams that end after the opening
         later.append(make(rng.integers(0, 300, 50).tolist(), depth=1, prompt=f"q{i}"))  # not an extension
         expected.append(50)
-    hashed = []  # tokens handed to the hashing
-    counts = ngram_module.gram_counts
-    monkeypatch.setattr(ngram_module, "gram_counts", lambda ids, **kw: hashed.append(len(ids)) or counts(ids, **kw))
+    hashed = []  # tokens handed to the hashing, per history
+    counts = ngram_module.batch_gram_counts
+    monkeypatch.setattr(ngram_module, "batch_gram_counts",
+                        lambda tokens, lengths, **kw: hashed.extend(np.asarray(lengths).tolist()) or counts(tokens, lengths, **kw))
     pred.model_probability(openings)
     assert hashed == [len(o.token_ids) for o in openings] and len(pred._openings) == len(openings)
     hashed.clear()

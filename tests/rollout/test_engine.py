@@ -204,6 +204,10 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         assert report.rollouts <= planned.total and report.rollouts % 4 == 0
         assert set(groups.values()) == {4} and sorted(groups) == list(range(len(groups)))
         return
+    if policy.pilot_commits:  # its groups follow the pilots' outcomes: every rollout spent, every pilot kept
+        assert report.rollouts == planned.total == sum(groups.values())
+        assert min(groups.values()) >= policy.pilot and report.continuations == 0
+        return
     # A token-priced policy spends m_i N rollouts' worth of tokens on continuations, which cost less.
     assert report.rollouts >= planned.total if policy.priced_in_tokens else report.rollouts == planned.total
     v = TurnPredictor()([History(i, row, 0, (), ()) for i, row in enumerate(POOL)])
@@ -317,7 +321,7 @@ def test_bad_arguments_fail_with_clear_messages(hf_backend):
         make_engine(hf_backend).rollout(POOL, predictor=lambda hs: np.full(len(hs), 1.5))
     with pytest.raises(ValueError, match="needs a predictor with a `concentration"):
         make_engine(hf_backend, policy="trace_beta").rollout(POOL, predictor=lambda hs: np.full(len(hs), 0.5))
-    with pytest.raises(ValueError, match="policy 'dapo' keeps groups with mixed 0/1 rewards"):
+    with pytest.raises(ValueError, match="policy 'dapo' reads its groups' 0/1 outcomes"):
         RolloutConfig(policy="dapo", binary_rewards=False)
     with pytest.raises(ValueError, match="`pool` must hold at least one"):
         make_engine(hf_backend).rollout([], predictor=TurnPredictor())

@@ -136,12 +136,15 @@ def test_calibration_by_depth_reaches_the_step_metrics(hf_backend):
 
 
 def test_eager_expansion_resumes_exactly(tmp_path):
-    """The threshold carried from step to step is part of the checkpoint: a resumed run is the same run."""
+    """The threshold carried from step to step is part of the checkpoint: a resumed run is the same run.
+    Lockstep turns: under the concurrent schedule a loaded machine can split a turn's walkers over two
+    generation calls, and transformers' left padding then flips a near-tied sample now and then
+    (``trace_train.rollout.scheduler``, "What is reproducible"), which is not what this test is about."""
     from trace_train.train import main
 
     from tests.train.test_trainer import _same_run, small_config
 
-    eager = ("rollout.expansion=eager",)
+    eager = ("rollout.expansion=eager", "rollout.schedule=lockstep")
     main(small_config(tmp_path / "straight", *eager))
     main(small_config(tmp_path / "resumed", "steps=2", *eager))
     main(small_config(tmp_path / "resumed", *eager))
@@ -172,3 +175,38 @@ def test_top_ups_are_priced_as_units_of_the_continuation_budget(hf_backend):
     units = np.mean([_rollout_tokens(f, s) for s in np.concatenate([continuations, top_ups])])
     assert engine.tokens_per_rollout == pytest.approx(bare)
     assert engine.continuation_cost_ratio == pytest.approx(0.5 * (prior + units / bare))
+
+
+def test_trees_ending_in_one_poll_are_predicted_together_and_decide_as_one_at_a_time(hf_backend, monkeypatch):
+    """Streamed expansion: the trees whose bare rollouts all ended in the same generation poll are predicted
+    in one predictor call (``ending``); with an n-gram predictor of random weights, the batch and every
+    prediction are those of predicting each tree alone, to the last bit, in fewer calls."""
+    import trace_train.rollout.scheduler as scheduler
+    from trace_train.configs import PredictorConfig
+    from trace_train.predictors import build_predictor
+
+    predictor = build_predictor(PredictorConfig(kind="ngram"))
+    predictor.weights = np.random.default_rng(0).normal(0.0, 3.0, predictor.weights.shape)
+    sizes: list[int] = []
+
+    class Counted(type(predictor)):
+        def __call__(self, histories):
+            sizes.append(len(histories))
+            return super().__call__(histories)
+
+    predictor.__class__ = Counted
+
+    def run():
+        kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4,
+                  schedule="lockstep")  # every environment answers before the next poll: the same polls each run
+        return make_engine(hf_backend, expansion="streamed", **kw).rollout(UNEVEN, predictor=predictor, seed=4)
+
+    together = run()
+    calls_together = len(sizes)
+    grow = scheduler.Scheduler.grow
+    monkeypatch.setattr(scheduler.Scheduler, "grow", lambda self, *a, ending=None, **kw: grow(self, *a, **kw))
+    sizes.clear()
+    alone = run()
+    assert together.report.continuations > 0 and calls_together < len(sizes)
+    _same(together, alone)
+    assert np.array_equal(together.predictions, alone.predictions, equal_nan=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trace_theory import RolloutForest
 from trace_train import train
-from trace_train.run.all_fail import AllFailWatch, all_fail_share
+from trace_train.run.all_fail import AllFailWatch, advice, all_fail_share
 
 
 def test_the_share_of_all_fail_groups_counts_prompts_whose_every_leaf_failed():
@@ -39,12 +39,31 @@ def test_a_flat_run_of_all_fail_groups_warns_once_with_what_to_try():
         rows.append((step, row))
     said, fields = _feed(watch, rows)
     assert len(said) == 1 and said[0].startswith("step 15: all-fail regime: 90% of the groups"), said
-    for remedy in ("warm-start demonstrations", "an easier mix of rows", "more roots", "a larger model"):
+    for remedy in ("warm-start demonstrations", "model.tiny_warm_steps", "an easier mix of rows", "more roots", "a larger model"):
         assert remedy in said[0]
     assert fields[15] == {"held_out_flat_evals": 3.0, "all_fail_regime": 1.0}
     assert fields[14]["all_fail_regime"] == 0.0
     again = AllFailWatch(eval_rollouts=48).replay([{"step": s, **r} for s, r in rows])  # a resumed run
     assert again.check(21, {"all_fail_group_share": 1.0})[1] == []
+
+
+def test_the_advice_fits_the_run_it_is_given_to():
+    """A task whose tiny model was already warmed on its expert is told to lengthen that warm-up (its current
+    length named), not to add demonstrations it has; a real model is not told about the tiny model's warm start."""
+    warmed = advice(tiny=True, demonstrated=True, warm_steps=120)
+    assert "model.tiny_warm_steps, now 120" in warmed and "task_spec demonstration" not in warmed
+    bare = advice(tiny=True, demonstrated=False, warm_steps=40)
+    assert "warm-start demonstrations" in bare and "task_spec demonstration" in bare
+    real = advice(tiny=False, demonstrated=True, warm_steps=40)
+    assert "tiny_warm_steps" not in real and "demonstration" not in real
+    for text in (warmed, bare, real):
+        assert text.endswith("a larger model (model.name_or_path)") and "an easier mix of rows" in text
+    watch = AllFailWatch(eval_rollouts=48, advice=warmed)
+    rows = [(0, {"eval_success": 0.0625})] + [
+        (step, {"all_fail_group_share": 0.9, **({"eval_success": 0.0625} if step % 5 == 0 else {})})
+        for step in range(1, 21)]
+    said, _ = _feed(watch, rows)
+    assert len(said) == 1 and said[0].endswith(warmed)
 
 
 def test_a_run_that_learns_or_has_mixed_groups_does_not_warn():

@@ -49,6 +49,7 @@ def test_list_names_every_experiment_with_its_claim(capsys):
         "sensitivity",
         "regime_map",
         "eager_expansion",
+        "key_lock",
     ]
 
 

@@ -112,3 +112,34 @@ def test_decay_discounts_old_statistics(model):
 def test_predictors_reject_bad_input(name, kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_predictor(name, **kwargs)
+
+
+def test_prompt_mean_is_each_tasks_own_uniform_prior_mean_at_every_node():
+    """In the tree MDP a prompt is a task: v = (1 + s) / (2 + n) from the rollouts sampled at its roots, the
+    same at every prefix of the task; unseen tasks get 1/2. The Bernoulli world's prompts are fresh: 1/2."""
+    from simulations.mdp import MDPWorld, TreeMDP
+    from trace_theory import root_outcomes
+
+    tasks = TreeMDP(n_tasks=12, n_actions=2, horizon=3).build(RNG(0))
+    world = MDPWorld(tasks, tasks.initial_logits())
+    pred = make_predictor("prompt_mean", decay=1.0)
+    batch = sample_batch(world, get_policy("trace"), RolloutBudget(16, 1), pred, pool=8, rng=RNG(1))
+    learned = pred.update(batch.sampled)
+    sim = batch.sampled
+    roots, m, s = root_outcomes(sim.forest)
+    task = sim.nodes["task"]
+    seen = dict(zip(task[roots].tolist(), zip(s.tolist(), m.tolist())))
+    nodes = np.arange(len(sim.forest))
+    out = learned.predict(sim.payload(nodes), sim.forest.depth[nodes], RNG(2))
+    expected = [(1 + seen[t][0]) / (2 + seen[t][1]) for t in task[nodes].tolist()]
+    np.testing.assert_allclose(out.v, expected)
+    np.testing.assert_allclose(out.concentration, [2 + seen[t][1] for t in task[nodes].tolist()])
+    unseen = sorted(set(range(12)) - set(seen))[:1]
+    fresh = {"task": np.array(unseen), "v": np.array([0.9])}
+    assert learned.predict(fresh, np.zeros(1), RNG(3)).v.tolist() == [0.5]
+    again = learned.update(batch.sampled)  # counts add up per task (decay 1)
+    t = task[roots][0]
+    assert again.counts[int(t)] == (2 * seen[int(t)][0], 2 * seen[int(t)][1])
+    bernoulli = make_predictor("prompt_mean")
+    v = bernoulli.predict({"v": np.array([0.1, 0.9])}, np.zeros(2), RNG(4)).v
+    assert v.tolist() == [0.5, 0.5]

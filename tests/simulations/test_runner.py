@@ -199,3 +199,25 @@ def test_repeated_expansion_spends_the_budget_and_branches_from_continuations(na
     assert sum(batch.record.continuations_by_round) == int(branch.sum())
     if policy.predicts_prefixes:
         assert batch.predicted.size > 72 + forest.prefix_anchors().size  # later rounds were predicted too
+
+
+def test_pilot_commit_runs_in_the_simulator_and_its_committed_groups_mix():
+    """Default band (mixed pilots): every committed group is mixed, since its pilot already was; the step
+    spends the budget exactly, and the prompts not committed keep their pilot of 2."""
+    policy, budget = get_policy("pilot_commit"), RolloutBudget(192)
+    batch = sample_batch(MODEL, policy, budget, OraclePredictor(), pool=64, rng=np.random.default_rng(5))
+    forest, record = batch.sampled.forest, batch.record
+    assert batch.rollouts == 192 and record.rounds == 2 and record.committed.size > 0
+    ids, mixed = mixed_groups(forest.prompt[forest.leaves], forest.reward[forest.leaves])
+    assert mixed[np.searchsorted(ids, record.committed)].all()
+    assert (record.groups[record.committed] >= policy.group_size).all()
+    others = np.setdiff1d(np.flatnonzero(record.groups), record.committed)
+    assert (record.groups[others] == policy.pilot).all() and others.size + record.committed.size == 48
+    assert batch.trained is batch.sampled  # every group is trained on
+
+
+def test_arm_settings_may_be_tuples():
+    arm = Arm.parse("pilot_commit{pilot=4,pilot_band=(0.2, 0.8)}[oracle]")
+    assert arm.settings == (("pilot", 4), ("pilot_band", (0.2, 0.8)))
+    assert arm.allocation_policy(group_size=8) == get_policy("pilot_commit", pilot=4, pilot_band=(0.2, 0.8))
+    assert Arm.parse(arm.label) == arm

@@ -469,16 +469,26 @@ def test_prefix_water_level_with_near_equal_gains_keeps_the_tie_order():
 
 @given(
     st.lists(st.tuples(st.integers(0, 5), st.sampled_from([-1.0, 0.0, 0.5, 2.0, np.inf])), min_size=0, max_size=60),
+    st.lists(st.integers(-1, 12), min_size=6, max_size=6),
     st.booleans(),
 )
-def test_the_order_within_groups_is_lexsort_of_group_then_key_with_ties_in_index_order(items, sort_groups):
-    from trace_theory._water_fill import _order_in_groups
+def test_the_kth_largest_within_groups_is_read_off_a_lexsort_of_group_then_key(items, kth, sort_groups):
+    """The per-group threshold of the water fill's last step: +inf where nothing is to be taken, -inf where
+    a group has fewer items than asked for, else the kth largest, on the padded-rows path (sorted groups)
+    and the lexsort path alike."""
+    from trace_theory._water_fill import _kth_largest_in_groups
 
     group = np.array([g for g, _ in items], dtype=np.int64)
     key = np.array([k for _, k in items], dtype=float)
     if sort_groups:  # the padded-rows path needs sorted groups; unsorted ones take lexsort
         group = np.sort(group)
-    np.testing.assert_array_equal(_order_in_groups(key, group, 6), np.lexsort((key, group)))
+    kth = np.array(kth, dtype=np.int64)
+    expected = []
+    for g, kg in enumerate(kth):
+        mine = sorted(key[group == g], reverse=True)
+        expected.append(np.inf if kg <= 0 else -np.inf if kg > len(mine) else mine[kg - 1])
+    got = _kth_largest_in_groups(key, group, kth, bool(sort_groups or len(group) < 2))
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_prefix_allocation_with_no_budget_places_nothing_in_every_form():

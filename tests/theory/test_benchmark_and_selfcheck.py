@@ -10,11 +10,14 @@ def test_benchmark_scaling_table_reports_consistent_utilities():
         assert [row["n"] for row in rows] == [1_000, 2_000]
         for row in rows:
             assert row["floor_ms"] > 0 and row["trace_ms"] > 0 and row["heap_greedy_ms"] > 0
+            # Floor and ours are timed in pairs; every pair is kept, wall and CPU time.
+            assert len(row["repeats"]) == 7 and row["trace_over_floor"] > 0
+            assert set(row["repeats"][0]) == {"floor_ms", "floor_cpu_ms", "trace_ms", "trace_cpu_ms"}
             # The exact allocators are never worse than the greedy baselines.
             assert row["trace_utility"] >= row["heap_greedy_utility"] - 1e-9
     assert result["roots"][0]["budget"] == 8_000
     table = benchmark.format_table(result)
-    assert len(table.splitlines()) == 5 and "ours/floor" in table
+    assert len(table.splitlines()) == 6 and "ours/floor" in table and "CPU-time ratio" in table
 
 
 def test_selfcheck_passes(capsys):

@@ -156,7 +156,7 @@ def test_unknown_names_list_the_entry_points(tmp_path, monkeypatch):
     from trace_train.envs.spec import find_environment
 
     with pytest.raises(ValueError, match=r"unknown environment 'chess'; known: bfcl, counting, echo, "
-                                         r"guess_number, math_python, reasoning_gym, search_qa(, textarena)? \(or an import path package.module:attribute\)"):
+                                         r"guess_number, key_lock, math_python, reasoning_gym, search_qa(, textarena)? \(or an import path package.module:attribute\)"):
         find_environment("chess")
 
 

@@ -72,7 +72,7 @@ def test_graded_rewards_are_declared():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(name="chess"), r"unknown environment 'chess'; known: bfcl, guess_number, math_python, reasoning_gym"),
+        (dict(name="chess"), r"unknown environment 'chess'; known: bfcl, guess_number, key_lock, math_python, reasoning_gym"),
         (dict(name="math_python"), r"task 'math_python' needs `task.train`"),
         (dict(rows={"width": 3}), r"task 'guess_number' has no row option 'width'; row options: \['high', 'highs', 'low', 'max_guesses', 'shift'\]"),
         (dict(train="x.jsonl", eval="y.jsonl", rows={"high": 4}), r"`task.rows` shapes generated rows"),
@@ -122,6 +122,7 @@ HELD_OUT_CONFIGS = {
                                       train_size=300, eval_size=32),
     "textarena": lambda tmp: dict(name="textarena", env={"env_id": ["FrozenLake-v0", "Mastermind-v0"]},
                                   train_size=300, eval_size=32),
+    "key_lock": lambda tmp: dict(name="key_lock", train_size=300, eval_size=32),
 }
 
 

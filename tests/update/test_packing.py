@@ -135,6 +135,7 @@ def test_every_token_sees_exactly_its_path(data):
             assert int(packed.predictor[r, i]) == (seen[-2] if len(seen) > 1 else -1)
     for micro in packed.micro:
         assert len(micro) * int(packed.lengths[list(micro)].max()) <= budget
+        assert 2 * int(packed.lengths[list(micro)].min()) >= int(packed.lengths[list(micro)].max())  # padding < 2x
     leaf = build_sequences(batch, adv, pad_token_id=0)
     ln, lp = leaf_nodes(batch, leaf)
     for field in ("advantages", "old_logprobs", "weights"):
@@ -311,3 +312,11 @@ def test_first_training_step_is_the_same_with_leaf_and_tree_packing(tmp_path):
     assert tree["train_unique_tokens"] == leaf["train_unique_tokens"] == tree["train_forward_tokens"]
     assert leaf["train_forward_tokens"] > tree["train_forward_tokens"]
     assert AlgorithmConfig().packing == "tree"  # the default
+
+
+def test_a_row_under_half_the_longest_starts_its_own_micro_batch():
+    """Padding costs the layers' per-position work whatever the mask: a 30-token row is not padded to 100."""
+    from trace_train.update.packing import _micro_batches
+
+    assert _micro_batches([30, 100, 90, 50], budget=10_000) == ((1, 2, 3), (0,))
+    assert _micro_batches([100, 90], budget=150) == ((0,), (1,))  # the token budget still binds

@@ -1,6 +1,7 @@
 """What a TRACE step costs next to a GRPO step, and what fitting the success predictor costs a step.
 
-    python -m trace_train.bench.fit --compare                      # TRACE (streamed, barrier) vs GRPO, 4 pairs
+    python -m trace_train.bench.fit --compare                      # every expansion mode vs GRPO, 4 pairs
+    python -m trace_train.bench.fit --compare --task guess_games --backend hf --pairs 6 --steps 12 --arms trace_eager trace --json benchmarks/step_cost/whole_step_hf_guess_games.json
     python -m trace_train.bench.fit --compare --backend vllm       # the same on vLLM (CPU or GPU)
     python -m trace_train.bench.fit                                # grpo with and without the fit, 8 steps each
     python -m trace_train.bench.fit --policy trace                 # TRACE always fits (it allocates by V~)
@@ -23,6 +24,15 @@ under ``pipelined``, the last (it drains the pipeline: continuations only); repo
 the ratio to GRPO (mean of the per-pair ratios ± its standard error), the same per generated token (a
 run's step seconds over its tokens per step, against its pair's GRPO run: the budget is met to within a
 few tokens, not exactly) and the load average.
+
+``--task`` picks the games (``TASKS``: ``mixed``, the default; ``cpu_demo``, the preset's own rows;
+``guess_games``, 1-8 guesses as in ``bench.barrier``). The **whole-step table** that follows gives, per
+arm, medians over runs of each run's median over its steps: the whole step (rollout + train) and per
+1,000 generated tokens, the update (``update_seconds``), its forwarded tokens (``train_forward_tokens``)
+and milliseconds per 1,000 of them, the rollout and its generation time, the prediction and the fit
+(wall; ``fit wait``: how long the step waited for it after the update, 0 where it ran entirely beside
+the update); and per-pair ratios to GRPO (mean ± SE) of the step per generated token and of the update
+per forwarded token. Every run records the load average at its start; the JSON holds every run.
 
 Without ``--compare``: each run is the ``cpu_demo`` preset without evaluation; ``log_predictor=true``
 makes a policy that does not read V~ fit it anyway. Reported: the mean ``rollout_seconds`` and
@@ -75,41 +85,67 @@ def measure(policy: str, steps: int, fit: bool, root: Path) -> dict:
             "train_seconds": float(np.mean([r["train_seconds"] for r in rows]))}
 
 
-def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str, root: Path) -> dict:
-    """One run of an arm of ``--compare``: mean step seconds and phases over steps 2..steps."""
+TASKS = {"mixed": [f"task.rows={MIXED_ROWS}"], "cpu_demo": [],
+         "guess_games": ["task.rows={low: 1, highs: [2, 6, 64], max_guesses: [1, 2, 4, 8]}",
+                         "rollout.limits.max_turns=8"]}
+"""The games of ``--compare``: ``mixed`` (3 guesses, ranges 2-64, the default), ``cpu_demo`` (the preset's
+own rows) and ``guess_games`` (1-8 guesses, ranges 2-64: ``bench.barrier``'s games)."""
+RUN_KEYS = ("step_seconds", "rollout_seconds", "train_seconds", "generation_seconds", "update_seconds",
+            "update_ms_per_1k_forward_tokens", "train_forward_tokens", "step_seconds_per_1k_tokens")
+"""Per-step quantities of which a run reports the median over its steps (``median_<key>``)."""
+
+
+def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str, root: Path,
+                task: str = "mixed") -> dict:
+    """One run of an arm of ``--compare``: mean step seconds and phases over steps 2..steps, and the
+    medians over the same steps of the whole step (rollout + train), its rollout, generation and update,
+    the update's forwarded tokens and its milliseconds per 1,000 of them."""
     run_dir = root / f"{arm}-{pair}"
+    load = os.getloadavg()[0]
     cfg = load_config(TrainConfig, "cpu_demo", [
         f"run_dir={run_dir}", f"seed={pair}", f"steps={steps}", "eval.every=0", "tensorboard=false",
-        f"checkpoint_every={steps}", f"task.rows={MIXED_ROWS}", f"rollout.token_budget={token_budget}",
+        f"checkpoint_every={steps}", *TASKS[task], f"rollout.token_budget={token_budget}",
         f"backend.kind={backend}", "backend.threads=1", *ARMS[arm]])
     train(cfg)
     rows = read_metrics(run_dir / "metrics.jsonl")[1:]  # less the warm-up step (no evaluation rows)
     if cfg.rollout.expansion == "pipelined":  # less the last step too: it drains the pipeline (no bare rollouts)
         rows = rows[:-1]
-    out = {"arm": arm, "pair": pair,
-           "step_seconds": float(np.mean([r["rollout_seconds"] + r["train_seconds"] for r in rows])),
+    for r in rows:
+        r["step_seconds"] = r["rollout_seconds"] + r["train_seconds"]
+        r["update_ms_per_1k_forward_tokens"] = 1e6 * r["update_seconds"] / max(r["train_forward_tokens"], 1.0)
+        r["step_seconds_per_1k_tokens"] = 1e3 * r["step_seconds"] / max(r.get("wave_tokens", r["generated_tokens"]), 1.0)
+    out = {"arm": arm, "pair": pair, "task": task, "load_before": load,
+           "step_seconds": float(np.mean([r["step_seconds"] for r in rows])),
            "generated_tokens": float(np.mean([r.get("wave_tokens", r["generated_tokens"]) for r in rows])),
            "trained_tokens": float(np.mean([r["generated_tokens"] for r in rows])),
            "stale_token_share": float(np.mean([r.get("stale_token_share", 0.0) for r in rows])),
            "prefix_cache_hit_rate": float(np.mean([r.get("prefix_cache_hit_rate", 0.0) for r in rows]))}
     out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASES})
+    out.update({f"median_{k}": float(np.median([r.get(k, 0.0) for r in rows])) for k in RUN_KEYS})
     return out
 
 
-def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAULT_ARMS) -> dict:
+def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAULT_ARMS, task: str = "mixed") -> dict:
+    """Interleaved pairs of every arm and GRPO (module docstring); the summary per arm: means over runs,
+    ``whole_step`` (medians over runs of each run's median step quantities, ``RUN_KEYS``) and the per-pair
+    ratios to GRPO (mean ± standard error) of the step, the step per generated token and the update per
+    forwarded token."""
     results: list[dict] = []
+    load_before = os.getloadavg()
     arms = tuple(dict.fromkeys((*arms, "grpo")))  # GRPO is the reference
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(pairs):
             for arm in arms:
-                results.append(measure_arm(arm, pair, steps, token_budget, backend, Path(tmp)))
+                results.append(measure_arm(arm, pair, steps, token_budget, backend, Path(tmp), task))
                 print(json.dumps(results[-1]), flush=True)
     by = {arm: [r for r in results if r["arm"] == arm] for arm in arms}
     grpo = np.array([r["step_seconds"] for r in by["grpo"]])
     grpo_per_token = grpo / np.array([r["generated_tokens"] for r in by["grpo"]])
     lines = ["| arm | step s | ratio to GRPO (± SE) | per token (± SE) | tokens / step | predict | allocation | bare gen "
              "| expansion gen | update | sync | fit wait | fit (wall) | fit CPU-s |", "|---" * 14 + "|"]
-    summary = {"backend": backend, "pairs": pairs, "steps": steps, "token_budget": token_budget}
+    summary = {"backend": backend, "task": task, "pairs": pairs, "steps": steps, "token_budget": token_budget,
+               "load_average_before": load_before}
+    grpo_update = np.array([r.get("median_update_ms_per_1k_forward_tokens", np.nan) for r in by["grpo"]])
     for arm, rows in by.items():
         ratio = np.array([r["step_seconds"] for r in rows]) / grpo
         per_token = np.array([r["step_seconds"] / r["generated_tokens"] for r in rows]) / grpo_per_token
@@ -117,8 +153,13 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
                 for k in ("step_seconds", "generated_tokens", "trained_tokens", "stale_token_share",
                           "prefix_cache_hit_rate", *PHASES)}
         se, token_se = _se(ratio), _se(per_token)
+        update = np.array([r.get("median_update_ms_per_1k_forward_tokens", np.nan) for r in rows]) / grpo_update
+        whole = {k: float(np.median([r.get(f"median_{k}", np.nan) for r in rows])) for k in RUN_KEYS}
+        whole["generation_share_of_rollout"] = whole["generation_seconds"] / max(whole["rollout_seconds"], 1e-12)
         summary[arm] = {**mean, "ratio_to_grpo": float(ratio.mean()), "ratio_se": se,
-                        "per_token_ratio_to_grpo": float(per_token.mean()), "per_token_ratio_se": token_se}
+                        "per_token_ratio_to_grpo": float(per_token.mean()), "per_token_ratio_se": token_se,
+                        "update_per_forward_token_ratio_to_grpo": float(update.mean()),
+                        "update_per_forward_token_ratio_se": _se(update), "whole_step": whole}
         lines.append(f"| {arm} | {mean['step_seconds']:.3f} | {ratio.mean():.2f} ± {se:.2f} | "
                      f"{per_token.mean():.2f} ± {token_se:.2f} | {mean['generated_tokens']:.0f} | " + " | ".join(
                          f"{mean[k]:.3f}" for k in ("predict_seconds", "allocation_seconds", "bare_generation_seconds",
@@ -126,9 +167,27 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
                                                     "fit_wait_seconds", "predictor_fit_seconds",
                                                     "predictor_fit_cpu_seconds")) + " |")
     summary["load_average"] = os.getloadavg()
+    summary["runs"] = results
     print("\n".join(lines))
+    print(whole_step_table(summary, tuple(by)))
     print(f"load average: {summary['load_average']}")
     return summary
+
+
+def whole_step_table(summary: dict, arms) -> str:
+    """The whole-step table: medians per step and the per-pair ratios to GRPO."""
+    lines = ["| arm | step s | per 1k tokens | ratio per token (± SE) | update s | forwarded tokens | update ms "
+             "per 1k fwd | update ratio per fwd token (± SE) | rollout s | generation s | predict s | fit s |",
+             "|---" * 12 + "|"]
+    for arm in arms:
+        s, w = summary[arm], summary[arm]["whole_step"]
+        lines.append(f"| {arm} | {w['step_seconds']:.3f} | {w['step_seconds_per_1k_tokens']:.3f} | "
+                     f"{s['per_token_ratio_to_grpo']:.3f} ± {s['per_token_ratio_se']:.3f} | {w['update_seconds']:.3f} | "
+                     f"{w['train_forward_tokens']:.0f} | {w['update_ms_per_1k_forward_tokens']:.1f} | "
+                     f"{s['update_per_forward_token_ratio_to_grpo']:.3f} ± {s['update_per_forward_token_ratio_se']:.3f} | "
+                     f"{w['rollout_seconds']:.3f} | {w['generation_seconds']:.3f} | {s['predict_seconds']:.3f} | "
+                     f"{s['predictor_fit_seconds']:.3f} |")
+    return "\n".join(lines)
 
 
 def _se(x: np.ndarray) -> float:
@@ -146,11 +205,12 @@ def main(argv=None):
     parser.add_argument("--backend", default="hf", choices=BACKEND_NAMES)
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=sorted(ARMS),
                         help="arms of --compare (GRPO always runs)")
+    parser.add_argument("--task", default="mixed", choices=sorted(TASKS), help="the games of --compare")
     parser.add_argument("--json", type=Path, default=None, help="also write --compare's summary to this file")
     args = parser.parse_args(argv)
     record = origin("trace_train.bench.fit", argv)
     if args.compare:
-        summary = compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms)
+        summary = compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms, args.task)
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({**record, **summary}, indent=1) + "\n")

@@ -18,6 +18,7 @@ the package (import paths, the ``trace_rl.environments`` entry points) are found
                    ``reward="exact_match"`` (or "token_f1"; "f1_match" is reported, refused as a reward), ``max_searches=4``,
                    ``observation_role="tool"``, ``system_prompt=None``
 ``bfcl``           ``observation_role="tool"``, ``max_steps_per_turn=None`` (BFCL's limit, 20)
+``key_lock``       ``system_prompt=None``; rows: ``task.rows={keys: [2, 4, 8]}`` (the mix of key counts K)
 =================  =================================================================================
 """
 
@@ -365,3 +366,41 @@ def textarena(*, env_id: str | list | None = None, game_kwargs: Mapping[str, Any
         check_game(game, game_kwargs)
     return _checked("textarena", partial(TextArenaEnv, success_threshold=success_threshold,
                                          system_prompt=system_prompt))
+
+
+def key_lock_rows(source: None, *, split: str, subset: str | None, size: int, seed: int,
+                  keys: list | int = (2, 4, 8)) -> list[dict]:
+    """Generated key-then-lock rows, K drawn from ``keys`` (``key_lock_env.make_rows``); the trainer splits them
+    by prompt (``trace_train.tasks.generated_rows``)."""
+    from .key_lock_env import make_rows
+
+    return make_rows(size, keys=list(keys) if isinstance(keys, tuple) else keys, seed=seed)
+
+
+def _key_lock_demonstration(row: Mapping[str, Any]) -> list[str]:
+    from .key_lock_env import random_player
+
+    return random_player(row)
+
+
+def key_lock_metrics(records, means, *, k: int) -> dict:
+    """``success`` (and ``pass@k`` for k > 1), ``opened`` (the right key used) and ``per_keys``: success per
+    key count K (from the row ids, ``key_lock/K<K>/...``)."""
+    by_keys: dict[str, list] = {}
+    for record in records:
+        parts = str(record["id"]).split("/")
+        by_keys.setdefault(parts[1] if len(parts) == 3 else "-", []).extend(
+            s["metrics"]["success"] for s in record["samples"])
+    return {"success": means["success"], "opened": means["opened"],
+            **(_pass_at_k(records, "success", k) if k > 1 else {}),
+            "per_keys": {key: float(sum(v) / len(v)) for key, v in sorted(by_keys.items())}}
+
+
+@_with_spec(TaskSpec(key_lock_rows, {"keys": [2, 4, 8]}, data="generated", demonstration=_key_lock_demonstration,
+                     evaluation=EvalSpec(max_turns=2, flags=(), metrics=key_lock_metrics)))
+@ENVIRONMENTS.register("key_lock")
+def key_lock(*, system_prompt: str | None = None) -> EnvFactory:
+    """Key, then lock (``key_lock_env``): turn 1 a key of K, turn 2 a chest; reward 1 only with both right."""
+    from .key_lock_env import SYSTEM_PROMPT, KeyLockEnv
+
+    return _checked("key_lock", partial(KeyLockEnv, system_prompt=system_prompt or SYSTEM_PROMPT))

@@ -12,6 +12,7 @@ data, so ranks given the same data hold the same predictor.
 ``ngram``       logistic model on signed hashed token n-grams + a depth one-hot (:mod:`.ngram`)
 ``running_mean``  decayed running mean of the targets per (task family, depth): the floor to beat (:mod:`.running_mean`)
 ``probe``       logistic model on the policy's own last-layer hidden state at the history's end (:mod:`.probe`)
+``prompt_mean``  each prompt's (s + 1) / (n + 2) at all its nodes: a uniform prior, nothing learned (:mod:`.prompt_mean`)
 ==============  ===========================================================================================
 """
 
@@ -24,6 +25,7 @@ from ..configs import PREDICTOR_KINDS, PredictorConfig
 from .base import PREDICTORS, HistoryLike, PosteriorPredictor, family_of, prompt_key
 from .ngram import HashedSuccessPredictor
 from .probe import HiddenStateProbe
+from .prompt_mean import PromptMeanPredictor
 from .running_mean import RunningMeanPredictor
 
 for _module in PREDICTOR_KINDS.values():  # each kind's module registers it; a new kind is one module + its name
@@ -33,7 +35,7 @@ if sorted(PREDICTORS) != sorted(PREDICTOR_KINDS):  # the one check of the config
                       f"{sorted(PREDICTOR_KINDS)}")
 
 __all__ = ["PREDICTORS", "PredictorConfig", "PosteriorPredictor", "HashedSuccessPredictor", "RunningMeanPredictor",
-           "HiddenStateProbe", "HistoryLike", "build_predictor", "predictor_from_state_dict", "prompt_key", "family_of"]
+           "HiddenStateProbe", "PromptMeanPredictor", "HistoryLike", "build_predictor", "predictor_from_state_dict", "prompt_key", "family_of"]
 
 
 def build_predictor(config: PredictorConfig = PredictorConfig()) -> PosteriorPredictor:

@@ -98,18 +98,63 @@ def normalised_row(buckets: np.ndarray, counts: np.ndarray, depth: int, *, n_buc
     return np.append(buckets, n_buckets + min(int(depth), max_depth)), np.append(counts, 1.0)
 
 
+def batch_gram_counts(tokens: np.ndarray, lengths: np.ndarray, *, n_buckets: int, ngram: int,
+                      starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`gram_counts` of every row at once, for rows given as one array of ``tokens`` cut by ``lengths``
+    (row r's grams that end at its position ``starts[r]`` or later; all of them by default): keys
+    r * n_buckets + bucket, ascending (so by row, then bucket), and their counts. The same hash of the same
+    tokens; the counts are sums of whole numbers, so they are exactly the per-row ones."""
+    ids = np.asarray(tokens, dtype=np.uint64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    row = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    pos = np.arange(ids.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    first = pos >= (0 if starts is None else np.repeat(np.asarray(starts, dtype=np.int64), lengths))
+    grams, rows = [ids[first]], [row[first]]
+    for n in range(2, ngram + 1):
+        if ids.size < n:
+            break
+        mixed = ids[: ids.size - n + 1].copy()  # the gram that starts at each position
+        for j in range(1, n):
+            mixed = mixed * _MIX + ids[j: ids.size - n + 1 + j]
+        end = slice(n - 1, None)  # a gram is kept at its last token: in its row's range and late enough
+        keep = (pos[end] >= n - 1) & first[end]
+        grams.append(mixed[keep] + np.uint64(n))
+        rows.append(row[end][keep])
+    hashed = np.concatenate(grams) * _FINAL
+    hashed ^= hashed >> np.uint64(31)
+    keys = np.concatenate(rows) * n_buckets + (hashed % np.uint64(n_buckets)).astype(np.int64)
+    sign = np.where((hashed >> np.uint64(63)) == 1, -1.0, 1.0)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=sign, minlength=len(uniq))
+
+
+def rows_from_counts(keys: np.ndarray, counts: np.ndarray, depths: np.ndarray, *, n_buckets: int,
+                     max_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of :func:`normalised_row` from :func:`batch_gram_counts`' keys and counts, one per depth, as
+    CSR arrays (data, columns, row pointers): each row's counts L2-normalised (a sum of squares of whole
+    numbers, exact: the bits of the per-row norm), then its depth's one-hot."""
+    n_rows = len(depths)
+    row = keys // n_buckets
+    norm = np.sqrt(np.bincount(row, weights=counts * counts, minlength=n_rows))
+    values = counts / np.where(norm > 0, norm, 1.0)[row]
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=n_rows) + 1, out=indptr[1:])  # its buckets, then its depth
+    depth_at = indptr[1:] - 1
+    cols, data = np.empty(indptr[-1], dtype=np.int64), np.ones(indptr[-1])
+    grams = np.ones(indptr[-1], dtype=bool)
+    grams[depth_at] = False
+    cols[grams], data[grams] = keys % n_buckets, values
+    cols[depth_at] = n_buckets + np.minimum(np.asarray(depths, dtype=np.int64), max_depth)
+    return data, cols, indptr
+
+
 def feature_matrix(tokens: np.ndarray, lengths: np.ndarray, depths: np.ndarray, *, n_buckets: int, ngram: int,
                    max_depth: int) -> sp.csr_matrix:
-    """The rows of :func:`hashed_row` for histories given as one array of ``tokens`` cut by ``lengths``."""
-    ends = np.cumsum(lengths)
-    rows = [hashed_row(tokens[e - n: e], d, n_buckets=n_buckets, ngram=ngram, max_depth=max_depth)
-            for e, n, d in zip(ends.tolist(), np.asarray(lengths).tolist(), np.asarray(depths).tolist())]
-    dim = n_buckets + max_depth + 1
-    if not rows:
-        return sp.csr_matrix((0, dim))
-    indptr = np.cumsum([0] + [len(c) for c, _ in rows])
-    return sp.csr_matrix((np.concatenate([v for _, v in rows]), np.concatenate([c for c, _ in rows]), indptr),
-                         shape=(len(rows), dim))
+    """The rows of :func:`hashed_row` for histories given as one array of ``tokens`` cut by ``lengths``,
+    hashed all at once (:func:`batch_gram_counts`)."""
+    keys, counts = batch_gram_counts(tokens, lengths, n_buckets=n_buckets, ngram=ngram)
+    return sp.csr_matrix(rows_from_counts(keys, counts, depths, n_buckets=n_buckets, max_depth=max_depth),
+                         shape=(len(depths), n_buckets + max_depth + 1))
 
 
 def restrict(X: sp.csr_matrix, dense: bool) -> tuple[sp.csr_matrix, np.ndarray]:

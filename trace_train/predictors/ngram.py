@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from .fit_process import feature_matrix, gram_counts, merged_counts, normalised_row, shared_process
+from .fit_process import batch_gram_counts, feature_matrix, merged_counts, rows_from_counts, shared_process
 from .base import EPS, MAX_DEPTH, PREDICTORS, HistoryLike, PosteriorPredictor, prompt_key
 
 KEPT_OPENINGS = 256
@@ -49,31 +49,8 @@ class HashedSuccessPredictor(PosteriorPredictor):
         self._adam_v = np.zeros(self._dim + 1)
         self._adam_t = 0
         self._openings: dict[str, tuple[tuple[int, ...], np.ndarray, np.ndarray]] = {}
-        """Prompt key -> an opening's token ids and gram counts (:meth:`_row`), the latest
+        """Prompt key -> an opening's token ids and gram counts (:meth:`model_probability`), the latest
         :data:`KEPT_OPENINGS`."""
-
-    def _row(self, h: HistoryLike) -> tuple[np.ndarray, np.ndarray]:
-        """One history's feature columns (ascending: its n-gram buckets, then its depth) and values.
-
-        The grams of an opening (a depth-0 history) are kept (:attr:`_openings`, by prompt): a later
-        history of the same prompt hashes only the grams that end after the opening, and its counts are the
-        opening's plus theirs, the same numbers as hashing it whole (a turn boundary's history is mostly
-        its prompt)."""
-        cfg, ids = self.config, h.token_ids
-        known = self._openings.get(prompt_key(h)) if h.depth else None
-        if known is not None and len(known[0]) < len(ids) and tuple(ids[:len(known[0])]) == known[0]:
-            tail = max(len(known[0]) - cfg.ngram + 1, 0)  # the tokens of the grams that end after the opening
-            more = gram_counts(np.fromiter(ids[tail:], dtype=np.uint64, count=len(ids) - tail),
-                               n_buckets=cfg.n_buckets, ngram=cfg.ngram, start=len(known[0]) - tail)
-            counts = merged_counts(known[1], known[2], *more)
-        else:
-            counts = gram_counts(np.fromiter(ids, dtype=np.uint64, count=len(ids)), n_buckets=cfg.n_buckets,
-                                 ngram=cfg.ngram)
-            if not h.depth:
-                self._openings[prompt_key(h)] = (tuple(ids), *counts)
-                if len(self._openings) > KEPT_OPENINGS:
-                    self._openings.pop(next(iter(self._openings)), None)  # the oldest; safe if another thread did
-        return normalised_row(*counts, h.depth, n_buckets=cfg.n_buckets, max_depth=MAX_DEPTH)
 
     def features(self, histories: Sequence[HistoryLike]) -> sp.csr_matrix:
         """Sparse features: signed hashed n-grams (L2-normalised), a depth one-hot and nothing else."""
@@ -89,14 +66,46 @@ class HashedSuccessPredictor(PosteriorPredictor):
                     ngram=self.config.ngram, max_depth=MAX_DEPTH)
 
     def model_probability(self, histories: Sequence[HistoryLike]) -> np.ndarray:
-        """p(history), row by row without a sparse matrix (a turn boundary asks about one history): each
-        row's dot product summed term by term in column order, as the sparse product sums it, so the value
-        is the same to the last bit."""
+        """p(history) of a batch (a round of turn boundaries), every history's grams hashed at once.
+
+        The grams of an opening (a depth-0 history) are kept (:attr:`_openings`, by prompt): a later history
+        that extends it hashes only the grams that end after the opening, merged with the opening's counts
+        (sums of whole numbers: exactly the counts of hashing it whole; a turn boundary's history is mostly
+        its prompt). The rows are then those of :meth:`features` and p is the sparse product's, bit for bit,
+        however the histories are grouped (no sparse matrix is built: a round may be one history)."""
         histories = list(histories)
-        z = np.empty(len(histories))
-        for i, h in enumerate(histories):
-            cols, vals = self._row(h)
-            z[i] = np.cumsum(vals * self.weights[cols])[-1]
+        cfg, n_buckets = self.config, self.config.n_buckets
+        pieces, starts, known_rows = [], [], []  # what each row hashes, where its new grams end; (row, opening)
+        for r, h in enumerate(histories):
+            ids = h.token_ids
+            known = self._openings.get(prompt_key(h)) if h.depth else None
+            if known is not None and len(known[0]) < len(ids) and tuple(ids[:len(known[0])]) == known[0]:
+                tail = max(len(known[0]) - cfg.ngram + 1, 0)  # the tokens of the grams that end after the opening
+                pieces.append(ids[tail:])
+                starts.append(len(known[0]) - tail)
+                known_rows.append((r, known))
+            else:
+                pieces.append(ids)
+                starts.append(0)
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.uint64, count=int(lengths.sum()))
+        keys, counts = batch_gram_counts(tokens, lengths, n_buckets=n_buckets, ngram=cfg.ngram,
+                                         starts=np.asarray(starts, dtype=np.int64))
+        if known_rows:  # rows ascending, buckets ascending within: the keys are ascending, as merging needs
+            keys, counts = merged_counts(np.concatenate([r * n_buckets + k[1] for r, k in known_rows]),
+                                         np.concatenate([k[2] for _, k in known_rows]), keys, counts)
+        for r, h in enumerate(histories):
+            if not h.depth:
+                lo, hi = np.searchsorted(keys, [r * n_buckets, (r + 1) * n_buckets])
+                self._openings[prompt_key(h)] = (tuple(h.token_ids), keys[lo:hi] - r * n_buckets, counts[lo:hi].copy())
+                if len(self._openings) > KEPT_OPENINGS:
+                    self._openings.pop(next(iter(self._openings)), None)  # the oldest; safe if another thread did
+        depths = np.fromiter((h.depth for h in histories), dtype=np.int64, count=len(histories))
+        data, cols, indptr = rows_from_counts(keys, counts, depths, n_buckets=n_buckets, max_depth=MAX_DEPTH)
+        terms = data * self.weights[cols]
+        z = np.empty(len(histories))  # each row's terms summed one by one in column order, as the sparse product does
+        for r, (lo, hi) in enumerate(zip(indptr[:-1].tolist(), indptr[1:].tolist())):
+            z[r] = np.cumsum(terms[lo:hi])[-1]
         return np.clip(expit(z + self.bias), EPS, 1 - EPS)
 
     _encode = features

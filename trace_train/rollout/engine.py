@@ -237,8 +237,13 @@ def _planted_and_top_ups(f: RolloutForest, top_ups: int) -> tuple[np.ndarray, np
 
 def _row(prediction: Prediction, i: int) -> Prediction:
     """Row ``i`` of a batch's :class:`Prediction`, as a prediction of one node."""
+    return _rows(prediction, i, i + 1)
+
+
+def _rows(prediction: Prediction, lo: int, hi: int) -> Prediction:
+    """Rows [lo, hi) of a batch's :class:`Prediction`, as a prediction of those nodes."""
     def pick(a):
-        return None if a is None else a[i:i + 1]
+        return None if a is None else a[lo:hi]
     return Prediction(pick(prediction.v), pick(prediction.concentration), pick(prediction.cost))
 
 
@@ -363,15 +368,33 @@ class _Run:
         def history(s: int, p) -> History:
             return History(prompts[s], self.pool[prompts[s]], p.depth, p.messages, p.token_ids)
 
+        ended: dict[int, tuple[Callable[[bool], Prediction], int, int]] = {}  # start -> (its poll's batch, rows)
+
+        def ending(items):  # the trees that ended in one poll: predicted together, when the mode first asks
+            histories, spans, asked = [], {}, {}
+            for s, prefixes in items:
+                spans[s] = (len(histories), len(histories) + len(prefixes))
+                histories += [history(s, p) for p in prefixes]
+
+            def predict(concentration: bool) -> Prediction:
+                if concentration not in asked:
+                    asked[concentration] = self._predict(histories, concentration)
+                return asked[concentration]
+            ended.clear()
+            ended.update({s: (predict, lo, hi) for s, (lo, hi) in spans.items()})
+
         def branch(s: int, prefixes):
             reward = np.array([p.reward for p in prefixes], dtype=float)
+            if s in ended:
+                predict, lo, hi = ended.pop(s)
+                return events.tree_ended(s, reward, lambda concentration: _rows(predict(concentration), lo, hi))
             histories = [history(s, p) for p in prefixes]
             return events.tree_ended(s, reward, lambda concentration: self._predict(histories, concentration))
 
         def more():
             return _extras(*events.rest())
 
-        hooks = dict(branch=branch, rest=more)
+        hooks = dict(branch=branch, rest=more, ending=ending)
         if not events.boundaries:
             return hooks
         round_: dict[int, tuple[Callable[[bool], Prediction], int]] = {}  # id(prefix) -> (its round, row)
@@ -448,7 +471,7 @@ class _Run:
             return self._execute_pipelined(budget, plant)
         policy = self.engine.policy
         share = getattr(self.engine.root_allocator, "dynamic_share", None)
-        if policy.dynamic_sampling and share is not None:  # DAPO under torchrun: this rank's part of one budget
+        if policy.reads_root_outcomes and share is not None:  # DAPO, Pilot-Commit under torchrun: this rank's part
             policy, budget = share(policy, budget)
         try:
             record = run_step(self, policy, budget, pool=len(self.pool), rng=self.rng,
@@ -464,7 +487,7 @@ class _Run:
     def _execute_pipelined(self, budget: RolloutBudget, plant: bool) -> RolloutBatch | None:
         """``trace_theory.pipelined.run_pipelined_step`` with this world; the engine keeps the new pending."""
         policy, share = self.engine.policy, getattr(self.engine.root_allocator, "dynamic_share", None)
-        if policy.dynamic_sampling and share is not None:  # DAPO (which does not pipeline) under torchrun
+        if policy.reads_root_outcomes and share is not None:  # DAPO, Pilot-Commit (no pipelining) under torchrun
             policy, budget = share(policy, budget)
         try:
             step = run_pipelined_step(self, policy, budget, pool=len(self.pool), rng=self.rng,

@@ -134,6 +134,11 @@ Ahead = Callable[[list[tuple[int, Prefix]]], None]
 """``ahead([(s, prefix), ...])`` (eager expansion): the boundaries ``boundary`` is about to hear of, one
 round's, in the order it will (so that a world can predict them in one batch); it decides nothing."""
 
+Ending = Callable[[list[tuple[int, list[Prefix]]]], None]
+"""``ending([(s, prefixes), ...])`` (streamed expansion): the starts whose walkers all ended in one poll, with
+the prefixes ``branch`` is about to hear of, in the order it will (so that a world can predict them in one
+batch, as :data:`Ahead` does a round's boundaries); it decides nothing."""
+
 Rest = Callable[[], Sequence[Extra]]
 """``rest() -> [Extra(start, prefix, count), ...]``: called once ``branch`` has been called for every start:
 more continuations from a prefix of a start, or top-ups at its node (:class:`Extra`)."""
@@ -217,7 +222,8 @@ class Scheduler:
 
     def grow(self, builder: BatchBuilder, starts: Sequence[Start | tuple[int, str, int]], *, seed: int,
              branch: Branch | None = None, rest: Rest | None = None, boundary: Boundary | None = None,
-             finished: Finished | None = None, ahead: Ahead | None = None) -> GrowReport:
+             finished: Finished | None = None, ahead: Ahead | None = None,
+             ending: Ending | None = None) -> GrowReport:
         """Generate ``k`` rollouts of kind ``kind`` from each ``(node, kind, k)`` of ``builder`` (a
         ``trace_theory.step.Start`` or a plain tuple), add their turns and rewards to it, and report the
         rest; walker ``i``'s ``t``-th turn samples with seed ``seed + t W + i`` (``W`` walkers).
@@ -232,10 +238,11 @@ class Scheduler:
         ``boundary`` and ``finished`` (eager expansion) are told each walker's turn boundaries and its end
         as they happen, before ``branch`` hears of its start, and the rollouts they return start at once;
         their seeds come from (seed, start, walker, depth, count so far), whatever the timing. ``ahead``
-        (optional) hears of each round's boundaries first, all together (:data:`Ahead`).
+        (optional) hears of each round's boundaries first, all together (:data:`Ahead`); ``ending`` (optional)
+        of the starts that ended in one poll, before ``branch`` hears of each (:data:`Ending`).
         """
         return _Grower(self, builder, [Start.of(s) for s in starts], seed, branch, rest, boundary, finished,
-                       ahead).run()
+                       ahead, ending).run()
 
 
 class _Grower:
@@ -244,7 +251,8 @@ class _Grower:
 
     def __init__(self, scheduler: Scheduler, builder: BatchBuilder, starts: list[Start], seed: int,
                  branch: Branch | None = None, rest: Rest | None = None,
-                 boundary: Boundary | None = None, finished: Finished | None = None, ahead: Ahead | None = None):
+                 boundary: Boundary | None = None, finished: Finished | None = None, ahead: Ahead | None = None,
+                 ending: Ending | None = None):
         self.scheduler, self.builder, self.starts, self.seed = scheduler, builder, starts, seed
         self.cfg, self.chat = scheduler.config, scheduler.chat
         self.lockstep = self.cfg.schedule == "lockstep"
@@ -260,7 +268,7 @@ class _Grower:
         self.planted, self.planted_starts = len(self.walkers), len(starts)
         """Walkers and starts of ``starts``; streamed ones come after them."""
         self.branch, self.rest = branch, rest
-        self.boundary, self.finished, self.ahead = boundary, finished, ahead
+        self.boundary, self.finished, self.ahead, self.ending = boundary, finished, ahead, ending
         self.place = {w.index: _Place(s, j) for s, group in self.first.items() for j, w in enumerate(group)}
         """Planted walker -> where it stands, for the eager hooks."""
         self.told: dict[int, int] = {}
@@ -327,10 +335,15 @@ class _Grower:
 
     def _branch_ended(self, stream, sampling) -> None:
         """Streamed expansion: ask ``branch`` about every start whose walkers have all ended, and start
-        the continuations it places (their first turns join the stream at once)."""
-        for s in sorted(s for s in self.waiting if all(w.ended for w in self.first[s])):
+        the continuations it places (their first turns join the stream at once); ``ending`` first hears of
+        every start that ended now, so that their predictions can be one batch."""
+        ended = sorted(s for s in self.waiting if all(w.ended for w in self.first[s]))
+        prefixes_of = {s: self._prefixes(self.first[s]) for s in ended}
+        if self.ending is not None and len(ended) > 1:
+            self.ending([(s, prefixes_of[s]) for s in ended])
+        for s in ended:
             self.waiting.discard(s)
-            prefixes = self._prefixes(self.first[s])
+            prefixes = prefixes_of[s]
             k = [int(c) for c in self.branch(s, prefixes)]
             if len(k) != len(prefixes) or min(k, default=0) < 0:
                 raise ValueError(f"`branch` must return {len(prefixes)} non-negative counts, got {k}")

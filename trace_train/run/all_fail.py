@@ -21,11 +21,25 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-__all__ = ["AllFailWatch", "all_fail_share", "ADVICE"]
+__all__ = ["AllFailWatch", "all_fail_share", "ADVICE", "advice"]
 
+_LATER = "an easier mix of rows, more roots (rollout.roots), a larger model (model.name_or_path)"
 ADVICE = ("what to try, in order (docs/training.md, \"My run does not learn\"): warm-start demonstrations "
-          "(a task_spec demonstration for model.name_or_path=tiny), an easier mix of rows, more roots "
-          "(rollout.roots), a larger model (model.name_or_path)")
+          "(a task_spec demonstration for model.name_or_path=tiny) and a warm-up long enough that the starting "
+          f"model's groups mix (model.tiny_warm_steps, default 40), {_LATER}")
+
+
+def advice(*, tiny: bool, demonstrated: bool, warm_steps: int) -> str:
+    """What to try, fitted to the run: a tiny model warmed on the task's expert is told to lengthen the
+    warm-up it had (not to add demonstrations it has); one without an expert, to add one; a real model
+    starts from the easier mix of rows (the warm start applies to the tiny model only)."""
+    head = "what to try, in order (docs/training.md, \"My run does not learn\"): "
+    if not tiny:
+        return head + _LATER
+    if demonstrated:
+        return (head + f"a longer warm-up on the task's demonstrations (model.tiny_warm_steps, now {warm_steps}; "
+                f"check the start with trace-eval on the run's tiny_model until most groups mix), {_LATER}")
+    return ADVICE
 
 
 def all_fail_share(forest) -> float:
@@ -50,6 +64,8 @@ class AllFailWatch:
     min_share: float = 0.5
     flat_evals: int = 3
     z: float = 2.0
+    advice: str = ADVICE
+    """What the warning says to try (:func:`advice` fits it to the run)."""
     _shares: list[float] = field(default_factory=list)
     _evals: list[float] = field(default_factory=list)
     _warned: bool = False
@@ -78,7 +94,7 @@ class AllFailWatch:
         return fields, [f"step {step}: all-fail regime: {recent:.0%} of the groups of the last {len(self._shares)} "
                         f"steps had no success (nothing for a group-relative update to learn from), and held-out "
                         f"success has stayed within {self.z:g} standard errors of its start ({start:.3f}; best "
-                        f"{best:.3f}) for {flat} evaluations; {ADVICE}"]
+                        f"{best:.3f}) for {flat} evaluations; {self.advice}"]
 
     def _flat_evals(self) -> int:
         """Evaluations after the first whose best-so-far is not significantly above the first."""

@@ -24,7 +24,8 @@ REMOVED_IN_FINGERPRINT = {"predictor": {"seed": 0}}
 """Fields removed after checkpoints existed, hashed at the value every run had, so older runs still resume."""
 
 ADDED_IN_FINGERPRINT = {"predictor": {"probe_step": 1.0}, "rollout": {"expansion": "streamed", "eager_reserve": 0.0,
-                                                                             "eager_lag": 1},
+                                                                             "eager_lag": 1, "pilot": None,
+                                                                             "pilot_band": None, "pilot_share": None},
                         "model": {"activation_checkpointing": False}, "optim": {"mini_batches": 1},
                         "algorithm": {"recompute_old_logprobs": None},
                         "backend": {"prefix_cache_bytes": 2**30, "block_size": None}}

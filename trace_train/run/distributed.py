@@ -181,7 +181,7 @@ class GlobalRootAllocator:
         return allocate_interleaved(policy, [p[:3] for p in parts], agreed, rng=rng, rank=self.info.rank)
 
     def dynamic_share(self, policy, budget):
-        """(policy, budget) for this rank's DAPO rounds: the job's budget (``budget``'s total, the ranks'
+        """(policy, budget) for this rank's DAPO rounds (or Pilot-Commit's pilot and commits): the job's budget (``budget``'s total, the ranks'
         mean under ``rollout.token_budget``) and its target of mixed groups, dealt out over the ranks in
         whole groups (:func:`rank_share`). DAPO never calls the root allocator, so without this every
         rank would spend the whole budget."""
@@ -191,8 +191,11 @@ class GlobalRootAllocator:
         dist.all_gather_object(totals, int(policy.split(budget)[0]))
         total = sum(totals) // len(totals)
         world, rank, g = self.info.world_size, self.info.rank, policy.group_size
+        budget = RolloutBudget(rank_share(total, world, rank, g), 0)
+        if not policy.dynamic_sampling:  # Pilot-Commit: each rank pilots and commits within its share
+            return policy, budget
         target = rank_share(policy.dynamic_target(total), world, rank)
-        return policy.replace(dapo_target=max(target, 1)), RolloutBudget(rank_share(total, world, rank, g), 0)
+        return policy.replace(dapo_target=max(target, 1)), budget
 
 
 def shard_policy(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:

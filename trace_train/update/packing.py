@@ -34,12 +34,16 @@ a turn is trained in the row of the leaf its rollout ends in), and each piece re
 tokens as context (loss mask 0). With a budget of one path this is the per-leaf layout. A chain is never
 split, so every sequence-level aggregation of the loss stays exact.
 
-**Attention back ends.** On CPU (and with ``attention="dense"``) the mask is a 4-D boolean tensor (an
-additive float one for ``eager``) passed through transformers' standard mask interface with the model's
-``sdpa`` or ``eager`` attention. On CUDA (``attention="flex"``) it is a FlexAttention ``BlockMask`` whose
+**Attention back ends.** On CPU (and with ``attention="dense"``) a model whose attention is ``eager`` gets
+the dense additive (rows, 1, width, width) mask through transformers' standard mask interface; any other
+attends with SDPA per query block on only the key columns its queries see
+(:mod:`trace_train.update.tree_attention`: a token costs about its path's length, not the row's width as
+the masked square does), from a plan built from ``visible_until`` without the dense mask, and a
+micro-batch's rows go end to end in one row without their padding (:func:`tree_logprobs`' ``lengths``).
+On CUDA (``attention="flex"``) it is a FlexAttention ``BlockMask`` whose
 mask function is the inequality above, used through ``attn_implementation="flex_attention"`` for the
 duration of the forward; blocks with no visible pair are skipped. PyTorch 2.13 runs FlexAttention on CPU
-only without gradients, so on CPU the dense mask is used for training.
+only without gradients, so on CPU the dense path is used for training.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from ..rollout.batch import RolloutBatch
 from .logprobs import sampled_logprobs
 from .loss import LossInputs, ReadsLossInputs, node_values
 from .sequences import TrainingSequences, build_sequences, nodes_on_paths, path_tokens
+from .tree_attention import block_plan
+from .tree_attention import register as register_tree_sdpa
 
 __all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
            "tree_logprobs", "tree_attention_mask"]
@@ -117,7 +123,8 @@ class PackedTrees(ReadsLossInputs):
         :meth:`trace_train.update.sequences.TrainingSequences.logprobs` for the other arguments."""
         predictor = self.predictor.where(self.loss_mask > 0, -1) if trained_only else self.predictor
         return tree_logprobs(model, self.input_ids, self.position_ids, self.visible_until, predictor,
-                             attention=attention, temperature=temperature, chunk_tokens=chunk_tokens)
+                             attention=attention, temperature=temperature, chunk_tokens=chunk_tokens,
+                             lengths=self.lengths)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -321,10 +328,13 @@ def _first_fit_decreasing(lengths: list[int]) -> list[list[int]]:
 
 
 def _micro_batches(lengths: list[int], budget: int) -> tuple[tuple[int, ...], ...]:
-    """Rows, longest first, grouped so that rows x (longest row) <= budget."""
+    """Rows, longest first, grouped so that rows x (longest row) <= budget and no row is padded to more
+    than twice its length: a shorter row starts the next micro-batch (its padding would cost the layers'
+    per-position work, which no attention mask skips, more than its own tokens)."""
     out: list[list[int]] = []
     for r in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
-        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
+        longest = lengths[out[-1][0]] if out else 0
+        if out and (len(out[-1]) + 1) * longest <= budget and 2 * lengths[r] >= longest:
             out[-1].append(r)
         else:
             out.append([r])
@@ -345,12 +355,15 @@ def tree_attention_mask(visible_until: torch.Tensor) -> torch.Tensor:
 
 def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, visible_until: torch.Tensor,
                   predictor: torch.Tensor, *, attention: str = "auto", temperature: float = 1.0,
-                  chunk_tokens: int = 1024) -> torch.Tensor:
+                  chunk_tokens: int = 1024, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """log pi_T(token) for every packed token, from the logits at its ``predictor`` position (0 where -1),
     at ``temperature``, ``chunk_tokens`` positions at a time (:mod:`trace_train.update.logprobs`).
 
     ``attention``: "dense" (4-D mask; sdpa or eager), "flex" (FlexAttention block mask) or "auto"
-    (flex on CUDA, dense elsewhere).
+    (flex on CUDA, dense elsewhere). ``lengths``: the real tokens of each row; on the dense SDPA path
+    (``update.tree_attention``) the rows' real tokens then go end to end in one row, so no padding is
+    forwarded (a row's tree mask already keeps its pieces apart: row r's column j becomes
+    offset_r + j, with visible_until and predictor shifted by offset_r = lengths[:r].sum()).
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"`attention` must be one of {ATTENTIONS}, got {attention!r}")
@@ -358,22 +371,37 @@ def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, vi
     device = param.device
     if attention == "auto":
         attention = "flex" if device.type == "cuda" else "dense"
-    ids, position, until = input_ids.to(device), position_ids.to(device), visible_until.to(device)
-    current = model.config._attn_implementation
-    if attention == "flex":
-        impl, mask = "flex_attention", _block_mask(until)
-    else:
-        impl = current if current in ("sdpa", "eager") else "sdpa"
-        mask = tree_attention_mask(until)
-        if impl == "eager":  # eager adds the mask to the scores
-            mask = torch.zeros(mask.shape, dtype=param.dtype, device=device).masked_fill(~mask, torch.finfo(param.dtype).min)
-    pred = predictor.to(device)
+    ids, position, until, pred = (x.to(device) for x in (input_ids, position_ids, visible_until, predictor))
     r, t = (pred >= 0).nonzero(as_tuple=True)
+    source = r * ids.shape[1] + pred[r, t]
+    target = ids[r, t]
+    current = model.config._attn_implementation
+    forward = {}
+    if attention == "flex":
+        impl, forward["attention_mask"] = "flex_attention", _block_mask(until)
+    elif current == "eager":  # eager adds the dense mask to the scores
+        impl, mask = "eager", tree_attention_mask(until)
+        forward["attention_mask"] = torch.zeros(mask.shape, dtype=param.dtype, device=device).masked_fill(
+            ~mask, torch.finfo(param.dtype).min)
+    else:  # sdpa per query block on the keys its queries see (update.tree_attention): no dense mask
+        impl = register_tree_sdpa()
+        if lengths is not None and ids.shape[0] > 1:
+            ids, position, until, source = _end_to_end(ids, position, until, lengths.to(device), r, pred[r, t])
+        forward["tree_plan"] = block_plan(until)
     with _attention_implementation(model, impl):
-        logp = sampled_logprobs(model, ids, r * ids.shape[1] + pred[r, t], ids[r, t], temperature=temperature,
-                                chunk_tokens=chunk_tokens, attention_mask=mask, position_ids=position)
-    out = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+        logp = sampled_logprobs(model, ids, source, target, temperature=temperature, chunk_tokens=chunk_tokens,
+                                position_ids=position, **forward)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
     return out.index_put((r, t), logp)
+
+
+def _end_to_end(ids, position, until, lengths, r, predictor):
+    """The rows' real tokens end to end in one row: (ids, position, visible_until) of shape (1, total) and
+    the flat position of each predictor (row r's column j is offset_r + j)."""
+    offset = torch.cumsum(lengths, 0) - lengths
+    real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
+    shifted = until + offset[:, None]
+    return ids[real][None], position[real][None], shifted[real][None], offset[r] + predictor
 
 
 def _block_mask(until: torch.Tensor):

@@ -82,6 +82,9 @@ class StepCoordinator:
                  openings: Sequence, *, seed: int, root_allocator=None, timeout: float = 3600.0):
         if policy.dynamic_sampling:
             raise ValueError(f"policy {policy.name!r} samples dynamically; in verl use its DAPO filter instead")
+        if policy.pilot_commits:
+            raise ValueError(f"policy {policy.name!r} runs a pilot and commits after it, which verl's per-prompt "
+                             "sessions do not run; use trace-train")
         if policy.branches and not policy.streams_prefixes:
             raise ValueError(f"policy {policy.name!r} has a randomised prefix rule, which needs the barrier; "
                              "verl's per-prompt sessions run the streamed expansion only")
