@@ -13,7 +13,8 @@ round 14), ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``tr
 diagnostics ``trace_leaf`` (per-leaf update rows), ``grpo_fit`` (GRPO that fits the predictor) and
 ``grpo_block128`` (vLLM-CPU's own 128-token KV block instead of the default 32; each run's mean
 ``prefix_cache_hit_rate`` is reported); one
-after another, so load drifts hit every arm alike) of ``cpu_demo``
+after another, so load drifts hit every arm alike, the order rotating by one arm each pair, after one
+discarded warm-up run that pays the process's imports and first model build) of ``cpu_demo``
 runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal generated tokens per step
 (``rollout.token_budget``), one compute thread each, without evaluation. Per run: the mean step wall
 time (rollout + train), its phases (``trace_train.run.step_metrics``' timing breakdown) and the
@@ -125,8 +126,22 @@ def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str
     return out
 
 
-def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAULT_ARMS, task: str = "mixed") -> dict:
-    """Interleaved pairs of every arm and GRPO (module docstring); the summary per arm: means over runs,
+WARMUP_STEPS = 3
+"""Steps of ``--compare``'s discarded warm-up run (the first is dropped as in every run; two remain)."""
+
+
+def pair_order(arms: tuple, pair: int) -> tuple:
+    """The order of the arms in ``pair``: rotated by one each pair, so that no arm always runs first (after
+    a run of another arm's shape) or last (when the load drifts within a pair)."""
+    shift = pair % len(arms)
+    return arms[shift:] + arms[:shift]
+
+
+def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAULT_ARMS, task: str = "mixed",
+            warm: bool = True) -> dict:
+    """Interleaved pairs of every arm and GRPO (module docstring), after a discarded warm-up run of the first
+    arm (``warm``; its seed, ``pairs``, is none of the pairs'), the arms' order rotating from pair to pair
+    (:func:`pair_order`); the summary per arm: means over runs,
     ``whole_step`` (medians over runs of each run's median step quantities, ``RUN_KEYS``) and the per-pair
     ratios to GRPO (mean ± standard error) of the step, the step per generated token and the update per
     forwarded token."""
@@ -134,8 +149,11 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
     load_before = os.getloadavg()
     arms = tuple(dict.fromkeys((*arms, "grpo")))  # GRPO is the reference
     with tempfile.TemporaryDirectory() as tmp:
+        # A discarded warm-up run first: the first run of a process pays the imports, the first model
+        # build and the back end's start-up, which would otherwise land on the first arm of pair 0.
+        warmup = measure_arm(arms[0], pairs, WARMUP_STEPS, token_budget, backend, Path(tmp), task) if warm else None
         for pair in range(pairs):
-            for arm in arms:
+            for arm in pair_order(arms, pair):
                 results.append(measure_arm(arm, pair, steps, token_budget, backend, Path(tmp), task))
                 print(json.dumps(results[-1]), flush=True)
     by = {arm: [r for r in results if r["arm"] == arm] for arm in arms}
@@ -168,6 +186,7 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
                                                     "predictor_fit_cpu_seconds")) + " |")
     summary["load_average"] = os.getloadavg()
     summary["runs"] = results
+    summary["warmup_run"] = warmup  # not in any statistic
     print("\n".join(lines))
     print(whole_step_table(summary, tuple(by)))
     print(f"load average: {summary['load_average']}")
