@@ -22,7 +22,8 @@ reuses it; the dense W x W mask is never built. A layer gathers all blocks' keys
 ``index_select`` and splits them (so the backward scatters into the key gradient once, not once per
 block: slicing a tensor per block would zero and add a full-size gradient per block, a cost that grows
 with the row's width squared), and calls SDPA on 4-D tensors with an additive mask, which PyTorch's fused
-CPU kernel takes (3-D inputs or a boolean mask fall back to the slower math kernel).
+CPU kernel takes (3-D inputs or a boolean mask fall back to the slower math kernel); grouped-query models
+pass their kv heads as they are (``enable_gqa``), not copied once per query head.
 
 Registered with transformers as the attention implementation ``"tree_sdpa"``, whose mask function builds
 nothing: :func:`trace_train.update.packing.tree_logprobs` passes the plan as the forward's ``tree_plan``
@@ -112,14 +113,17 @@ def tree_sdpa_attention(module, query, key, value, attention_mask=None, dropout:
     dropout = dropout if module.training else 0.0
     index = tree_plan.key_index
 
-    def gather(t):  # (rows, kv heads, W, d) -> (1, heads, keys, d), one gather for every block
-        flat = t.transpose(0, 1).reshape(kv_heads, rows * width, dim).index_select(1, index)
-        return (flat.repeat_interleave(groups, dim=0) if groups > 1 else flat)[None]
+    def gather(t):  # (rows, kv heads, W, d) -> (1, kv heads, keys, d), one gather for every block
+        return t.transpose(0, 1).reshape(kv_heads, rows * width, dim).index_select(1, index)[None]
 
     keys = gather(key).split(tree_plan.key_sizes, dim=2)
     values = gather(value).split(tree_plan.key_sizes, dim=2)
     queries = query.transpose(0, 1).reshape(heads, rows * width, dim)[None].split(tree_plan.query_sizes, dim=2)
-    out = [torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout, scale=scaling)
+    # grouped-query attention inside SDPA (query head h reads kv head h // groups), not by copying each kv
+    # head `groups` times (a copy per layer whose backward sums the copies again)
+    gqa = {"enable_gqa": True} if groups > 1 else {}
+    out = [torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout, scale=scaling,
+                                                            **gqa)
            for q, k, v, m in zip(queries, keys, values, tree_plan.masks(query.dtype))]
     out = torch.cat(out, dim=2).reshape(heads, rows, width, dim).permute(1, 2, 0, 3).contiguous()
     return out, None
