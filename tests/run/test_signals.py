@@ -87,9 +87,12 @@ WATCHED = textwrap.dedent('''
     import os, signal, sys, time
     from trace_train.run.signals import RunInterrupted, StopOnSignal
     stop = StopOnSignal(lambda: 7, grace_s=1.0)
-    print("ready", flush=True)
+    ready = False
     while True:  # a main thread that never ends, whatever the handler raises (held in cleanup, say)
-        try:
+        try:  # "ready" inside the try: a signal taken as the print returns is caught too
+            if not ready:
+                ready = True
+                print("ready", flush=True)
             time.sleep(1000)
         except RunInterrupted:
             pass
