@@ -74,19 +74,7 @@ def test_a_round_of_boundaries_predicted_together_decides_as_one_at_a_time(hf_ba
     an n-gram predictor of random weights, the batch and every prediction are those of asking at each
     boundary alone, to the last bit."""
     import trace_train.rollout.scheduler as scheduler
-    from trace_train.configs import PredictorConfig
-    from trace_train.predictors import build_predictor
-
-    predictor = build_predictor(PredictorConfig(kind="ngram"))
-    predictor.weights = np.random.default_rng(0).normal(0.0, 3.0, predictor.weights.shape)
-    sizes: list[int] = []
-
-    class Counted(type(predictor)):
-        def __call__(self, histories):
-            sizes.append(len(histories))
-            return super().__call__(histories)
-
-    predictor.__class__ = Counted
+    predictor, sizes = _counted_ngram()
 
     def run():
         kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
@@ -182,19 +170,7 @@ def test_trees_ending_in_one_poll_are_predicted_together_and_decide_as_one_at_a_
     in one predictor call (``ending``); with an n-gram predictor of random weights, the batch and every
     prediction are those of predicting each tree alone, to the last bit, in fewer calls."""
     import trace_train.rollout.scheduler as scheduler
-    from trace_train.configs import PredictorConfig
-    from trace_train.predictors import build_predictor
-
-    predictor = build_predictor(PredictorConfig(kind="ngram"))
-    predictor.weights = np.random.default_rng(0).normal(0.0, 3.0, predictor.weights.shape)
-    sizes: list[int] = []
-
-    class Counted(type(predictor)):
-        def __call__(self, histories):
-            sizes.append(len(histories))
-            return super().__call__(histories)
-
-    predictor.__class__ = Counted
+    predictor, sizes = _counted_ngram()
 
     def run():
         kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4,
@@ -210,3 +186,21 @@ def test_trees_ending_in_one_poll_are_predicted_together_and_decide_as_one_at_a_
     assert together.report.continuations > 0 and calls_together < len(sizes)
     _same(together, alone)
     assert np.array_equal(together.predictions, alone.predictions, equal_nan=True)
+
+
+def _counted_ngram():
+    """An n-gram predictor with random weights that records the number of histories of each call."""
+    from trace_train.configs import PredictorConfig
+    from trace_train.predictors import build_predictor
+
+    predictor = build_predictor(PredictorConfig(kind="ngram"))
+    predictor.weights = np.random.default_rng(0).normal(0.0, 3.0, predictor.weights.shape)
+    sizes: list[int] = []
+
+    class Counted(type(predictor)):
+        def __call__(self, histories):
+            sizes.append(len(histories))
+            return super().__call__(histories)
+
+    predictor.__class__ = Counted
+    return predictor, sizes
