@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._bracketing import illinois, secant_point
+from ._numerics import log_one_minus
 from ._roots_repair import _TIE, _cheapest_deviation, _deviations, _spend_free
 
 _LOG_TINY = float(np.log(np.nextafter(0.0, 1.0)))  # log of the smallest positive double, about -744.4
@@ -61,7 +62,7 @@ class _MixedRows:
     def __init__(self, v: np.ndarray, L: int, U: int):
         self.n, self.L, self.U = len(v), L, U
         with np.errstate(divide="ignore"):
-            self.lv, self.l1v = np.log(v), np.log1p(-v)
+            self.lv, self.l1v = np.log(v), log_one_minus(v)
         self.m_hat = m_hat = min(U, max(L, 3))
         with np.errstate(divide="ignore", invalid="ignore"):
             lab = self.lv + self.l1v  # log v (1 - v)

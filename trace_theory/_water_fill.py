@@ -16,13 +16,16 @@ pass over the anchors of the groups still open (renumbered and gathered as group
   padded matrix when groups are sorted), ties at that gain to lower anchor ids.
 * Groups with fewer worthwhile units than their target fill up with worthless ones in anchor order.
 
-The passes write into buffers allocated once per call: on large inputs a fresh temporary per operation
-(the kernel zeroing its pages) cost more than the arithmetic.
+The passes over anchors write into buffers allocated once per call: on large inputs a fresh temporary
+per operation (the kernel zeroing its pages) cost more than the arithmetic. The per-group updates of the
+bracket use ``np.where`` (about twice as fast as ``np.copyto`` with ``where=`` at 10^4 groups).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ._numerics import log_one_minus
 
 _FLOOR = -800.0  # a log-gain below every positive double: units under it count as worthless
 _MAX_STEPS = 60  # bracket steps per call (the Illinois rule converges superlinearly)
@@ -162,14 +165,14 @@ def _water_level(units: _Units, target, top, bottom):
         count = units.count(mid)
         up = count >= t_
         down = ~up
-        np.copyto(l_, mid, where=up), np.copyto(c_l, count, where=up)
-        np.copyto(h_, mid, where=down), np.copyto(c_h, count, where=down)
+        l_, c_l = np.where(up, mid, l_), np.where(up, count, c_l)
+        h_, c_h = np.where(down, mid, h_), np.where(down, count, c_h)
         np.sqrt(count, out=count)
         count -= goal
-        np.copyto(f_l, count, where=up), np.copyto(f_h, count, where=down)
+        f_l, f_h = np.where(up, count, f_l), np.where(down, count, f_h)
         # The Illinois rule: an end that stayed put twice in a row weighs half as much.
-        np.multiply(f_h, 0.5, out=f_h, where=up & last_up)
-        np.multiply(f_l, 0.5, out=f_l, where=down & last_down)
+        f_h = np.where(up & last_up, 0.5 * f_h, f_h)
+        f_l = np.where(down & last_down, 0.5 * f_l, f_l)
         last_up, last_down = up, down
         open_ = c_l != t_
         open_ &= np.subtract(h_, l_) > 1e-9
@@ -272,8 +275,7 @@ def fill(q: np.ndarray, group: np.ndarray, budget: np.ndarray, room: np.ndarray,
     n_groups, n = len(budget), len(q)
     with np.errstate(divide="ignore", invalid="ignore"):
         lq = np.log(q)
-        l1q = np.negative(q)
-        np.log1p(l1q, out=l1q)
+        l1q = log_one_minus(q)
         if start is not None:  # gains continue from q^start (1 - q)
             start = np.asarray(start, dtype=float)
             l1q = np.nan_to_num(np.where(start > 0, l1q + start * lq, l1q), nan=-np.inf)
