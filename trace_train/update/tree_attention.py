@@ -60,15 +60,35 @@ class TreePlan:
     """Flat key positions (row x width + column) of every block, block after block."""
     key_sizes: list
     """Keys of each block (its share of ``key_index``)."""
-    visible: torch.Tensor
-    """Boolean (min(block size, width), len(key_index)): query q0 + i of a block sees its key e."""
+    first: torch.Tensor
+    """Per key of ``key_index``: the first query of its block (counted from the block's start) that sees it."""
+    end: torch.Tensor
+    """Per key: the queries before this one (counted from the block's start) see it; from ``first`` on."""
+    block: int
+    """Queries per full block (min(block size, width))."""
     _masks: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def visible(self) -> torch.Tensor:
+        """Boolean (block, len(key_index)): query q0 + i of a block sees its key e."""
+        return self._sees(slice(None))
+
+    def _sees(self, keys) -> torch.Tensor:
+        i = torch.arange(self.block, device=self.first.device)[:, None]
+        return (i >= self.first[keys][None, :]) & (i < self.end[keys][None, :])
+
     def masks(self, dtype: torch.dtype) -> list:
-        """Each block's additive (1, 1, queries, keys) mask in ``dtype``: 0 where seen, -inf elsewhere."""
+        """Each block's additive (1, 1, queries, keys) mask in ``dtype``: 0 where seen, -inf elsewhere.
+
+        Most keys are ancestors every query of their block sees (a column of zeros); only the keys some
+        query does not see (the block's own triangle, subtrees that end inside the block) are worked out.
+        """
         if dtype not in self._masks:
-            full = torch.zeros(self.visible.shape, dtype=dtype, device=self.visible.device)
-            full.masked_fill_(~self.visible, float("-inf"))
+            full = torch.zeros((self.block, len(self.key_index)), dtype=dtype, device=self.first.device)
+            partial = ((self.first > 0) | (self.end < self.block)).nonzero().squeeze(1)
+            if partial.numel():
+                hidden = torch.full((), float("-inf"), dtype=dtype, device=full.device)
+                full[:, partial] = torch.where(self._sees(partial), torch.zeros((), dtype=dtype), hidden)
             self._masks[dtype] = [part[:q][None, None]
                                   for part, q in zip(full.split(self.key_sizes, dim=1), self.query_sizes)]
         return self._masks[dtype]
@@ -77,7 +97,7 @@ class TreePlan:
 def block_plan(visible_until: torch.Tensor, block: int | None = None) -> TreePlan:
     """The :class:`TreePlan` of rows whose position i sees column j iff j <= i < visible_until[r, j], in
     query blocks of ``block`` positions (default ``QUERY_BLOCK``): block [q0, q1) sees K(q0, q1) (module
-    docstring)."""
+    docstring); its query q0 + i sees key j iff j - q0 <= i < visible_until[r, j] - q0."""
     block = QUERY_BLOCK if block is None else block
     until = visible_until
     rows, width = until.shape
@@ -89,10 +109,10 @@ def block_plan(visible_until: torch.Tensor, block: int | None = None) -> TreePla
     r, b, j = sees.nonzero(as_tuple=True)
     n_blocks = len(q0)
     key_sizes = torch.bincount(r * n_blocks + b, minlength=rows * n_blocks).tolist()
-    query = q0[b][None, :] + torch.arange(min(block, width), device=device)[:, None]  # (block, keys)
-    visible = (j[None, :] <= query) & (query < until[r, j][None, :])
+    start = q0[b]
     query_sizes = (q1 - q0).tolist() * rows
-    return TreePlan(rows, width, query_sizes, r * width + j, key_sizes, visible)
+    return TreePlan(rows, width, query_sizes, r * width + j, key_sizes, j - start, until[r, j] - start,
+                    min(block, width))
 
 
 def tree_sdpa_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0, scaling=None,
