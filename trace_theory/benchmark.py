@@ -26,6 +26,13 @@ several pairs), and the printed ratio is the median over pairs of their CPU-time
 which other jobs on a shared machine disturb far less than wall time; the JSON keeps every pair's wall and
 CPU milliseconds (``repeats``) and the load before and after. The ms columns are medians of wall time.
 The heap greedy is timed once (it takes minutes at 10^6 prompts).
+
+``--against DIR`` (another checkout's root) also times this checkout's ``allocate_prefixes`` and DIR's
+side by side on the prefix workload (``--against-sizes``, default 10^5 and 10^6 anchors): two worker
+processes pinned to the same core, the same inputs, calls alternating in ABBA order after a warm-up each;
+per size the median over calls of other / this in CPU time (above 1: this checkout is faster). A code
+change is judged by this ratio, not by two runs' ratios to the floor: the floor is bound by memory
+bandwidth, which other tenants of a shared machine move, and the allocator by arithmetic.
 """
 
 from __future__ import annotations
@@ -218,6 +225,87 @@ def run(*, quick: bool = False, seed: int = 0, sizes=None) -> dict:
     return table
 
 
+_AGAINST_WORKER = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {int(sys.argv[2])})
+import numpy as np
+import trace_theory
+from trace_theory.allocate import allocate_prefixes
+print(json.dumps({"package": os.path.dirname(trace_theory.__file__)}), flush=True)
+inputs = {}
+for line in sys.stdin:
+    n, seed = map(int, line.split())
+    if (n, seed) not in inputs:
+        rng = np.random.default_rng(seed)
+        v = rng.random(n)
+        r = (rng.random(n) < v).astype(float)
+        groups = max(n // 10, 1)
+        inputs[n, seed] = (v, r, np.sort(rng.integers(0, groups, n)), rng.integers(0, 20, groups))
+    cpu = time.process_time()
+    k = allocate_prefixes(*inputs[n, seed]).k
+    cpu = time.process_time() - cpu
+    print(json.dumps({"cpu_ms": 1e3 * cpu, "k_sum": int(k.sum()), "k_hash": int((k * np.arange(n) % 1000003).sum())}),
+          flush=True)
+"""
+
+
+def against(other: Path, sizes=(100_000, 1_000_000), calls: int = 20, *, seed: int = 0) -> dict:
+    """This checkout's ``allocate_prefixes`` and ``other``'s side by side (module docstring): per size, the
+    per-call CPU milliseconds of both, whether they gave the same counts, and ``median_speedup``."""
+    here = Path(__file__).resolve().parents[1]
+    core = str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "0"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)
+    workers = {}
+    try:
+        for name, root in (("this", here), ("other", Path(other).resolve())):
+            proc = subprocess.Popen([sys.executable, "-I", "-c", _AGAINST_WORKER, str(root), core],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            workers[name] = proc
+            package = json.loads(proc.stdout.readline())["package"]
+            if Path(package).resolve().parent != root:
+                raise RuntimeError(f"the {name} worker imported trace_theory from {package}, not from {root}")
+
+        def one(name: str, n: int) -> dict:
+            workers[name].stdin.write(f"{n} {seed}\n")
+            workers[name].stdin.flush()
+            return json.loads(workers[name].stdout.readline())
+
+        rows = []
+        for n in sizes:
+            warm = {name: one(name, n) for name in workers}
+            pairs = []
+            for i in range(calls):
+                order = ("this", "other") if i % 4 in (0, 3) else ("other", "this")
+                got = {name: one(name, n) for name in order}
+                pairs.append({"this_cpu_ms": got["this"]["cpu_ms"], "other_cpu_ms": got["other"]["cpu_ms"]})
+            rows.append({"n": n, "same_counts": warm["this"]["k_sum"] == warm["other"]["k_sum"]
+                         and warm["this"]["k_hash"] == warm["other"]["k_hash"],
+                         "this_cpu_ms": float(np.median([p["this_cpu_ms"] for p in pairs])),
+                         "other_cpu_ms": float(np.median([p["other_cpu_ms"] for p in pairs])),
+                         "median_speedup": float(np.median([p["other_cpu_ms"] / max(p["this_cpu_ms"], 1e-6)
+                                                            for p in pairs])),
+                         "calls": pairs})
+    finally:
+        for proc in workers.values():
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return {"other": str(other), "other_commit": _git_head(Path(other)), "rows": rows}
+
+
+def _git_head(root: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 BUDGETS = (1_000, 10_000, 100_000, 1_000_000)
 
 # Run in a child process: today's doubling table for one budget; prints {"ms": ..., "m": [...]}.
@@ -322,17 +410,30 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--table-seconds", type=float, default=120.0, help="time limit of one doubling-table call")
     parser.add_argument("--table-memory-gb", type=float, default=4.0, help="memory cap of the doubling table's process")
+    parser.add_argument("--against", type=Path, help="another checkout's root: time both prefix allocators side by side")
+    parser.add_argument("--against-sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--against-only", action="store_true", help="with --against: skip the floor and budget tables")
     args = parser.parse_args(argv)
+    if args.against is not None and not (args.against / "trace_theory" / "allocate.py").is_file():
+        parser.error(f"--against {args.against} holds no trace_theory/allocate.py (a checkout's root)")
     origin = provenance("trace_theory.benchmark", argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    result = run(quick=args.quick, seed=args.seed)
-    print(format_table(result))
-    result["budgets"] = budget_rows(
-        budgets=BUDGETS[:2] if args.quick else BUDGETS, seed=args.seed,
-        table_seconds=args.table_seconds, table_memory_gb=args.table_memory_gb,
-    )
-    print(format_budget_table(result["budgets"]))
+    result = {}
+    if not (args.against is not None and args.against_only):
+        result = run(quick=args.quick, seed=args.seed)
+        print(format_table(result))
+        result["budgets"] = budget_rows(
+            budgets=BUDGETS[:2] if args.quick else BUDGETS, seed=args.seed,
+            table_seconds=args.table_seconds, table_memory_gb=args.table_memory_gb,
+        )
+        print(format_budget_table(result["budgets"]))
+    if args.against is not None:
+        result["against"] = against(args.against, args.against_sizes, seed=args.seed)
+        for row in result["against"]["rows"]:
+            print(f"against {result['against']['other_commit'] or args.against}: n = {row['n']:,}: this "
+                  f"{row['this_cpu_ms']:.2f} ms, other {row['other_cpu_ms']:.2f} ms (CPU), median speed-up "
+                  f"{row['median_speedup']:.2f}x, same counts: {row['same_counts']}")
     result["load_average_after"] = list(os.getloadavg())  # other jobs on the machine slow every figure
     print(f"load average {origin['load_average'][0]:.2f} before, {result['load_average_after'][0]:.2f} after")
     if args.json:

@@ -1,5 +1,8 @@
 """The benchmark and self-check entry points run (their timings are not tested, only their answers)."""
 
+import shutil
+from pathlib import Path
+
 from trace_theory import benchmark, selfcheck
 
 
@@ -18,6 +21,24 @@ def test_benchmark_scaling_table_reports_consistent_utilities():
     assert result["roots"][0]["budget"] == 8_000
     table = benchmark.format_table(result)
     assert len(table.splitlines()) == 6 and "ours/floor" in table and "CPU-time ratio" in table
+
+
+def test_against_times_both_checkouts_on_the_same_inputs(tmp_path):
+    """``--against``: two workers, each importing its own checkout's trace_theory; a checkout whose
+    allocator answers differently is reported as such (here a copy that places one unit fewer)."""
+    root = Path(benchmark.__file__).resolve().parents[1]
+    other = tmp_path / "other"
+    shutil.copytree(root / "trace_theory", other / "trace_theory", ignore=shutil.ignore_patterns("__pycache__"))
+    same = benchmark.against(other, sizes=(2_000,), calls=4)
+    assert same["rows"][0]["same_counts"] and len(same["rows"][0]["calls"]) == 4
+    assert same["rows"][0]["median_speedup"] > 0
+    allocate = other / "trace_theory" / "allocate.py"
+    source = allocate.read_text()
+    assert "        return water_fill(q, prompt, budget, room=cap)\n" in source
+    allocate.write_text(source.replace("        return water_fill(q, prompt, budget, room=cap)\n",
+                                       "        out = water_fill(q, prompt, budget, room=cap)\n"
+                                       "        out.k[out.k.argmax()] -= 1\n        return out\n"))
+    assert not benchmark.against(other, sizes=(2_000,), calls=2)["rows"][0]["same_counts"]
 
 
 def test_selfcheck_passes(capsys):
