@@ -58,6 +58,8 @@ def counts(name: str, x) -> np.ndarray:
 
 def count(name: str, x) -> int:
     """A single non-negative integer."""
+    if type(x) is int and 0 <= x < 2**63:  # the common case, without NumPy (callers check one per turn)
+        return x
     if isinstance(x, (bool, np.bool_)) or np.ndim(x) != 0:
         raise ValueError(f"`{name}` must be a non-negative integer, got {x!r}")
     try:
