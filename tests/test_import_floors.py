@@ -30,9 +30,9 @@ TRAIN_STOREYS = (
 )
 
 THEORY_STOREYS = (
-    ("helpers", ("trace_theory._checks", "trace_theory._bracketing", "trace_theory._numerics", "trace_theory._registry",
-                 "trace_theory._origin", "trace_theory._forest_links", "trace_theory._roots_repair", "trace_theory._water_fill",
-                 "trace_theory._roots_closed_form")),
+    ("helpers", ("trace_theory._checks", "trace_theory._bracketing", "trace_theory._numerics",
+                 "trace_theory._registry", "trace_theory._origin", "trace_theory._forest_links",
+                 "trace_theory._roots_repair", "trace_theory._water_fill", "trace_theory._roots_closed_form")),
     ("values", ("trace_theory.contrast", "trace_theory.dynamic_sampling", "trace_theory._priced",
                 "trace_theory._roots_table")),
     ("forest", ("trace_theory._forest_checks", "trace_theory.forest", "trace_theory._forest_builder",

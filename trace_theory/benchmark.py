@@ -290,7 +290,8 @@ def against(other: Path, sizes=(100_000, 1_000_000), calls: int = 40, *, seed: i
                          "other_cpu_ms": float(np.median([p["other_cpu_ms"] for p in pairs])),
                          "median_speedup": float(np.median([p["other_cpu_ms"] / max(p["this_cpu_ms"], 1e-6)
                                                             for p in pairs])),
-                         "min_speedup": min(p["other_cpu_ms"] for p in pairs) / max(min(p["this_cpu_ms"] for p in pairs), 1e-6),
+                         "min_speedup": min(p["other_cpu_ms"] for p in pairs)
+                         / max(min(p["this_cpu_ms"] for p in pairs), 1e-6),
                          "calls": pairs})
     finally:
         for proc in workers.values():
@@ -414,9 +415,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--table-seconds", type=float, default=120.0, help="time limit of one doubling-table call")
     parser.add_argument("--table-memory-gb", type=float, default=4.0, help="memory cap of the doubling table's process")
-    parser.add_argument("--against", type=Path, help="another checkout's root: time both prefix allocators side by side")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout's root: time both prefix allocators side by side")
     parser.add_argument("--against-sizes", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--against-only", action="store_true", help="with --against: skip the floor and budget tables")
+    parser.add_argument("--against-only", action="store_true",
+                        help="with --against: skip the floor and budget tables")
     args = parser.parse_args(argv)
     if args.against is not None and not (args.against / "trace_theory" / "allocate.py").is_file():
         parser.error(f"--against {args.against} holds no trace_theory/allocate.py (a checkout's root)")
@@ -437,7 +440,8 @@ def main(argv=None) -> int:
         for row in result["against"]["rows"]:
             print(f"against {result['against']['other_commit'] or args.against}: n = {row['n']:,}: this "
                   f"{row['this_cpu_ms']:.2f} ms, other {row['other_cpu_ms']:.2f} ms (CPU), median speed-up "
-                  f"{row['median_speedup']:.2f}x (fastest calls: {row['min_speedup']:.2f}x), same counts: {row['same_counts']}")
+                  f"{row['median_speedup']:.2f}x (fastest calls: {row['min_speedup']:.2f}x), "
+                  f"same counts: {row['same_counts']}")
     result["load_average_after"] = list(os.getloadavg())  # other jobs on the machine slow every figure
     print(f"load average {origin['load_average'][0]:.2f} before, {result['load_average_after'][0]:.2f} after")
     if args.json:
