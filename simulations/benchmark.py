@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from trace_theory import RolloutBudget, get_policy
-from trace_theory.benchmark import provenance
+from trace_theory.benchmark import git_output, provenance
 
 from .experiments.common import PAPER_GRPO_RATIO, calibrated
 from .memory import keep_freed_memory
@@ -128,11 +128,6 @@ for line in sys.stdin:
 """
 
 
-def _git_head(root: Path) -> str | None:
-    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def against(other: Path, rollouts: int, pairs: int, *, seed: int = 0) -> dict:
     """This checkout's batch and ``other``'s, side by side: ``pairs`` pairs of one batch each (same seed
     within a pair), in ABBA order, each worker pinned to this process's core. Returns per-pair rows and
@@ -171,7 +166,7 @@ def against(other: Path, rollouts: int, pairs: int, *, seed: int = 0) -> dict:
         for proc in workers.values():
             proc.stdin.close()
             proc.wait()
-    return {"other": str(other), "other_commit": _git_head(other), "rollouts": rollouts, "pairs": rows,
+    return {"other": str(other), "other_commit": git_output(other, "rev-parse", "HEAD"), "rollouts": rollouts, "pairs": rows,
             "median_speedup": float(np.median([r["speedup"] for r in rows])),
             "this_cpu_mturns_per_s": float(np.median([r["this"]["turns"] / r["this"]["cpu_s"] for r in rows])) / 1e6,
             "other_cpu_mturns_per_s": float(np.median([r["other"]["turns"] / r["other"]["cpu_s"] for r in rows])) / 1e6}

@@ -57,6 +57,15 @@ from .allocate import allocate_prefixes, allocate_roots, root_utility
 from .contrast import flip_probability
 
 
+def git_output(root: Path, *args: str) -> str | None:
+    """``git -C root ARGS``'s output, stripped; None where git is missing, fails or takes over 10 s."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def provenance(module: str, argv=None) -> dict:
     """What every evidence file records about its run: ``commit`` (``git rev-parse HEAD`` of the checkout
     this package runs from; None outside a git checkout), ``dirty`` (uncommitted changes to tracked
@@ -65,16 +74,8 @@ def provenance(module: str, argv=None) -> dict:
     Python). The benchmarks of ``simulations`` and ``trace_train`` call it too (``benchmarks/README.md``).
     """
     root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    commit = git_output(root, "rev-parse", "HEAD")
+    status = git_output(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
     return {
         "commit": commit,
@@ -300,15 +301,7 @@ def against(other: Path, sizes=(100_000, 1_000_000), calls: int = 40, *, seed: i
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return {"other": str(other), "other_commit": _git_head(Path(other)), "rows": rows}
-
-
-def _git_head(root: Path) -> str | None:
-    try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return {"other": str(other), "other_commit": git_output(Path(other), "rev-parse", "HEAD"), "rows": rows}
 
 
 BUDGETS = (1_000, 10_000, 100_000, 1_000_000)
