@@ -55,6 +55,7 @@ from .run.collapse import CollapseWatch
 from .run.console import (Eta, eval_line, finished_line, line_buffered, metrics_line, progress, quiet_libraries,
                            resume_env, say, shows_bar)
 from .run.heap import startup_objects_frozen
+from .run.malloc import keep_freed_memory
 from .preflight import check_device, check_model
 from .predictors import PosteriorPredictor, build_predictor, predictor_from_state_dict
 from .predictors.fitting import PredictorFit, attach_policy_states, check_one_predictor
@@ -221,6 +222,8 @@ def build_run(cfg: TrainConfig) -> Run:
     check_device(cfg.device), check_model(cfg.model.name_or_path)  # one line each, before anything loads
     info = init_distributed(cfg.device, cfg.distributed.timeout_s)
     set_compute_threads(cfg.backend.threads)
+    if info.device == "cpu":  # the update's activations stay in the heap between steps (run.malloc)
+        keep_freed_memory()
     torch.manual_seed(cfg.seed + info.rank)
     np.random.seed(cfg.seed + info.rank)
     run_dir = writable_dir(cfg.run_dir, "`run_dir`")

@@ -251,6 +251,28 @@ def test_eager_and_sdpa_masks_agree(models):
     torch.testing.assert_close(eager, sdpa, rtol=0, atol=2e-5)
 
 
+def test_the_reference_forward_reuses_the_policys_plan(models, monkeypatch):
+    """With a KL term each micro-batch goes through the policy, then the reference: its block plan (the
+    keys per query block and their masks) is built once, by the policy's forward, not once per model."""
+    from trace_train.update import packing
+
+    policy, ref = models
+    batch = fixed_batch()
+    tree = pack_trees(batch, np.linspace(-1.0, 1.0, len(batch.forest)), pad_token_id=0,
+                      token_budget=longest_path(batch))
+    assert len(tree.micro) > 1
+    built = []
+    real = packing.block_plan
+    monkeypatch.setattr(packing, "block_plan", lambda until, *a: built.append(until.shape) or real(until, *a))
+    stats, _ = update(policy, ref, tree, AlgorithmConfig(loss=PolicyLossConfig(kl_coef=0.1)))
+    assert len(built) == len(tree.micro)
+    assert stats["kl"] > 0  # the reference (another model) was read
+    built.clear()
+    with torch.no_grad():
+        tree.logprobs(policy), tree.logprobs(ref)  # no layouts dict: each call builds its own
+    assert len(built) == 2
+
+
 @pytest.mark.slow
 def test_flex_attention_block_mask_gives_the_same_logprobs(models):
     """FlexAttention (the GPU path) with the same mask function, run forward-only on CPU (PyTorch 2.13

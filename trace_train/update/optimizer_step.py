@@ -121,12 +121,13 @@ def _step_on(model, optimizer, parts, inputs, group, total: float, cfg, info: Di
             _zero_pass(model, ref, cfg, info, device, backward=True)
             continue
         part = parts[i]
+        layouts: dict = {}  # the micro-batch's attention layout, built by the policy's forward, reused by the ref's
         with compute_precision(cfg.model.dtype, info, device):
-            logp = part.logprobs(model, **sampled)
+            logp = part.logprobs(model, layouts=layouts, **sampled)
             ref_logp = None
             if ref is not None:
                 with torch.no_grad():
-                    ref_logp = part.logprobs(ref, **sampled)
+                    ref_logp = part.logprobs(ref, layouts=layouts, **sampled)
                 reshard_after_forward(ref)  # FSDP2 keeps a root gathered for a backward the reference never runs
         loss, m = inputs[i].loss(logp, loss_cfg, ref_logprobs=ref_logp)  # clipped PG (update.loss.LossInputs)
         share = part.normaliser(per_token) / max(total, 1e-12)

@@ -63,7 +63,7 @@ from .tree_attention import block_plan
 from .tree_attention import register as register_tree_sdpa
 
 __all__ = ["PACKINGS", "ATTENTIONS", "PackedTrees", "pack_trees", "build_training_batch", "training_batch_for",
-           "tree_logprobs", "tree_attention_mask"]
+           "tree_logprobs", "tree_attention_mask", "TreeLayout"]
 
 ATTENTIONS = ("auto", "dense", "flex")
 
@@ -118,13 +118,15 @@ class PackedTrees(ReadsLossInputs):
         return float(torch.unique(trained).numel())
 
     def logprobs(self, model, *, attention: str = "auto", temperature: float = 1.0, chunk_tokens: int = 1024,
-                 trained_only: bool = False) -> torch.Tensor:
+                 trained_only: bool = False, layouts: dict | None = None) -> torch.Tensor:
         """log pi_T of every token under ``model`` (0 where ``predictor`` is -1), shape (rows, width); see
-        :meth:`trace_train.update.sequences.TrainingSequences.logprobs` for the other arguments."""
+        :meth:`trace_train.update.sequences.TrainingSequences.logprobs` for the other arguments and
+        :func:`tree_logprobs` for ``layouts`` (the policy's and the reference's forward of one micro-batch
+        share one)."""
         predictor = self.predictor.where(self.loss_mask > 0, -1) if trained_only else self.predictor
         return tree_logprobs(model, self.input_ids, self.position_ids, self.visible_until, predictor,
                              attention=attention, temperature=temperature, chunk_tokens=chunk_tokens,
-                             lengths=self.lengths)
+                             lengths=self.lengths, layouts=layouts)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -355,7 +357,8 @@ def tree_attention_mask(visible_until: torch.Tensor) -> torch.Tensor:
 
 def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, visible_until: torch.Tensor,
                   predictor: torch.Tensor, *, attention: str = "auto", temperature: float = 1.0,
-                  chunk_tokens: int = 1024, lengths: torch.Tensor | None = None) -> torch.Tensor:
+                  chunk_tokens: int = 1024, lengths: torch.Tensor | None = None,
+                  layouts: dict | None = None) -> torch.Tensor:
     """log pi_T(token) for every packed token, from the logits at its ``predictor`` position (0 where -1),
     at ``temperature``, ``chunk_tokens`` positions at a time (:mod:`trace_train.update.logprobs`).
 
@@ -364,6 +367,11 @@ def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, vi
     (``update.tree_attention``) the rows' real tokens then go end to end in one row, so no padding is
     forwarded (a row's tree mask already keeps its pieces apart: row r's column j becomes
     offset_r + j, with visible_until and predictor shifted by offset_r = lengths[:r].sum()).
+
+    ``layouts``: a dict that keeps the attention's layout (:class:`TreeLayout`: the block plan and its
+    masks, the block mask, or the dense mask) between calls on the same rows, so that a second model's
+    forward of the same micro-batch (the reference's, after the policy's) does not build it again; the
+    caller owns it and drops it with the micro-batch. None: built for this call only.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"`attention` must be one of {ATTENTIONS}, got {attention!r}")
@@ -371,37 +379,62 @@ def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, vi
     device = param.device
     if attention == "auto":
         attention = "flex" if device.type == "cuda" else "dense"
-    ids, position, until, pred = (x.to(device) for x in (input_ids, position_ids, visible_until, predictor))
-    r, t = (pred >= 0).nonzero(as_tuple=True)
-    source = r * ids.shape[1] + pred[r, t]
-    target = ids[r, t]
     current = model.config._attn_implementation
-    forward = {}
-    if attention == "flex":
-        impl, forward["attention_mask"] = "flex_attention", _block_mask(until)
-    elif current == "eager":  # eager adds the dense mask to the scores
-        impl, mask = "eager", tree_attention_mask(until)
-        forward["attention_mask"] = torch.zeros(mask.shape, dtype=param.dtype, device=device).masked_fill(
-            ~mask, torch.finfo(param.dtype).min)
-    else:  # sdpa per query block on the keys its queries see (update.tree_attention): no dense mask
-        impl = register_tree_sdpa()
-        if lengths is not None and ids.shape[0] > 1:
-            ids, position, until, source = _end_to_end(ids, position, until, lengths.to(device), r, pred[r, t])
-        forward["tree_plan"] = block_plan(until)
-    with _attention_implementation(model, impl):
-        logp = sampled_logprobs(model, ids, source, target, temperature=temperature, chunk_tokens=chunk_tokens,
-                                position_ids=position, **forward)
+    kind = "flex" if attention == "flex" else "eager" if current == "eager" else "tree_sdpa"
+    key = (kind, str(device), param.dtype if kind == "eager" else None)
+    layout = None if layouts is None else layouts.get(key)
+    if layout is None:
+        layout = TreeLayout.build(kind, input_ids.to(device), position_ids.to(device), visible_until.to(device),
+                                  None if lengths is None else lengths.to(device), param.dtype)
+        if layouts is not None:
+            layouts[key] = layout
+    pred = predictor.to(device)
+    r, t = (pred >= 0).nonzero(as_tuple=True)
+    target = input_ids.to(device)[r, t]
+    source = (r * input_ids.shape[1] if layout.offset is None else layout.offset[r]) + pred[r, t]
+    with _attention_implementation(model, layout.implementation):
+        logp = sampled_logprobs(model, layout.input_ids, source, target, temperature=temperature,
+                                chunk_tokens=chunk_tokens, position_ids=layout.position_ids, **layout.forward)
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
     return out.index_put((r, t), logp)
 
 
-def _end_to_end(ids, position, until, lengths, r, predictor):
+@dataclass(frozen=True)
+class TreeLayout:
+    """What the model is given for packed rows besides their tokens: the attention implementation, the
+    (possibly end-to-end) ids and positions, and the mask or plan (:func:`tree_logprobs`)."""
+
+    implementation: str
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    offset: torch.Tensor | None
+    """Where each packed row starts in the end-to-end row (None: the rows are forwarded as they are)."""
+    forward: dict
+    """The forward's other keywords: ``attention_mask`` (a block mask or the dense additive mask) or
+    ``tree_plan``."""
+
+    @classmethod
+    def build(cls, kind: str, ids, position, until, lengths, dtype: torch.dtype) -> "TreeLayout":
+        if kind == "flex":
+            return cls("flex_attention", ids, position, None, {"attention_mask": _block_mask(until)})
+        if kind == "eager":  # eager adds the dense mask to the scores
+            mask = tree_attention_mask(until)
+            additive = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
+            return cls("eager", ids, position, None, {"attention_mask": additive})
+        # sdpa per query block on the keys its queries see (update.tree_attention): no dense mask
+        offset = None
+        if lengths is not None and ids.shape[0] > 1:
+            ids, position, until, offset = _end_to_end(ids, position, until, lengths)
+        return cls(register_tree_sdpa(), ids, position, offset, {"tree_plan": block_plan(until)})
+
+
+def _end_to_end(ids, position, until, lengths):
     """The rows' real tokens end to end in one row: (ids, position, visible_until) of shape (1, total) and
-    the flat position of each predictor (row r's column j is offset_r + j)."""
+    where each row starts in it (row r's column j is offset_r + j)."""
     offset = torch.cumsum(lengths, 0) - lengths
     real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
     shifted = until + offset[:, None]
-    return ids[real][None], position[real][None], shifted[real][None], offset[r] + predictor
+    return ids[real][None], position[real][None], shifted[real][None], offset
 
 
 def _block_mask(until: torch.Tensor):

@@ -83,11 +83,13 @@ class TrainingSequences(ReadsLossInputs):
         return float(self.weights.sum()) if per_token else float((self.loss_mask.sum(1) > 0).sum())
 
     def logprobs(self, model, *, temperature: float = 1.0, chunk_tokens: int = 1024,
-                 trained_only: bool = False) -> torch.Tensor:
+                 trained_only: bool = False, layouts: dict | None = None) -> torch.Tensor:
         """log pi_T of every token under ``model`` (0 at position 0 and padding), on the model's device:
         the distribution softmax(logits / ``temperature``) the rollouts sampled from, in chunks of
         ``chunk_tokens`` positions (:mod:`trace_train.update.logprobs`). ``trained_only``: only where
-        ``loss_mask`` is 1 (0 elsewhere), which is all the loss reads."""
+        ``loss_mask`` is 1 (0 elsewhere), which is all the loss reads. ``layouts`` is not read: per-leaf
+        rows are causal, a mask the model builds itself (tree rows keep theirs in it:
+        :meth:`trace_train.update.packing.PackedTrees.logprobs`)."""
         device = next(model.parameters()).device
         only = self.loss_mask.to(device) > 0 if trained_only else None
         return token_logprobs(model, self.input_ids.to(device), self.attention_mask.to(device),
