@@ -15,7 +15,13 @@ backward of its trained tokens' log-probabilities, which is the policy's part of
 * ``tree_square``: the same rows padded, the masked square (one block a row: W^2 scores a row);
 * ``leaf``: one causal row per leaf (``algorithm.packing=leaf``: shared prefixes forwarded again);
 * ``causal_floor``: the packed rows under a plain causal mask: the wrong attention (branches see their
-  siblings), timed only as the floor of what a row of that width costs.
+  siblings), timed only as the floor of what a row of that width costs;
+* ``reference``: ``tree_blocks``' forward alone, without gradients, as the step's reference model (the KL
+  term) runs it.
+
+The process keeps freed memory in its heap, as the trainer does on CPU (``trace_train.run.malloc``);
+``--heap glibc`` leaves glibc's defaults, under which every step faults its largest activations in
+again (run both to see what that costs each arm; the setting is per process).
 
 The repeats interleave, and within a repeat the arms go side by side (every arm's i-th batch through
 a path, then the next path, then the next batch), so that a changing load touches every arm alike. Per
@@ -38,11 +44,12 @@ import time
 import numpy as np
 
 from . import write_results
+from ..run.malloc import keep_freed_memory
 from .fit import ARMS, TASKS
 
 __all__ = ["PATHS", "arm_batches", "time_path", "main"]
 
-PATHS = ("tree_blocks", "tree_square", "leaf", "causal_floor")
+PATHS = ("tree_blocks", "reference", "tree_square", "leaf", "causal_floor")
 DEFAULT_ARMS = ("trace_eager", "trace", "trace_barrier", "grpo")
 
 
@@ -105,6 +112,10 @@ def _forward_backward(model, seqs, path: str, temperature: float) -> None:
                                      temperature=temperature)
             finally:
                 tree_attention.QUERY_BLOCK = block
+        elif path == "reference":  # the step's reference forward: no gradient, nothing to go backward
+            with torch.no_grad():
+                part.logprobs(model, temperature=temperature, trained_only=True)
+            continue
         else:
             logp = part.logprobs(model, temperature=temperature, trained_only=True)
         logp.sum().backward()
@@ -159,9 +170,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=4, help="rollout steps (batches) per arm")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over every batch and path")
     parser.add_argument("--token-budget", type=int, default=600)
+    parser.add_argument("--heap", default="kept", choices=("kept", "glibc"),
+                        help="kept: freed memory stays in the heap, as in the trainer (run.malloc); glibc: its defaults")
     parser.add_argument("--out", default="results/update_cost.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.heap == "kept":
+        keep_freed_memory()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     arms = tuple(dict.fromkeys((*args.arms, "grpo")))
     load_before = os.getloadavg()
@@ -216,6 +231,7 @@ def main(argv=None) -> dict:
                      + f" | {s['blocks_vs_square_cpu']:.2f} |")
     print("\n".join(lines))
     results = {"task": args.task, "steps": args.steps, "repeats": args.repeats, "token_budget": args.token_budget,
+               "heap": args.heap,
                "load_average_before": load_before, "load_average_after": os.getloadavg(), "summary": summary,
                "times_us_per_forward_token": {f"{a}/{p}": v for (a, p), v in times.items()}}
     print(f"load average before / after: {load_before} / {results['load_average_after']}")
