@@ -15,7 +15,8 @@ from trace_train.bench import update_cost
 def test_one_step_through_every_path(tmp_path, monkeypatch):
     backwards = []
     real_backward = torch.Tensor.backward
-    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: backwards.append(1) or real_backward(self, *a, **k))
+    monkeypatch.setattr(torch.Tensor, "backward",
+                        lambda self, *a, **k: backwards.append(1) or real_backward(self, *a, **k))
     ran = {}  # path -> backward passes it ran
     real_time_path = update_cost.time_path
 

@@ -1,5 +1,5 @@
-"""glibc's freed blocks kept in the process (``trace_train.run.malloc``): memory freed by one step is reused by
-the next without faulting its pages in again."""
+"""glibc's freed blocks kept in the process (``trace_train.run.malloc``): memory freed by one step is reused
+by the next without faulting its pages in again."""
 
 import subprocess
 import sys
@@ -52,3 +52,21 @@ def test_it_is_set_once_and_says_whether_it_took():
     first = malloc.keep_freed_memory()
     assert malloc.keep_freed_memory() is first
     assert malloc._applied == [first]
+
+
+def test_a_process_that_leaves_the_defaults_keeps_them():
+    script = ("from trace_train.run.malloc import keep_freed_memory, leave_glibc_defaults\n"
+              "leave_glibc_defaults()\n"
+              "print(keep_freed_memory())\n"
+              "leave_glibc_defaults()  # again: still nothing set\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]
+
+
+def test_defaults_cannot_come_back_once_set():
+    from trace_train.run import malloc
+
+    if not malloc.keep_freed_memory():
+        pytest.skip("not glibc: nothing was set")
+    with pytest.raises(RuntimeError, match="cannot return"):
+        malloc.leave_glibc_defaults()

@@ -34,6 +34,8 @@ and milliseconds per 1,000 of them, the rollout and its generation time, the pre
 (wall; ``fit wait``: how long the step waited for it after the update, 0 where it ran entirely beside
 the update); and per-pair ratios to GRPO (mean ± SE) of the step per generated token and of the update
 per forwarded token. Every run records the load average at its start; the JSON holds every run.
+``--heap glibc`` runs every arm with glibc's default heap thresholds instead of the trainer's
+(``trace_train.run.malloc``: freed memory kept in the heap on CPU), to measure what that buys.
 
 Without ``--compare``: each run is the ``cpu_demo`` preset without evaluation; ``log_predictor=true``
 makes a policy that does not read V~ fit it anyway. Reported: the mean ``rollout_seconds`` and
@@ -52,6 +54,7 @@ import numpy as np
 
 from . import BACKEND_NAMES, origin
 from ..config_loader import load_config
+from ..run.malloc import leave_glibc_defaults
 from ..run.metrics_log import read_metrics
 from ..train import TrainConfig, main as train
 
@@ -226,10 +229,16 @@ def main(argv=None):
                         help="arms of --compare (GRPO always runs)")
     parser.add_argument("--task", default="mixed", choices=sorted(TASKS), help="the games of --compare")
     parser.add_argument("--json", type=Path, default=None, help="also write --compare's summary to this file")
+    parser.add_argument("--heap", default="kept", choices=("kept", "glibc"),
+                        help="kept: the trainer keeps freed memory in its heap on CPU (run.malloc); glibc: its "
+                             "defaults, for every run of this process")
     args = parser.parse_args(argv)
     record = origin("trace_train.bench.fit", argv)
+    if args.heap == "glibc":
+        leave_glibc_defaults()
     if args.compare:
-        summary = compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms, args.task)
+        summary = {"heap": args.heap,
+                   **compare(args.pairs, args.steps, args.token_budget, args.backend, args.arms, args.task)}
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({**record, **summary}, indent=1) + "\n")

@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from . import write_results
-from ..run.malloc import keep_freed_memory
+from ..run.malloc import keep_freed_memory, leave_glibc_defaults
 from .fit import ARMS, TASKS
 
 __all__ = ["PATHS", "arm_batches", "time_path", "main"]
@@ -175,8 +175,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="results/update_cost.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.heap == "kept":
-        keep_freed_memory()
+    keep_freed_memory() if args.heap == "kept" else leave_glibc_defaults()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     arms = tuple(dict.fromkeys((*args.arms, "grpo")))
     load_before = os.getloadavg()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["keep_freed_memory", "MALLOPT"]
+__all__ = ["keep_freed_memory", "leave_glibc_defaults", "MALLOPT"]
 
 MALLOPT = {"M_TRIM_THRESHOLD": (-1, 1 << 30), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 32 << 20)}
 """glibc's ``mallopt`` parameters (``malloc.h``: name -> (parameter, value))."""
@@ -40,3 +40,13 @@ def keep_freed_memory() -> bool:
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
             _applied.append(all(mallopt(param, value) == 1 for param, value in MALLOPT.values()))
     return _applied[0]
+
+
+def leave_glibc_defaults() -> None:
+    """Keep glibc's own thresholds in this process: a later :func:`keep_freed_memory` changes nothing (for
+    benchmarks that measure what keeping freed memory buys: their ``--heap glibc``). Refused once the
+    thresholds were set: glibc's dynamic defaults cannot be set back."""
+    if _applied and _applied[0]:
+        raise RuntimeError("glibc's heap thresholds were set in this process: its defaults cannot return")
+    if not _applied:
+        _applied.append(False)

@@ -121,7 +121,7 @@ def _step_on(model, optimizer, parts, inputs, group, total: float, cfg, info: Di
             _zero_pass(model, ref, cfg, info, device, backward=True)
             continue
         part = parts[i]
-        layouts: dict = {}  # the micro-batch's attention layout, built by the policy's forward, reused by the ref's
+        layouts: dict = {}  # the attention layout: built by the policy's forward, reused by the reference's
         with compute_precision(cfg.model.dtype, info, device):
             logp = part.logprobs(model, layouts=layouts, **sampled)
             ref_logp = None

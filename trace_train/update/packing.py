@@ -384,8 +384,8 @@ def tree_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, vi
     key = (kind, str(device), param.dtype if kind == "eager" else None)
     layout = None if layouts is None else layouts.get(key)
     if layout is None:
-        layout = TreeLayout.build(kind, input_ids.to(device), position_ids.to(device), visible_until.to(device),
-                                  None if lengths is None else lengths.to(device), param.dtype)
+        rows = (x.to(device) for x in (input_ids, position_ids, visible_until))
+        layout = TreeLayout.build(kind, *rows, None if lengths is None else lengths.to(device), param.dtype)
         if layouts is not None:
             layouts[key] = layout
     pred = predictor.to(device)
@@ -419,7 +419,8 @@ class TreeLayout:
             return cls("flex_attention", ids, position, None, {"attention_mask": _block_mask(until)})
         if kind == "eager":  # eager adds the dense mask to the scores
             mask = tree_attention_mask(until)
-            additive = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
+            additive = torch.zeros(mask.shape, dtype=dtype, device=ids.device)
+            additive.masked_fill_(~mask, torch.finfo(dtype).min)
             return cls("eager", ids, position, None, {"attention_mask": additive})
         # sdpa per query block on the keys its queries see (update.tree_attention): no dense mask
         offset = None
