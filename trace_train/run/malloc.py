@@ -5,9 +5,10 @@ glibc's ``malloc`` serves a block above its *mmap threshold* with a fresh ``mmap
 next allocation of that memory faults in every 4 KiB page again, and the kernel zeroes each one. Both
 thresholds start small (128 KiB, 256 KiB) and only grow with what was freed before, so a process that
 allocates a mix of sizes, as a forward does (activations of a few MB per layer, per micro-batch, in an
-order that changes with the rows), keeps paying the faults. On this project's CPU update they fell on
-whichever arm's micro-batches were largest: ``python -m trace_train.bench.update_cost --heap glibc``
-against ``--heap kept`` (``docs/results.md``, the update per forwarded token).
+order that changes with the rows), keeps paying the faults (``tests/run/test_malloc.py`` counts them). On
+this project's CPU update they fell most on the arm whose micro-batches were largest; at a whole step's
+scale the saving is within the run-to-run noise of ``python -m trace_train.bench.fit --compare --heap
+glibc`` against its default (``docs/results.md``, the update per forwarded token).
 
 :func:`keep_freed_memory` sets the mmap threshold to glibc's largest (32 MiB on 64-bit systems), the trim
 threshold to 1 GiB and the top pad to 64 MiB, so a step's freed blocks stay in the heap for the next one.
