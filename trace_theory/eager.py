@@ -56,6 +56,7 @@ simulator measures what using the additive gains instead costs in mixed prompts 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,7 +261,7 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     >>> int(threshold_spend(0.5, 1.0, 1, 0.0)[0])  # the budget binds
     1
     """
-    if np.ndim(v) == 0 and objective == "additive" and all(np.ndim(x) == 0 for x in (price, budget, v_later)):
+    if objective == "additive" and all(map(_is_scalar, (v, price, budget, v_later))):
         return _scalar_spend(float(v), float(price), float(budget), threshold, max_per_anchor,
                              float(v) if v_later is None else float(v_later))
     k, spent, _ = _spend(v, price, budget, threshold, max_per_anchor, objective, stay, v_later)
@@ -269,10 +270,15 @@ def threshold_spend(v, price, budget, threshold, *, max_per_anchor=None, objecti
     return k, spent
 
 
+def _is_scalar(x) -> bool:
+    """Whether ``x`` is one number (or None): a Python or NumPy float or int is, without NumPy's dispatch."""
+    return x is None or isinstance(x, (float, int)) or np.ndim(x) == 0
+
+
 def _scalar_spend(v: float, price: float, budget: float, threshold: float, max_per_anchor, w: float):
     """:func:`threshold_spend` at one prefix with the additive objective, in plain floats (a turn
     boundary's decision; numpy's per-call overhead is most of the vector rule's cost at one prefix)."""
-    cap = int(np.floor(budget / price * (1.0 + 1e-9) + 1e-9))
+    cap = math.floor(budget / price * (1.0 + 1e-9) + 1e-9)
     if max_per_anchor is not None:
         cap = min(cap, int(max_per_anchor))
     k = 0

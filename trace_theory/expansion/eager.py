@@ -86,6 +86,8 @@ class TreeDecisions:
         self.commits: dict[int, dict[tuple[int, int], list]] = {}
         """tree -> {(rollout, depth): [v, concentration, price, k at boundaries, k at the end]}."""
         self.stay: dict[tuple[int, int], tuple[float, float]] = {}
+        self.reported: dict[tuple[int, int], int] = {}
+        """(tree, rollout) -> the prefixes it has reported (its depth so far)."""
         self.finished: set[tuple[int, int]] = set()
         self.rewards: dict[tuple[int, int], float] = {}
         self.early_top_ups = np.zeros(len(m_tree), dtype=np.int64)
@@ -99,15 +101,17 @@ class TreeDecisions:
         if not 0 <= tree < len(self.budget) or not 0 <= rollout < int(self.m_tree[tree]) or tree in self.decided:
             raise ValueError(f"the world committed at tree {tree}, rollout {rollout}: not a running bare rollout")
         seen = self.commits.setdefault(tree, {})
-        if depth != 1 + sum(1 for (j, _) in seen if j == rollout) or (tree, rollout) in self.finished:
+        if depth != 1 + self.reported.get((tree, rollout), 0) or (tree, rollout) in self.finished:
             raise ValueError(f"the world must commit at each rollout's prefixes in depth order; tree {tree}, "
                              f"rollout {rollout} reported depth {depth}")
         if not self.boundaries:
             seen[rollout, depth] = None
+            self.reported[tree, rollout] = depth
             return ()
         v, kappa, price = self._asked(tree, 1, predict)
         seen[rollout, depth] = [float(v[0]), None if kappa is None else float(kappa[0]),
                                 None if price is None else float(price[0]), 0, 0]
+        self.reported[tree, rollout] = depth
         if self.plan.lag == 0:
             return self._decide(tree, rollout, depth, float(v[0]))
         return self._decide(tree, rollout, depth - 1, float(v[0])) if depth > 1 else ()
@@ -132,7 +136,7 @@ class TreeDecisions:
         longest bare rollout could, so the step stays one episode deep."""
         tree, rollout, length = int(tree), int(rollout), int(length)
         seen = self.commits.get(tree, {})
-        if tree in self.decided or length != 1 + sum(1 for (j, _) in seen if j == rollout) or (
+        if tree in self.decided or length != 1 + self.reported.get((tree, rollout), 0) or (
                 (tree, rollout) in self.finished):
             raise ValueError(f"the world must report each bare rollout's end once, after its {length - 1} "
                              f"prefixes; tree {tree}, rollout {rollout}")
@@ -176,13 +180,13 @@ class TreeDecisions:
 
     def _asked(self, tree: int, n: int, predict: Predict):
         """(v, concentration, price) at ``n`` prefixes of ``tree``, asked of the world."""
-        policy, v, kappa, price = self.policy, np.full(n, 0.5), None, None
-        if policy.predicts_prefixes and n:
-            guess = checked_prediction(predict(concentration=policy.posterior), n, policy)
-            v, kappa = guess.v, guess.concentration
-            if guess.cost is not None and self.tree_cost is not None:
-                price = guess.cost / self.tree_cost[tree]
-        return v, kappa, price
+        policy, price = self.policy, None
+        if not (policy.predicts_prefixes and n):
+            return np.full(n, 0.5), None, None
+        guess = checked_prediction(predict(concentration=policy.posterior), n, policy)
+        if guess.cost is not None and self.tree_cost is not None:
+            price = guess.cost / self.tree_cost[tree]
+        return guess.v, guess.concentration, price
 
     def _predictions(self, tree, n, predict):
         """At the tree's end: the predictions its commits were given, in anchor order (asked once per prefix)."""

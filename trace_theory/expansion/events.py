@@ -152,7 +152,7 @@ def checked_prediction(guess: Prediction, n: int, policy) -> Prediction:
     """A world's prediction, checked: n probabilities (and n concentrations for a posterior policy, n
     positive costs for a policy priced in tokens); what the policy does not read is dropped."""
     v = np.asarray(guess.v, dtype=float)
-    if v.shape != (n,) or not np.all((v >= 0) & (v <= 1)):
+    if v.shape != (n,) or (n and not (v.min() >= 0.0 and v.max() <= 1.0)):  # NaN fails both
         raise ValueError(f"the predictor must return {n} probabilities in [0, 1], got {v!r}")
     kappa = guess.concentration
     if policy.posterior:

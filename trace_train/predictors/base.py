@@ -110,6 +110,11 @@ class PosteriorPredictor:
         """p(history) from the model alone, without prompt posteriors, in [EPS, 1 - EPS]."""
         return self._probability(self._encode(list(histories)))
 
+    def _keyed_probability(self, histories: list[HistoryLike], keys: list[str]) -> np.ndarray:
+        """:meth:`model_probability` of histories whose :func:`prompt_key` s the caller has (a kind that reads
+        them takes them from here rather than hashing each history's opening again)."""
+        return self.model_probability(histories)
+
     def _model_state(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -128,8 +133,8 @@ class PosteriorPredictor:
     def __call__(self, histories: Sequence[HistoryLike]) -> np.ndarray:
         """Predicted success probability of each history (roots: posterior mean; prefixes: corrected)."""
         histories = list(histories)
-        p = self.model_probability(histories)
         keys = [prompt_key(h) for h in histories]
+        p = self._keyed_probability(histories, keys)
         out = p.copy()
         roots = np.array([h.depth == 0 for h in histories], dtype=bool)
         if roots.any():
@@ -149,8 +154,8 @@ class PosteriorPredictor:
     def concentration(self, histories: Sequence[HistoryLike]) -> np.ndarray:
         """Strength kappa of each history's Beta posterior: kappa0 plus the prompt's counts for roots."""
         histories = list(histories)
-        p = self.model_probability(histories)
-        _, kappa = self._posterior([prompt_key(h) for h in histories], p)
+        keys = [prompt_key(h) for h in histories]
+        _, kappa = self._posterior(keys, self._keyed_probability(histories, keys))
         return np.where([h.depth == 0 for h in histories], kappa, self.config.prior_strength)
 
     # Learning --------------------------------------------------------------------------------------

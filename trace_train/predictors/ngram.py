@@ -74,11 +74,15 @@ class HashedSuccessPredictor(PosteriorPredictor):
         its prompt). The rows are then those of :meth:`features` and p is the sparse product's, bit for bit,
         however the histories are grouped (no sparse matrix is built: a round may be one history)."""
         histories = list(histories)
+        return self._keyed_probability(histories, [prompt_key(h) for h in histories])
+
+    def _keyed_probability(self, histories: list[HistoryLike], prompts: list[str]) -> np.ndarray:
+        """:meth:`model_probability` with the histories' prompt keys given (each opening hashed once a call)."""
         cfg, n_buckets = self.config, self.config.n_buckets
         pieces, starts, known_rows = [], [], []  # what each row hashes, where its new grams end; (row, opening)
         for r, h in enumerate(histories):
             ids = h.token_ids
-            known = self._openings.get(prompt_key(h)) if h.depth else None
+            known = self._openings.get(prompts[r]) if h.depth else None
             if known is not None and len(known[0]) < len(ids) and tuple(ids[:len(known[0])]) == known[0]:
                 tail = max(len(known[0]) - cfg.ngram + 1, 0)  # the tokens of the grams that end after the opening
                 pieces.append(ids[tail:])
@@ -97,7 +101,7 @@ class HashedSuccessPredictor(PosteriorPredictor):
         for r, h in enumerate(histories):
             if not h.depth:
                 lo, hi = np.searchsorted(keys, [r * n_buckets, (r + 1) * n_buckets])
-                self._openings[prompt_key(h)] = (tuple(h.token_ids), keys[lo:hi] - r * n_buckets, counts[lo:hi].copy())
+                self._openings[prompts[r]] = (tuple(h.token_ids), keys[lo:hi] - r * n_buckets, counts[lo:hi].copy())
                 if len(self._openings) > KEPT_OPENINGS:
                     self._openings.pop(next(iter(self._openings)), None)  # the oldest; safe if another thread did
         depths = np.fromiter((h.depth for h in histories), dtype=np.int64, count=len(histories))

@@ -285,6 +285,8 @@ class _Grower:
         self.in_flight = 0
         """Samples submitted to the stream and not yet returned."""
         self.prefix_tokens = self.prefix_cached = 0
+        self.openings: dict[int, tuple] = {}
+        """Start node -> its conversation so far (the messages every prefix of its walkers begins with)."""
 
     # ---- seeds and requests -----------------------------------------------------------------------
 
@@ -376,10 +378,19 @@ class _Grower:
 
     def _prefix(self, w: Walker, t: int, reward: float) -> Prefix:
         """Walker ``w``'s turn boundary after its turn ``t`` as a :class:`Prefix`."""
-        messages = tuple(self.builder.messages(w.start))
+        messages = self._opening(w)
         for turn in w.turns[:t + 1]:
             messages = messages + turn.messages
         return Prefix(w.index, t, w.start_depth + t + 1, reward, messages, tuple(w.context[:w.boundaries[t]]))
+
+    def _opening(self, w: Walker) -> tuple:
+        """The conversation at walker ``w``'s start node (built once per node of the batch)."""
+        if w.start < 0:  # a continuation's walker: its start is no node yet
+            return tuple(self.builder.messages(w.start))
+        messages = self.openings.get(w.start)
+        if messages is None:
+            messages = self.openings[w.start] = tuple(self.builder.messages(w.start))
+        return messages
 
     def _start_eager(self, stream, sampling, s: int, j: int, w: Walker, branches) -> None:
         """Start ``k`` rollouts from walker ``w``'s prefix at each ``(depth, k)`` (depth 0: its start node)."""
@@ -454,8 +465,7 @@ class _Grower:
         """The anchors of ended walkers: every turn but the last, walker by walker, by depth."""
         out = []
         for w in walkers:
-            opening = tuple(self.builder.messages(w.start))
-            messages = opening
+            messages = self._opening(w)
             for t, turn in enumerate(w.turns[:-1]):
                 messages = messages + turn.messages
                 out.append(Prefix(w.index, t, w.start_depth + t + 1, float(w.turns[-1].reward), messages,
