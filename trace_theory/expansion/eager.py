@@ -124,10 +124,11 @@ class TreeDecisions:
         k, spent = threshold_spend(row[0], unit, self.left[tree][rollout], self.threshold, v_later=later,
                                    max_per_anchor=self.policy.max_per_anchor, objective=self.plan.objective,
                                    stay=(s1, s0))
+        k = int(k)
         self.left[tree][rollout] -= spent
         self.stay[tree, rollout] = (s1 * row[0] ** k, s0 * (1.0 - row[0]) ** k)
-        row[3] += int(k)
-        return (Branch(depth, int(k)),) if k else ()
+        row[3] += k
+        return (Branch(depth, k),) if k else ()
 
     def rollout_ended(self, tree: int, rollout: int, length: int, reward: float) -> tuple[Branch, ...]:
         """With ``lag`` 1 the rule at its last prefix (r known: the paper's flip), then what it left of its

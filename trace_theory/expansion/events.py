@@ -148,11 +148,19 @@ class PlantEvents(Protocol):
         """Every tree ended: (top-ups per tree, more continuations per anchor of each tree)."""
 
 
+def _probabilities(v: np.ndarray) -> bool:
+    """Whether every entry of 1-D ``v`` lies in [0, 1] (NaN does not): in Python for a few entries (a turn
+    boundary asks about one), with NumPy's reductions for many."""
+    if v.size <= 8:
+        return all(0.0 <= x <= 1.0 for x in v.tolist())
+    return bool(v.min() >= 0.0 and v.max() <= 1.0)
+
+
 def checked_prediction(guess: Prediction, n: int, policy) -> Prediction:
     """A world's prediction, checked: n probabilities (and n concentrations for a posterior policy, n
     positive costs for a policy priced in tokens); what the policy does not read is dropped."""
     v = np.asarray(guess.v, dtype=float)
-    if v.shape != (n,) or (n and not (v.min() >= 0.0 and v.max() <= 1.0)):  # NaN fails both
+    if v.shape != (n,) or not _probabilities(v):
         raise ValueError(f"the predictor must return {n} probabilities in [0, 1], got {v!r}")
     kappa = guess.concentration
     if policy.posterior:
