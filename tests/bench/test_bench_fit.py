@@ -45,3 +45,34 @@ def test_a_warm_up_run_comes_first_and_the_arms_take_turns_at_going_first(monkey
     firsts = [calls[1 + 3 * p][0] for p in range(3)]
     assert firsts == ["trace_eager", "trace", "grpo"]
     assert summary["trace"]["ratio_to_grpo"] == 1.0  # the warm-up's 2.0 s step is in no ratio
+
+
+def _compare_file(rows, commit="abc", **fields):
+    """A ``--compare`` file of ``rows``: (arm, pair, step seconds, tokens, update ms per 1k forwarded tokens)."""
+    runs = [{"arm": a, "pair": p, "step_seconds": s, "generated_tokens": t, "median_update_ms_per_1k_forward_tokens": u}
+            for a, p, s, t, u in rows]
+    return {"backend": "hf", "task": "guess_games", "steps": 12, "token_budget": 600, "heap": "kept",
+            "commit": commit, "dirty": False, "runs": runs, **fields}
+
+
+def test_pooled_runs_average_a_seed_measured_twice_before_the_mean_over_seeds():
+    a = _compare_file([("trace_eager", 0, 1.2, 600, 66), ("grpo", 0, 1.0, 600, 60),
+                       ("trace_eager", 1, 1.0, 500, 50), ("grpo", 1, 1.0, 500, 50)])
+    b = _compare_file([("trace_eager", 0, 1.0, 600, 60), ("grpo", 0, 1.0, 600, 60)])
+    pooled = fit.pool_runs([a, b], ["a", "b"])["pooled"]["trace_eager"]
+    seeds = np.array([(1.2 + 1.0) / 2, 1.0])  # seed 0 twice (1.2, 1.0), seed 1 once
+    assert (pooled["seeds"], pooled["pairs"]) == (2, 3)
+    assert pooled["per_token_ratio_to_grpo"] == pytest.approx(seeds.mean())
+    assert pooled["per_token_ratio_se"] == pytest.approx(seeds.std(ddof=1) / np.sqrt(2))
+    assert pooled["update_per_forward_token_ratio_to_grpo"] == pytest.approx(np.mean([(1.1 + 1.0) / 2, 1.0]))
+    assert [r["measurements"] for r in pooled["per_seed"]] == [2, 1]
+
+
+def test_runs_of_other_code_or_another_measurement_do_not_pool():
+    rows = [("trace_eager", 0, 1.0, 600, 60), ("grpo", 0, 1.0, 600, 60)]
+    with pytest.raises(ValueError, match="differ in commit"):
+        fit.pool_runs([_compare_file(rows), _compare_file(rows, commit="def")], ["a", "b"])
+    with pytest.raises(ValueError, match="differ in backend"):
+        fit.pool_runs([_compare_file(rows), _compare_file(rows, backend="vllm")], ["a", "b"])
+    with pytest.raises(ValueError, match="has no runs"):
+        fit.pool_runs([{k: v for k, v in _compare_file(rows).items() if k != "runs"}], ["a"])

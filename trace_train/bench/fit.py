@@ -34,6 +34,8 @@ and milliseconds per 1,000 of them, the rollout and its generation time, the pre
 (wall; ``fit wait``: how long the step waited for it after the update, 0 where it ran entirely beside
 the update); and per-pair ratios to GRPO (mean ± SE) of the step per generated token and of the update
 per forwarded token. Every run records the load average at its start; the JSON holds every run.
+``--pool FILE...`` pools ``--compare`` files of one commit and measurement (:func:`pool_runs`: per seed,
+then over seeds); one run of 6 pairs does not resolve 5% on a machine whose speed drifts between runs.
 ``--heap glibc`` runs every arm with glibc's default heap thresholds instead of the trainer's
 (``trace_train.run.malloc``: freed memory kept in the heap on CPU), to measure what that buys.
 
@@ -212,6 +214,66 @@ def whole_step_table(summary: dict, arms) -> str:
     return "\n".join(lines)
 
 
+POOLED_FIELDS = ("backend", "task", "steps", "token_budget", "heap", "commit", "dirty")
+"""What the files of :func:`pool_runs` must share: the same measurement of the same code."""
+
+
+def pair_ratios(summary: dict, arm: str) -> dict[int, tuple[float, float]]:
+    """Pair -> (step per generated token, update per forwarded token) of ``arm``'s run over its pair's GRPO run,
+    from a ``--compare`` file's ``runs``."""
+    runs = {(r["arm"], r["pair"]): r for r in summary["runs"]}
+    out = {}
+    for (name, pair), r in sorted(runs.items()):
+        g = runs.get(("grpo", pair))
+        if name != arm or g is None:
+            continue
+        step = (r["step_seconds"] / r["generated_tokens"]) / (g["step_seconds"] / g["generated_tokens"])
+        update = r["median_update_ms_per_1k_forward_tokens"] / g["median_update_ms_per_1k_forward_tokens"]
+        out[pair] = (float(step), float(update))
+    return out
+
+
+def pool_runs(summaries: list[dict], names: list[str]) -> dict:
+    """Several ``--compare`` files of one measurement (:data:`POOLED_FIELDS`) as one: each arm's per-pair
+    ratios to GRPO (per generated token; the update per forwarded token), averaged per pair seed over the
+    files that ran it (a seed fixes the games, so a seed measured twice is one workload measured twice),
+    then mean ± standard error over the seeds. Every file's own estimate is kept beside the pooled one.
+    ``ValueError`` naming the files and the field when they differ."""
+    if not summaries:
+        raise ValueError("--pool needs at least one --compare file")
+    for name, s in zip(names, summaries):
+        missing = [k for k in (*POOLED_FIELDS, "runs") if k not in s]
+        if missing:
+            raise ValueError(f"{name} is not a --compare file of this version: it has no {', '.join(missing)}")
+    for name, s in zip(names[1:], summaries[1:]):
+        for key in POOLED_FIELDS:
+            if s[key] != summaries[0][key]:
+                raise ValueError(f"{names[0]} and {name} differ in {key} ({summaries[0][key]!r} against "
+                                 f"{s[key]!r}): only runs of one measurement of one commit pool")
+    arms = [a for a in dict.fromkeys(r["arm"] for s in summaries for r in s["runs"]) if a != "grpo"]
+    pooled = {}
+    for arm in arms:
+        by_seed: dict[int, list[tuple[float, float]]] = {}
+        for s in summaries:
+            for pair, ratios in pair_ratios(s, arm).items():
+                by_seed.setdefault(pair, []).append(ratios)
+        seeds = sorted(by_seed)
+        step = np.array([np.mean([r[0] for r in by_seed[k]]) for k in seeds])
+        update = np.array([np.mean([r[1] for r in by_seed[k]]) for k in seeds])
+        pooled[arm] = {"per_token_ratio_to_grpo": float(step.mean()), "per_token_ratio_se": _se(step),
+                       "update_per_forward_token_ratio_to_grpo": float(update.mean()),
+                       "update_per_forward_token_ratio_se": _se(update), "seeds": len(seeds),
+                       "pairs": sum(len(v) for v in by_seed.values()),
+                       "per_seed": [{"seed": k, "per_token_ratio": float(a), "update_ratio": float(b),
+                                     "measurements": len(by_seed[k])} for k, a, b in zip(seeds, step, update)]}
+    files = [{"file": name, "pairs": s.get("pairs"), "load_average_before": s.get("load_average_before"),
+              "load_average": s.get("load_average"),
+              **{arm: {k: s[arm][k] for k in ("per_token_ratio_to_grpo", "per_token_ratio_se",
+                                              "update_per_forward_token_ratio_to_grpo")} for arm in arms if arm in s}}
+             for name, s in zip(names, summaries)]
+    return {**{k: summaries[0][k] for k in POOLED_FIELDS}, "files": files, "pooled": pooled}
+
+
 def _se(x: np.ndarray) -> float:
     """The standard error of the mean of ``x`` (NaN for one value)."""
     return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
@@ -229,11 +291,24 @@ def main(argv=None):
                         help="arms of --compare (GRPO always runs)")
     parser.add_argument("--task", default="mixed", choices=sorted(TASKS), help="the games of --compare")
     parser.add_argument("--json", type=Path, default=None, help="also write --compare's summary to this file")
+    parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="FILE",
+                        help="pool these --compare files of one commit and measurement (pool_runs) and print it")
     parser.add_argument("--heap", default="kept", choices=("kept", "glibc"),
                         help="kept: the trainer keeps freed memory in its heap on CPU (run.malloc); glibc: its "
                              "defaults, for every run of this process")
     args = parser.parse_args(argv)
     record = origin("trace_train.bench.fit", argv)
+    if args.pool:
+        pooled = pool_runs([json.loads(p.read_text()) for p in args.pool], [str(p) for p in args.pool])
+        for arm, row in pooled["pooled"].items():
+            print(f"{arm}: per generated token {row['per_token_ratio_to_grpo']:.3f} ± {row['per_token_ratio_se']:.3f} "
+                  f"GRPO's ({row['seeds']} seeds, {row['pairs']} pairs); update per forwarded token "
+                  f"{row['update_per_forward_token_ratio_to_grpo']:.3f} ± {row['update_per_forward_token_ratio_se']:.3f}")
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            by = {k: record[k] for k in ("commit", "dirty", "command")}  # the files' commit is the measured code's
+            args.json.write_text(json.dumps({**record, "pooled_by": by, **pooled}, indent=1) + "\n")
+        return pooled
     if args.heap == "glibc":
         leave_glibc_defaults()
     if args.compare:
