@@ -125,7 +125,10 @@ def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str
            "generated_tokens": float(np.mean([r.get("wave_tokens", r["generated_tokens"]) for r in rows])),
            "trained_tokens": float(np.mean([r["generated_tokens"] for r in rows])),
            "stale_token_share": float(np.mean([r.get("stale_token_share", 0.0) for r in rows])),
-           "prefix_cache_hit_rate": float(np.mean([r.get("prefix_cache_hit_rate", 0.0) for r in rows]))}
+           "prefix_cache_hit_rate": float(np.mean([r.get("prefix_cache_hit_rate", 0.0) for r in rows])),
+           # the step's depth in generation waves and its turns: per-wave costs scale with the first
+           "generation_polls": float(np.mean([r.get("generation_polls", 0.0) for r in rows])),
+           "turns": float(np.mean([r.get("turns", 0.0) for r in rows]))}
     out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASES})
     out.update({f"median_{k}": float(np.median([r.get(k, 0.0) for r in rows])) for k in RUN_KEYS})
     return out
@@ -174,7 +177,7 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
         per_token = np.array([r["step_seconds"] / r["generated_tokens"] for r in rows]) / grpo_per_token
         mean = {k: float(np.mean([r.get(k, 0.0) for r in rows]))
                 for k in ("step_seconds", "generated_tokens", "trained_tokens", "stale_token_share",
-                          "prefix_cache_hit_rate", *PHASES)}
+                          "prefix_cache_hit_rate", "generation_polls", "turns", *PHASES)}
         se, token_se = _se(ratio), _se(per_token)
         update = np.array([r.get("median_update_ms_per_1k_forward_tokens", np.nan) for r in rows]) / grpo_update
         whole = {k: float(np.median([r.get(f"median_{k}", np.nan) for r in rows])) for k in RUN_KEYS}
