@@ -166,10 +166,11 @@ class RolloutConfig:
 
     Why streamed is the default (docs/results.md): no experiment separates it from eager. Both learned
     alike on guess-the-number (16 paired seeds, each at its best rate: +0.222 and +0.225 held-out gain);
-    on the 1-8-guess games their whole steps cost 1.20x (streamed) and 1.13x (eager) GRPO's per generated
-    token on transformers, and 1.19x and 1.06x on vLLM (6 quiet pairs each, docs/results.md); the decisive
+    on the 1-8-guess games eager's whole step costs about GRPO's per generated token on both back ends and
+    streamed's about a fifth more (docs/results.md, "What does a TRACE step cost"); the simulator keeps
+    0.78-0.88 of lazy TRACE's contrast pairs under eager (``trace-sim run eager_expansion``); the decisive
     testbed (``benchmarks/where_trace_pays/``) is single-turn, where the two coincide. When the step's wall
-    clock matters, try eager: it is the cheaper on both back ends."""
+    clock matters, use eager: it is the cheaper on both back ends."""
     eager_reserve: float = 0.0
     """``expansion="eager"``: share of each tree's continuation budget kept for the outcome-aware rule
     once the tree has ended (``trace_theory.EagerPlan.reserve``; 1 places what streamed places). Default

@@ -366,6 +366,13 @@ def _child_environment(limits: SandboxLimits, workdir: str) -> dict[str, str]:
     }
 
 
+CLEANUP_GRACE_S = 2.0
+"""After the wall clock's kill, how long to wait for the sandbox's output pipes to close. Its reaper holds
+them until it has killed and reaped every process the code started (or, as a PID namespace's init, the
+kernel has), so their closing means nothing of the run is left; it has a second process group and its
+own timer, so the caller's kill does not stop it midway. A second was too short on a loaded machine (a
+fork bomb's processes still exiting after the call returned)."""
+
 FLOOD_PAUSE_S = 0.01
 """Pause between reads of a stream already past ``max_output_bytes``: draining a cell that writes
 without end cost the caller half a core; paced, a pipe's worth (64 KiB to 1 MiB) per pause."""
@@ -389,7 +396,7 @@ def _collect(process: subprocess.Popen, report_fd: int, limits: SandboxLimits, s
                 break
             timed_out = True
             _kill_group(process)
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + CLEANUP_GRACE_S
             continue
         flooding = False
         for key, _ in selector.select(remaining):
