@@ -355,12 +355,18 @@ class _Run:
             return self._wave(prompts, counts, events)
         prompts = prompts.tolist()
         roots = [self.builder.add_root(p, self.pool[p], *self._opening(p)) for p in prompts]
-        t0 = time.perf_counter()
+        t0, predicted = time.perf_counter(), self.phase_seconds["predict"]
         if roots:
             hooks = {} if events is None else self._hooks(prompts, events)
             self._grow(Starts.of_kind(roots, Kind.BARE, counts).tuples(), **hooks)
-        self.phase_seconds["bare_generation"] += time.perf_counter() - t0
+        self._spent("bare_generation", t0, predicted)
         return self.builder.build()
+
+    def _spent(self, phase: str, t0: float, predicted: float) -> None:
+        """Add the time since ``t0`` to ``phase``, less the predictions made meanwhile (``predicted``: the
+        ``predict`` phase at ``t0``): a streaming mode's turn boundaries and tree ends are predicted inside
+        the grow call, and count once, as ``predict``."""
+        self.phase_seconds[phase] += time.perf_counter() - t0 - (self.phase_seconds["predict"] - predicted)
 
     def _hooks(self, prompts: list[int], events: PlantEvents) -> dict:
         """The scheduler's hooks (:meth:`.scheduler.Scheduler.grow`) that tell ``events`` what happens."""
@@ -432,12 +438,12 @@ class _Run:
         starts = Starts.of_kind(roots, Kind.BARE, counts)
         if pending is not None:
             starts = pending.starts + starts
-        t0 = time.perf_counter()
+        t0, predicted = time.perf_counter(), self.phase_seconds["predict"]
         if len(starts):
             report = self.engine.scheduler.grow(builder, starts.tuples(), seed=self.next_seed)
             self.next_seed += report.seeds
             self.grown = self.grown + report
-        self.phase_seconds["bare_generation" if roots else "expansion_generation"] += time.perf_counter() - t0
+        self._spent("bare_generation" if roots else "expansion_generation", t0, predicted)
         grown = builder.build()
         old_tokens = 0.0 if carried is None else float(carried.forest.cost.sum())
         self.wave_tokens = int(round(float(grown.cost.sum()) - old_tokens))
@@ -451,10 +457,10 @@ class _Run:
         return Carried(self.planted, tuple(self.builder.nodes), dict(self.builder.rows))
 
     def grow(self, starts: Starts) -> RolloutForest:
-        t0 = time.perf_counter()
+        t0, predicted = time.perf_counter(), self.phase_seconds["predict"]
         if len(starts):
             self._grow(starts.tuples())
-        self.phase_seconds["expansion_generation"] += time.perf_counter() - t0
+        self._spent("expansion_generation", t0, predicted)
         return self.builder.build()
 
     def _grow(self, starts: list[Start], **hooks) -> None:
