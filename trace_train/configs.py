@@ -146,7 +146,7 @@ class RolloutConfig:
     """Pilot-Commit: share of the budget spent on pilots; None: the policy's own, 1/2."""
     expansion_rounds: int = 1
     """R: rounds of prefix expansion for a branching policy (``trace_theory.step``; the paper: 1)."""
-    expansion: str = "streamed"
+    expansion: str = "eager"
     """When a tree's continuations start: a name of the registry ``trace_theory.EXPANSIONS`` (one module
     per mode in ``trace_theory.expansion``; :meth:`expansion_mode` builds it). "streamed" (as soon as its
     own bare rollouts have ended, while other trees' still generate: eager with ``reserve=1``) or "barrier"
@@ -164,13 +164,14 @@ class RolloutConfig:
     correction, so ``algorithm.recompute_old_logprobs`` must stay off). Policies that do not branch run as
     with the barrier and are trained at once.
 
-    Why streamed is the default (docs/results.md): no experiment separates it from eager. Both learned
-    alike on guess-the-number (16 paired seeds, each at its best rate: +0.222 and +0.225 held-out gain);
-    on the 1-8-guess games eager's whole step costs about GRPO's per generated token on both back ends and
-    streamed's about a fifth more (docs/results.md, "What does a TRACE step cost"); the simulator keeps
-    0.78-0.88 of lazy TRACE's contrast pairs under eager (``trace-sim run eager_expansion``); the decisive
-    testbed (``benchmarks/where_trace_pays/``) is single-turn, where the two coincide. When the step's wall
-    clock matters, use eager: it is the cheaper on both back ends."""
+    Why eager is the default (since 2026-12-07; "streamed" before: a run started then resumes with
+    ``rollout.expansion=streamed`` set, and the refusal says so): a user's clock. Eager's whole step costs
+    about GRPO's per generated token and streamed's clearly more, on both back ends, and no experiment has
+    separated their learning (docs/results.md: "What does a TRACE step cost against a GRPO step?" and
+    "Does TRACE train a better policy than GRPO on a real model?"). Streamed is the paper's outcome-aware rule (continuations placed knowing how the bare
+    rollouts ended), and the simulator keeps fewer of its contrast pairs under eager (``trace-sim run
+    eager_expansion``): to reproduce the paper, or where generation is cheap next to the update, set
+    ``rollout.expansion=streamed``. On single-turn tasks the two coincide."""
     eager_reserve: float = 0.0
     """``expansion="eager"``: share of each tree's continuation budget kept for the outcome-aware rule
     once the tree has ended (``trace_theory.EagerPlan.reserve``; 1 places what streamed places). Default

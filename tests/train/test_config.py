@@ -183,7 +183,8 @@ def test_a_config_saved_before_predictor_seed_was_removed_still_loads_and_resume
     path.write_text(yaml.safe_dump(saved))
     assert load_config(TrainConfig, path) == load_config(TrainConfig, "cpu_demo")
     assert not hasattr(PredictorConfig(), "seed")
-    assert resume_fingerprint(TrainConfig()) == "23bb254bc7ce58df"  # the value before the removal
+    streamed = load_config(TrainConfig, None, ["rollout.expansion=streamed"])  # the default of those runs
+    assert resume_fingerprint(streamed) == "23bb254bc7ce58df"  # the value before the removal
     state = build_predictor().state_dict()
     state["config"]["seed"] = 0  # a predictor saved before the removal
     assert predictor_from_state_dict(state).config == PredictorConfig()
@@ -195,8 +196,10 @@ def test_a_field_added_later_keeps_older_fingerprints_at_its_default():
     from trace_train.configs import TrainConfig
     from trace_train.run.resume import resume_fingerprint
 
-    assert resume_fingerprint(TrainConfig()) == "23bb254bc7ce58df"
-    assert resume_fingerprint(load_config(TrainConfig, None, ["predictor.probe_step=0.5"])) != "23bb254bc7ce58df"
+    streamed = ["rollout.expansion=streamed"]  # the expansion every run before had (its default since changed)
+    assert resume_fingerprint(load_config(TrainConfig, None, streamed)) == "23bb254bc7ce58df"
+    assert resume_fingerprint(load_config(TrainConfig, None, [*streamed, "predictor.probe_step=0.5"])) \
+        != "23bb254bc7ce58df"
 
 
 def test_the_eager_lag_default_change_leaves_other_runs_resuming_and_names_the_fix_for_eager_ones(tmp_path):
@@ -232,3 +235,43 @@ def test_the_eager_lag_default_change_leaves_other_runs_resuming_and_names_the_f
                                                 "task.rows={low: 1, high: 6, max_guesses: 3}"])
     check_or_write_config(old, tmp_path / "eager")
     assert resume_fingerprint(old) == "a880684dc582b1fa" != resume_fingerprint(eager)  # round 13's value at lag 1
+
+
+def test_the_expansion_default_change_refuses_older_trace_runs_with_the_fix_and_resumes_the_rest(tmp_path):
+    """``rollout.expansion``'s default went from "streamed" to "eager" (2026-12-07). A TRACE run started
+    before is another trajectory under the new default: refused, the refusal naming the one override that
+    resumes it (not the eager-only fields that differ with it), which then matches its stored fingerprint.
+    A config written before the field existed is read as streamed, never as today's eager. A GRPO run never
+    read the field: it resumes as it is, at its old fingerprint."""
+    import yaml
+
+    from trace_train.configs import TrainConfig
+    from trace_train.run.resume import check_or_write_config, resume_fingerprint
+
+    rows = "task.rows={low: 1, high: 6, max_guesses: 3}"  # cpu_demo's games as the fingerprints below had them
+
+    def stored(name, cfg, drop=()):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        data = config_to_dict(cfg)
+        data["rollout"].update(expansion="streamed", eager_lag=1)  # as a run before the change wrote it
+        for key in drop:
+            del data["rollout"][key]
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
+        return run_dir
+
+    trace = load_config(TrainConfig, "cpu_demo", [rows])
+    assert trace.rollout.expansion == "eager"
+    for name, drop in (("streamed", ()), ("before_the_field", ("expansion", "eager_reserve", "eager_lag"))):
+        run_dir = stored(name, trace, drop)
+        with pytest.raises(ValueError, match=r"differs in rollout\.eager_lag, rollout\.expansion\); .*"
+                                             r"rollout\.expansion's default changed from 'streamed' to 'eager' in "
+                                             r"2026-12-07: add rollout\.expansion=streamed to resume this run$"):
+            check_or_write_config(trace, run_dir, write=False)
+        resumed = load_config(TrainConfig, "cpu_demo", [rows, "rollout.expansion=streamed"])
+        check_or_write_config(resumed, run_dir, write=False)
+    assert resume_fingerprint(resumed) == "859ec8577d8f8937" != resume_fingerprint(trace)  # the value before
+
+    grpo = load_config(TrainConfig, "cpu_demo", ["rollout.policy=grpo", rows])
+    check_or_write_config(grpo, stored("grpo", grpo), write=False)
+    assert resume_fingerprint(grpo) == "c47b04860ebc23de"  # the value before the change

@@ -15,11 +15,11 @@ its M derived from the arm's running token estimates after one untimed warm-up c
 
 * ``grpo``: flat groups of G;
 * ``trace_streamed``: TRACE, each tree's continuations started as soon as its own bare rollouts end
-  (``rollout.expansion=streamed``, the default);
+  (``rollout.expansion=streamed``, the paper's rule; the default before 2026-12-07);
 * ``trace_barrier``: TRACE, continuations started after every bare rollout has ended;
 * ``trace_eager``: TRACE, continuations committed at the bare rollouts' turn boundaries
-  (``rollout.expansion=eager``, reserve 0), each decided as its prefix forms (``rollout.eager_lag=0``, the
-  default since round 14): as deep as GRPO's step;
+  (``rollout.expansion=eager``, the default since 2026-12-07, reserve 0), each decided as its prefix forms
+  (``rollout.eager_lag=0``, the default since round 14): as deep as GRPO's step;
 * ``trace_eager_lag1``: the same, each decided one turn after its prefix forms (``rollout.eager_lag=1``, the
   default before): one turn deeper than GRPO's step;
 * ``trace_pipelined``: TRACE, the barrier's continuations grown in the next call's wave beside that call's

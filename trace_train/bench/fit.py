@@ -6,8 +6,9 @@
     python -m trace_train.bench.fit                                # grpo with and without the fit, 8 steps each
     python -m trace_train.bench.fit --policy trace                 # TRACE always fits (it allocates by V~)
 
-``--compare``: interleaved pairs (by default trace, trace with ``rollout.expansion=barrier``, ``eager``
-and ``pipelined``, then grpo;
+``--compare``: interleaved pairs (by default trace with ``rollout.expansion=streamed``, the paper's rule
+and the default before 2026-12-07, ``barrier``, ``eager``, the default, and ``pipelined``, then grpo; every
+``trace*`` arm that names no expansion runs streamed, as it did when its evidence was measured;
 ``--arms`` adds ``trace_eager_lag1`` (eager decided one turn after each prefix forms, the default before
 round 14), ``trace_dense_fit``, the dense ``predictor.fit=adam`` of before, ``trace_tokens``, or the
 diagnostics ``trace_leaf`` (per-leaf update rows), ``grpo_fit`` (GRPO that fits the predictor) and
@@ -64,15 +65,17 @@ MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TAS
 PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "expansion_generation_seconds",
           "prepare_seconds", "update_seconds", "sync_seconds", "fit_wait_seconds", "predictor_fit_seconds",
           "predictor_fit_cpu_seconds")
-ARMS = {"trace": ["rollout.policy=trace"], "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
+STREAMED = "rollout.expansion=streamed"  # the arms named before eager became the default keep what they measured
+ARMS = {"trace": ["rollout.policy=trace", STREAMED],
+        "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
         "trace_eager": ["rollout.policy=trace", "rollout.expansion=eager"],
         "trace_eager_lag1": ["rollout.policy=trace", "rollout.expansion=eager", "rollout.eager_lag=1"],
         "trace_pipelined": ["rollout.policy=trace", "rollout.expansion=pipelined"],
-        "trace_dense_fit": ["rollout.policy=trace", "predictor.fit=adam"],
-        "trace_tokens": ["rollout.policy=trace_tokens"], "grpo": ["rollout.policy=grpo"],
+        "trace_dense_fit": ["rollout.policy=trace", STREAMED, "predictor.fit=adam"],
+        "trace_tokens": ["rollout.policy=trace_tokens", STREAMED], "grpo": ["rollout.policy=grpo"],
         # diagnostics: TRACE with per-leaf rows (what tree packing costs or saves the update), and GRPO
         # fitting the predictor it never reads (what the fit's thread costs a step beside the update)
-        "trace_leaf": ["rollout.policy=trace", "algorithm.packing=leaf"],
+        "trace_leaf": ["rollout.policy=trace", STREAMED, "algorithm.packing=leaf"],
         "grpo_fit": ["rollout.policy=grpo", "log_predictor=true"],
         # vLLM-CPU's own KV block (128 tokens) instead of ours (32): what the prefix cache serves
         "grpo_block128": ["rollout.policy=grpo", "backend.block_size=128"]}

@@ -9,7 +9,7 @@ here once, so that runs started before it still resume. (Renamed and removed *ke
 from __future__ import annotations
 
 __all__ = ["ADDED_SINKS", "NOT_IN_FINGERPRINT", "REMOVED_IN_FINGERPRINT", "ADDED_IN_FINGERPRINT",
-           "DEFAULT_CHANGED_IN_FINGERPRINT", "EAGER_ONLY", "DEFAULT_CHANGED_IN_TRAJECTORY"]
+           "DEFAULT_CHANGED_IN_FINGERPRINT", "EAGER_ONLY", "BRANCHING_ONLY", "DEFAULT_CHANGED_IN_TRAJECTORY"]
 
 ADDED_SINKS = ("max_env_failure_share", "env_failure_warn_share", "log_every", "quiet", "max_length_cut_share",
                "distributed")
@@ -41,7 +41,14 @@ EAGER_ONLY = {"rollout": {"eager_reserve": 0.0, "eager_lag": 1}}
 these values (the ones every older run had), whatever it holds, so that a default changed here changes no
 such run."""
 
-DEFAULT_CHANGED_IN_TRAJECTORY = {"rollout": {"eager_lag": (0, 1, "round 14")}}
+BRANCHING_ONLY = {"rollout": {"expansion": "streamed"}}
+"""Fields read only by a policy that branches (``AllocationPolicy.branches``; one that does not, GRPO or DAPO,
+runs as with the barrier whatever they hold): a run of a registered policy that does not branch is hashed and
+compared at these values (and :data:`EAGER_ONLY`'s), the ones every older run had, so that a GRPO run started
+before ``rollout.expansion``'s default changed resumes without setting it."""
+
+DEFAULT_CHANGED_IN_TRAJECTORY = {"rollout": {"eager_lag": (0, 1, "round 14"),
+                                             "expansion": ("eager", "streamed", "2026-12-07")}}
 """Fields whose default changed after checkpoints existed and that do change the trajectory: (new default,
 old default, when). A run started under the old default resumes only with it set again; the refusal says
 so."""

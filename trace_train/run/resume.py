@@ -20,10 +20,13 @@ from pathlib import Path
 
 import yaml
 
+from trace_theory.policies import POLICIES
+
 from ..config_loader import config_to_dict, drop_removed
 from ..configs import TrainConfig
-from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, DEFAULT_CHANGED_IN_FINGERPRINT,
-                             DEFAULT_CHANGED_IN_TRAJECTORY, EAGER_ONLY, NOT_IN_FINGERPRINT, REMOVED_IN_FINGERPRINT)
+from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, BRANCHING_ONLY, DEFAULT_CHANGED_IN_FINGERPRINT,
+                             DEFAULT_CHANGED_IN_TRAJECTORY, EAGER_ONLY, NOT_IN_FINGERPRINT,
+                             REMOVED_IN_FINGERPRINT)
 from .files import write_file
 from .step_state import RESUME_OVERRIDES, describe_overrides
 
@@ -38,7 +41,7 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
     so older runs still resume."""
     default = TrainConfig()
     plain = dataclasses.replace(cfg, **{k: getattr(default, k) for k in NOT_IN_FINGERPRINT})
-    data = _eager_only(config_to_dict(plain))
+    data = _read_only(config_to_dict(plain))
     data = {k: v for k, v in data.items() if k not in ADDED_SINKS}
     for section, fields in REMOVED_IN_FINGERPRINT.items():
         data[section] = {**data[section], **fields}
@@ -70,7 +73,7 @@ def check_config(cfg: TrainConfig, run_dir: Path, *, announce: bool = True, star
     stored = run_dir / "config.yaml"
     if not stored.exists():
         return
-    before, now = _eager_only(_stored_config(stored)), _eager_only(config_to_dict(cfg))
+    before, now = _read_only(_stored_config(stored)), _read_only(config_to_dict(cfg))
     differs = differing_fields(before, now)
     if differs and started_before and never_stepped(run_dir):
         if announce:
@@ -113,22 +116,32 @@ def _remove_tiny_model(run_dir: Path) -> None:
         shutil.rmtree(path)
 
 
-def _eager_only(data: dict) -> dict:
-    """``data`` (a config as a dict) with the fields only eager expansion reads at their old values
-    (:data:`EAGER_ONLY`) unless it runs eager expansion."""
+def _read_only(data: dict) -> dict:
+    """``data`` (a config as a dict) with the fields its run never reads at their old values: the ones only a
+    branching policy reads (:data:`BRANCHING_ONLY`) where its policy is a registered one that does not branch,
+    and the ones only eager expansion reads (:data:`EAGER_ONLY`) unless it runs eager expansion."""
     rollout = data.get("rollout")
-    if not isinstance(rollout, dict) or rollout.get("expansion") == "eager":
+    if not isinstance(rollout, dict):
         return data
+    name = rollout.get("policy")
+    if isinstance(name, str) and name in POLICIES and not POLICIES[name].branches:
+        rollout = {**rollout, **BRANCHING_ONLY["rollout"]}
+    if rollout.get("expansion") == "eager":
+        return {**data, "rollout": rollout}
     return {**data, "rollout": {**rollout, **EAGER_ONLY["rollout"]}}
 
 
 def _changed_defaults(differs: list[str], before: dict, now: dict) -> str:
     """The refusal's hint where a differing field is one whose default changed (:data:`DEFAULT_CHANGED_IN_TRAJECTORY`)
-    and the stored run had the old one while this one has the new."""
+    and the stored run had the old one while this one has the new. A field only eager expansion reads is named
+    only where both runs expand eagerly (otherwise setting the expansion back is the whole fix)."""
     hints = []
+    both_eager = all(run.get("rollout", {}).get("expansion") == "eager" for run in (before, now))
     for section, fields in DEFAULT_CHANGED_IN_TRAJECTORY.items():
         for key, (new, old, when) in fields.items():
             name = f"{section}.{key}"
+            if key in EAGER_ONLY.get(section, {}) and not both_eager:
+                continue
             if name in differs and before.get(section, {}).get(key) == old and now.get(section, {}).get(key) == new:
                 hints.append(f"; {name}'s default changed from {old!r} to {new!r} in {when}: add {name}={old} "
                              "to resume this run")
@@ -136,7 +149,7 @@ def _changed_defaults(differs: list[str], before: dict, now: dict) -> str:
 
 
 def _stored_config(path: Path) -> dict:
-    """A stored ``config.yaml`` as plain data over the defaults: nothing in it is resolved or imported
+    """A stored ``config.yaml`` as plain data over the defaults (:func:`_older_defaults`): nothing in it is resolved or imported
     (a planted ``task.name: file.py:attr`` is compared as a string, never run)."""
     try:
         data = yaml.safe_load(path.read_text())
@@ -145,7 +158,18 @@ def _stored_config(path: Path) -> dict:
                          "use another run_dir") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path.parent} holds a config.yaml that is not a mapping; use another run_dir")
-    return _merged(config_to_dict(TrainConfig()), drop_removed(data, TrainConfig.REMOVED))
+    return _merged(_older_defaults(), drop_removed(data, TrainConfig.REMOVED))
+
+
+def _older_defaults() -> dict:
+    """The defaults a stored config is read over: today's, except that a field added after checkpoints
+    existed (:data:`ADDED_IN_FINGERPRINT`) and missing from a stored config takes the value every run of
+    before had, not today's default (a run started before ``rollout.expansion`` existed grew streamed, and
+    must not be read as a run of today's eager default)."""
+    defaults = config_to_dict(TrainConfig())
+    for section, fields in ADDED_IN_FINGERPRINT.items():
+        defaults[section] = {**defaults[section], **fields}
+    return defaults
 
 
 def _merged(defaults: dict, data: dict) -> dict:
