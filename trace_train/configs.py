@@ -168,10 +168,11 @@ class RolloutConfig:
     ``rollout.expansion=streamed`` set, and the refusal says so): a user's clock. Eager's whole step costs
     about GRPO's per generated token and streamed's clearly more, on both back ends, and no experiment has
     separated their learning (docs/results.md: "What does a TRACE step cost against a GRPO step?" and
-    "Does TRACE train a better policy than GRPO on a real model?"). Streamed is the paper's outcome-aware rule (continuations placed knowing how the bare
-    rollouts ended), and the simulator keeps fewer of its contrast pairs under eager (``trace-sim run
-    eager_expansion``): to reproduce the paper, or where generation is cheap next to the update, set
-    ``rollout.expansion=streamed``. On single-turn tasks the two coincide."""
+    "Does TRACE train a better policy than GRPO on a real model?"). Streamed is the paper's outcome-aware
+    rule (continuations placed knowing how the bare rollouts ended), and the simulator keeps fewer of its
+    contrast pairs under eager (``trace-sim run eager_expansion``): to reproduce the paper, or where
+    generation is cheap next to the update, set ``rollout.expansion=streamed``. On single-turn tasks the
+    two coincide."""
     eager_reserve: float = 0.0
     """``expansion="eager"``: share of each tree's continuation budget kept for the outcome-aware rule
     once the tree has ended (``trace_theory.EagerPlan.reserve``; 1 places what streamed places). Default

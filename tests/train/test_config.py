@@ -196,7 +196,7 @@ def test_a_field_added_later_keeps_older_fingerprints_at_its_default():
     from trace_train.configs import TrainConfig
     from trace_train.run.resume import resume_fingerprint
 
-    streamed = ["rollout.expansion=streamed"]  # the expansion every run before had (its default since changed)
+    streamed = ["rollout.expansion=streamed"]  # every run before had it (its default changed since)
     assert resume_fingerprint(load_config(TrainConfig, None, streamed)) == "23bb254bc7ce58df"
     assert resume_fingerprint(load_config(TrainConfig, None, [*streamed, "predictor.probe_step=0.5"])) \
         != "23bb254bc7ce58df"
@@ -248,7 +248,7 @@ def test_the_expansion_default_change_refuses_older_trace_runs_with_the_fix_and_
     from trace_train.configs import TrainConfig
     from trace_train.run.resume import check_or_write_config, resume_fingerprint
 
-    rows = "task.rows={low: 1, high: 6, max_guesses: 3}"  # cpu_demo's games as the fingerprints below had them
+    rows = "task.rows={low: 1, high: 6, max_guesses: 3}"  # cpu_demo's games as the fingerprints had them
 
     def stored(name, cfg, drop=()):
         run_dir = tmp_path / name
@@ -264,9 +264,10 @@ def test_the_expansion_default_change_refuses_older_trace_runs_with_the_fix_and_
     assert trace.rollout.expansion == "eager"
     for name, drop in (("streamed", ()), ("before_the_field", ("expansion", "eager_reserve", "eager_lag"))):
         run_dir = stored(name, trace, drop)
-        with pytest.raises(ValueError, match=r"differs in rollout\.eager_lag, rollout\.expansion\); .*"
-                                             r"rollout\.expansion's default changed from 'streamed' to 'eager' in "
-                                             r"2026-12-07: add rollout\.expansion=streamed to resume this run$"):
+        refusal = (r"differs in rollout\.eager_lag, rollout\.expansion\); .*rollout\.expansion's default "
+                   r"changed from 'streamed' to 'eager' in 2026-12-07: add rollout\.expansion=streamed to "
+                   r"resume this run$")
+        with pytest.raises(ValueError, match=refusal):
             check_or_write_config(trace, run_dir, write=False)
         resumed = load_config(TrainConfig, "cpu_demo", [rows, "rollout.expansion=streamed"])
         check_or_write_config(resumed, run_dir, write=False)

@@ -88,7 +88,9 @@ def _trees(forest):
 @pytest.mark.parametrize("rounds", [1, 2])
 @pytest.mark.parametrize("name", [n for n in POLICIES.names() if get_policy(n).deterministic])
 def test_the_simulator_replaying_the_engines_outcomes_makes_the_same_decisions(hf_backend, name, rounds):
+    # streamed places what the simulator's barrier places (tests/rollout/test_engine.py); eager does not wait
     config = RolloutConfig(policy=name, roots=8, continuations_per_root=2, group_size=4, expansion_rounds=rounds,
+                           expansion="streamed",
                            limits=EpisodeLimits(max_turns=4, max_turn_tokens=8, max_context_tokens=512))
     engine = RolloutEngine(hf_backend, GuessNumberEnv, config)
     tokens_from = engine.expected_tokens(np.arange(64))  # what a token-priced policy pays, before it is learnt

@@ -65,7 +65,7 @@ MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TAS
 PHASES = ("predict_seconds", "allocation_seconds", "bare_generation_seconds", "expansion_generation_seconds",
           "prepare_seconds", "update_seconds", "sync_seconds", "fit_wait_seconds", "predictor_fit_seconds",
           "predictor_fit_cpu_seconds")
-STREAMED = "rollout.expansion=streamed"  # the arms named before eager became the default keep what they measured
+STREAMED = "rollout.expansion=streamed"  # arms named before eager became the default keep what they measured
 ARMS = {"trace": ["rollout.policy=trace", STREAMED],
         "trace_barrier": ["rollout.policy=trace", "rollout.expansion=barrier"],
         "trace_eager": ["rollout.policy=trace", "rollout.expansion=eager"],

@@ -24,9 +24,9 @@ from trace_theory.policies import POLICIES
 
 from ..config_loader import config_to_dict, drop_removed
 from ..configs import TrainConfig
-from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, BRANCHING_ONLY, DEFAULT_CHANGED_IN_FINGERPRINT,
-                             DEFAULT_CHANGED_IN_TRAJECTORY, EAGER_ONLY, NOT_IN_FINGERPRINT,
-                             REMOVED_IN_FINGERPRINT)
+from .config_history import (ADDED_IN_FINGERPRINT, ADDED_SINKS, BRANCHING_ONLY,
+                             DEFAULT_CHANGED_IN_FINGERPRINT, DEFAULT_CHANGED_IN_TRAJECTORY, EAGER_ONLY,
+                             NOT_IN_FINGERPRINT, REMOVED_IN_FINGERPRINT)
 from .files import write_file
 from .step_state import RESUME_OVERRIDES, describe_overrides
 
@@ -149,8 +149,8 @@ def _changed_defaults(differs: list[str], before: dict, now: dict) -> str:
 
 
 def _stored_config(path: Path) -> dict:
-    """A stored ``config.yaml`` as plain data over the defaults (:func:`_older_defaults`): nothing in it is resolved or imported
-    (a planted ``task.name: file.py:attr`` is compared as a string, never run)."""
+    """A stored ``config.yaml`` as plain data over the defaults (:func:`_older_defaults`): nothing in it is
+    resolved or imported (a planted ``task.name: file.py:attr`` is compared as a string, never run)."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
