@@ -33,9 +33,13 @@ class TurnPredictor:
 
 
 def make_engine(backend, **changes):
+    """TRACE's engine on the tiny model. Streamed unless ``expansion`` is changed: these tests pin the
+    outcome-aware placement (what ``trace_theory`` places with the outcomes known); eager expansion, the
+    default, has its own in ``test_engine_eager.py`` and below."""
     config = RolloutConfig(
         **{
             "policy": "trace",
+            "expansion": "streamed",
             "roots": 8,
             "continuations_per_root": 1,
             "group_size": 4,
@@ -179,13 +183,16 @@ def test_generation_is_batched_across_prompts_turn_by_turn(hf_backend):
     assert sum(n for call in recorder.calls for _, n in call) == len(forest) - forest.n_prompts
 
 
-def test_a_fixed_seed_reproduces_the_forest(backend):
-    engine = make_engine(backend)
-    a, b = (engine.rollout(POOL, predictor=TurnPredictor(), seed=5) for _ in range(2))
+@pytest.mark.parametrize("expansion", ["streamed", "eager"])
+def test_a_fixed_seed_reproduces_the_forest(backend, expansion):
+    """A seed fixes the forest for engines in the same state (eager's carries its threshold from call to
+    call, ``engine.eager_threshold``, so each call here is an engine's first)."""
+    first = [make_engine(backend, expansion=expansion) for _ in range(3)]
+    a, b = (engine.rollout(POOL, predictor=TurnPredictor(), seed=5) for engine in first[:2])
     for name in ("parent", "prompt", "reward", "origin", "cost"):
         np.testing.assert_array_equal(getattr(a.forest, name), getattr(b.forest, name))
     assert [n.action_ids for n in a.nodes] == [n.action_ids for n in b.nodes]
-    c = engine.rollout(POOL, predictor=TurnPredictor(), seed=6)
+    c = first[2].rollout(POOL, predictor=TurnPredictor(), seed=6)
     assert [n.action_ids for n in c.nodes] != [n.action_ids for n in a.nodes]
 
 
@@ -233,6 +240,28 @@ def test_every_policy_spends_its_budget_through_trace_theory(hf_backend, name, r
         expected = top_up_roots(m[m > 0], int(alloc.unspent.sum()))
         assert [groups[int(forest.prompt[r])] for r in roots] == expected.tolist()
     assert report.continuations == sum(len(forest.children(a)) - 1 for a in anchors)
+
+
+@pytest.mark.parametrize("roots, per_root", [(8, 1), (6, 3)])
+@pytest.mark.parametrize("name", [n for n in POLICIES.names() if get_policy(n).streams_prefixes])
+def test_every_branching_policy_spends_its_budget_under_eager_expansion(hf_backend, name, roots, per_root):
+    """Eager (the default) commits at turn boundaries before outcomes are known, so its placement is not the
+    barrier's; what it spends is: exactly M (1 + N) rollouts (a token-priced policy at least that many, its
+    continuations costing less), the same groups' roots, every continuation from a bare rollout's prefix."""
+    engine = make_engine(hf_backend, policy=name, roots=roots, continuations_per_root=per_root, expansion="eager")
+    batch = engine.rollout(POOL, predictor=TurnPredictor(), seed=2)
+    forest, report = batch.forest.validate(), batch.report
+    policy = get_policy(name, group_size=4)
+    planned = RolloutBudget(*policy.split(RolloutBudget(roots, per_root)))
+    assert report.planned == planned
+    assert report.rollouts >= planned.total if policy.priced_in_tokens else report.rollouts == planned.total
+    assert report.continuations > 0 and engine.eager_threshold is not None
+    starts = branch_starts(forest)
+    assert report.continuations == starts.size
+    assert (forest.origin[forest.parent[starts]] == Origin.BARE).all()
+    v = TurnPredictor()([History(i, row, 0, (), ()) for i, row in enumerate(POOL)])
+    m = policy.allocate_roots(v, planned.roots, concentration=np.full(len(POOL), 4.0))
+    assert sorted(int(forest.prompt[r]) for r in forest.roots) == np.flatnonzero(m).tolist()
 
 
 def _stage_one_anchors(forest, m):
