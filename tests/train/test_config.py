@@ -239,8 +239,9 @@ def test_the_eager_lag_default_change_leaves_other_runs_resuming_and_names_the_f
 
 def test_the_expansion_default_change_refuses_older_trace_runs_with_the_fix_and_resumes_the_rest(tmp_path):
     """``rollout.expansion``'s default went from "streamed" to "eager" (2026-12-07). A TRACE run started
-    before is another trajectory under the new default: refused, the refusal naming the one override that
-    resumes it (not the eager-only fields that differ with it), which then matches its stored fingerprint.
+    before is another trajectory under the new default: refused, the refusal naming the one field that
+    differs and the override that resumes it (the eager-only fields are no second difference), which then
+    matches its stored fingerprint.
     A config written before the field existed is read as streamed, never as today's eager. A GRPO run never
     read the field: it resumes as it is, at its old fingerprint."""
     import yaml
@@ -264,7 +265,7 @@ def test_the_expansion_default_change_refuses_older_trace_runs_with_the_fix_and_
     assert trace.rollout.expansion == "eager"
     for name, drop in (("streamed", ()), ("before_the_field", ("expansion", "eager_reserve", "eager_lag"))):
         run_dir = stored(name, trace, drop)
-        refusal = (r"differs in rollout\.eager_lag, rollout\.expansion\); .*rollout\.expansion's default "
+        refusal = (r"differs in rollout\.expansion\); .*rollout\.expansion's default "
                    r"changed from 'streamed' to 'eager' in 2026-12-07: add rollout\.expansion=streamed to "
                    r"resume this run$")
         with pytest.raises(ValueError, match=refusal):

@@ -74,6 +74,8 @@ def check_config(cfg: TrainConfig, run_dir: Path, *, announce: bool = True, star
     if not stored.exists():
         return
     before, now = _read_only(_stored_config(stored)), _read_only(config_to_dict(cfg))
+    if not _expansion(before) == _expansion(now) == "eager":  # eager-only fields: no second difference
+        before, now = _eager_fields_unread(before), _eager_fields_unread(now)
     differs = differing_fields(before, now)
     if differs and started_before and never_stepped(run_dir):
         if announce:
@@ -125,23 +127,28 @@ def _read_only(data: dict) -> dict:
         return data
     name = rollout.get("policy")
     if isinstance(name, str) and name in POLICIES and not POLICIES[name].branches:
-        rollout = {**rollout, **BRANCHING_ONLY["rollout"]}
-    if rollout.get("expansion") == "eager":
-        return {**data, "rollout": rollout}
-    return {**data, "rollout": {**rollout, **EAGER_ONLY["rollout"]}}
+        data = {**data, "rollout": {**rollout, **BRANCHING_ONLY["rollout"]}}
+    return data if _expansion(data) == "eager" else _eager_fields_unread(data)
+
+
+def _expansion(data: dict):
+    rollout = data.get("rollout")
+    return rollout.get("expansion") if isinstance(rollout, dict) else None
+
+
+def _eager_fields_unread(data: dict) -> dict:
+    """``data`` with the fields only eager expansion reads at their old values (:data:`EAGER_ONLY`)."""
+    rollout = data.get("rollout")
+    return {**data, "rollout": {**rollout, **EAGER_ONLY["rollout"]}} if isinstance(rollout, dict) else data
 
 
 def _changed_defaults(differs: list[str], before: dict, now: dict) -> str:
     """The refusal's hint where a differing field is one whose default changed (:data:`DEFAULT_CHANGED_IN_TRAJECTORY`)
-    and the stored run had the old one while this one has the new. A field only eager expansion reads is named
-    only where both runs expand eagerly (otherwise setting the expansion back is the whole fix)."""
+    and the stored run had the old one while this one has the new."""
     hints = []
-    both_eager = all(run.get("rollout", {}).get("expansion") == "eager" for run in (before, now))
     for section, fields in DEFAULT_CHANGED_IN_TRAJECTORY.items():
         for key, (new, old, when) in fields.items():
             name = f"{section}.{key}"
-            if key in EAGER_ONLY.get(section, {}) and not both_eager:
-                continue
             if name in differs and before.get(section, {}).get(key) == old and now.get(section, {}).get(key) == new:
                 hints.append(f"; {name}'s default changed from {old!r} to {new!r} in {when}: add {name}={old} "
                              "to resume this run")
