@@ -111,7 +111,7 @@ class Units:
         if self.workers > 1 and len(todo) > 1:
             _PENDING[:] = todo  # before the fork: the workers inherit it (closures need no pickling)
             workers = min(self.workers, len(todo))
-            with multiprocessing.get_context("fork").Pool(workers, initializer=_default_sigterm) as pool:
+            with _fork_pool(workers) as pool:
                 for _ in pool.imap_unordered(_run_unit, range(len(todo))):
                     bar.update()
             _PENDING.clear()
@@ -123,11 +123,23 @@ class Units:
         return pd.concat([_read_unit(path) for path in paths], ignore_index=True)
 
 
+def _fork_pool(workers: int):
+    """``workers`` forked processes that end on the SIGTERM of ``Pool.terminate`` whatever handler the parent
+    had installed. SIGTERM is blocked across the fork, so one that reaches a worker before its initializer
+    (:func:`_default_sigterm`) ran stays pending until the default action is back, instead of running the
+    inherited handler: such a worker was seen waiting on the pool's queue for good, and ``Units.map``
+    with it (a full test run held at 33%, and again at 45% on a loaded machine)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return multiprocessing.get_context("fork").Pool(workers, initializer=_default_sigterm)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _default_sigterm() -> None:
-    """A forked worker ends on the SIGTERM of ``Pool.terminate`` whatever handler its parent had installed:
-    one worker that inherited a test's handler was left waiting on the pool's queue and ``Units.map``
-    never returned (a full test run held at 33%)."""
+    """A forked worker's start: SIGTERM's default action, then SIGTERM unblocked (:func:`_fork_pool`)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 _PENDING: list = []

@@ -268,3 +268,36 @@ def test_forked_workers_end_on_sigterm_whatever_their_parent_handles(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert table["default"].all()
+
+
+def test_a_sigterm_that_reaches_a_worker_before_its_initializer_still_ends_it(monkeypatch):
+    """On a loaded machine ``Pool.terminate`` can signal a worker that has not yet run its initializer: the
+    signal must wait for the default action, not run the handler the parent had (then the worker waits on
+    the pool's queue, which terminate holds, and the pool never joins)."""
+    import signal
+    import threading
+    import time
+
+    from simulations.experiments import base
+
+    original = base._default_sigterm
+
+    def late():  # the initializer of a worker the scheduler started late
+        time.sleep(0.5)
+        original()
+
+    monkeypatch.setattr(base, "_default_sigterm", late)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # notes nothing, ends nothing
+    try:
+        pool = base._fork_pool(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    ender = threading.Thread(target=pool.terminate, daemon=True)  # SIGTERM while the worker sleeps
+    ender.start()
+    ender.join(timeout=20)
+    workers = list(pool._pool)
+    for worker in workers:  # a worker left waiting would hold the test run: end it either way
+        if worker.is_alive():
+            worker.kill()
+    assert not ender.is_alive(), "Pool.terminate waited on a worker that ignored its SIGTERM"
+    assert [worker.exitcode for worker in workers] == [-signal.SIGTERM]
