@@ -41,7 +41,7 @@ def resume_fingerprint(cfg: TrainConfig) -> str:
     so older runs still resume."""
     default = TrainConfig()
     plain = dataclasses.replace(cfg, **{k: getattr(default, k) for k in NOT_IN_FINGERPRINT})
-    data = _read_only(config_to_dict(plain))
+    data = _unread_at_old_values(config_to_dict(plain))
     data = {k: v for k, v in data.items() if k not in ADDED_SINKS}
     for section, fields in REMOVED_IN_FINGERPRINT.items():
         data[section] = {**data[section], **fields}
@@ -73,7 +73,8 @@ def check_config(cfg: TrainConfig, run_dir: Path, *, announce: bool = True, star
     stored = run_dir / "config.yaml"
     if not stored.exists():
         return
-    before, now = _read_only(_stored_config(stored)), _read_only(config_to_dict(cfg))
+    before = _unread_at_old_values(_stored_config(stored))
+    now = _unread_at_old_values(config_to_dict(cfg))
     if not _expansion(before) == _expansion(now) == "eager":  # eager-only fields: no second difference
         before, now = _eager_fields_unread(before), _eager_fields_unread(now)
     differs = differing_fields(before, now)
@@ -118,7 +119,7 @@ def _remove_tiny_model(run_dir: Path) -> None:
         shutil.rmtree(path)
 
 
-def _read_only(data: dict) -> dict:
+def _unread_at_old_values(data: dict) -> dict:
     """``data`` (a config as a dict) with the fields its run never reads at their old values: the ones only a
     branching policy reads (:data:`BRANCHING_ONLY`) where its policy is a registered one that does not branch,
     and the ones only eager expansion reads (:data:`EAGER_ONLY`) unless it runs eager expansion."""
