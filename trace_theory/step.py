@@ -159,10 +159,10 @@ class StepRecord:
     """Eager: the threshold at which the rule, replayed on this step's prefixes, spends the eager budget
     (:func:`~trace_theory.eager.offline_level`): the next step's tau."""
     eager_spent: float = 0.0
+    """Eager: continuation budget committed at turn boundaries (in rollouts of each prompt)."""
     eager_lag: int = 0
     """Eager: turns between a prefix forming and its decision (``EagerPlan.lag``): column 0 of
     ``node_phase`` started at the prefix's depth plus this."""
-    """Eager: continuation budget committed at turn boundaries (in rollouts of each prompt)."""
 
     @property
     def rollouts(self) -> int:

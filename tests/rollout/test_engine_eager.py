@@ -112,6 +112,30 @@ def test_eager_lag_zero_decides_without_the_next_prediction(hf_backend):
     assert now.report.generation_polls <= later.report.generation_polls
 
 
+def test_the_report_and_the_metrics_say_when_continuations_were_placed(hf_backend):
+    """``continuations_by_phase`` splits every continuation of a streamed or eager call by when it was placed
+    (the step driver's ``node_phase``) and the step metrics carry it: eager places some at turn boundaries
+    and, on these uneven games, some at rollout ends; streamed places none before its trees end; the barrier
+    reports no split at all."""
+    from trace_train.run.step_metrics import PLACEMENTS, placement_metrics
+
+    kw = dict(policy="trace", roots=8, continuations_per_root=2, pool_size=len(UNEVEN), env_workers=4)
+    run = lambda expansion: make_engine(hf_backend, expansion=expansion, **kw).rollout(  # noqa: E731
+        UNEVEN, predictor=TurnPredictor(), seed=4)
+    eager, streamed, barrier = run("eager"), run("streamed"), run("barrier")
+    for batch in (eager, streamed):
+        phases = batch.report.continuations_by_phase
+        assert len(phases) == 4 and sum(phases) == batch.report.continuations > 0
+        metrics = placement_metrics(batch.report)
+        assert tuple(metrics[k] for k in PLACEMENTS[:4]) == phases
+        assert metrics["top_ups_at_rollout_ends"] == batch.report.top_ups_at_rollout_ends
+    boundary, at_end, _, _ = eager.report.continuations_by_phase
+    assert boundary > 0 and at_end + eager.report.top_ups_at_rollout_ends > 0
+    assert 0 < eager.report.top_ups_at_rollout_ends <= eager.report.top_up_rollouts  # UNEVEN has one-turn games
+    assert streamed.report.continuations_by_phase[:2] == (0, 0) and streamed.report.top_ups_at_rollout_ends == 0
+    assert barrier.report.continuations_by_phase == () and placement_metrics(barrier.report) == {}
+
+
 def test_calibration_by_depth_reaches_the_step_metrics(hf_backend):
     from trace_train.run.step_metrics import _calibration_metrics
 
@@ -138,6 +162,11 @@ def test_eager_expansion_resumes_exactly(tmp_path):
     main(small_config(tmp_path / "resumed", *eager))
     a = _same_run(tmp_path / "straight", tmp_path / "resumed")
     assert a.extra["eager_threshold"] is not None
+    from trace_train.run.metrics_log import read_metrics
+    from trace_train.run.step_metrics import PLACEMENTS
+
+    rows = [r for r in read_metrics(tmp_path / "straight" / "metrics.jsonl") if "continuations" in r]
+    assert rows and all(sum(r[k] for k in PLACEMENTS[:4]) == r["continuations"] for r in rows)  # logged, whole
 
 
 def test_top_ups_are_priced_as_units_of_the_continuation_budget(hf_backend):

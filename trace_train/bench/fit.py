@@ -21,8 +21,10 @@ runs on the mixed-difficulty games (``bench_policies --task mixed``) at equal ge
 time (rollout + train), its phases (``trace_train.run.step_metrics``' timing breakdown) and the
 tokens generated per step (its wave's, ``wave_tokens``: under ``pipelined`` this step's bare rollouts and
 the previous step's continuations; the tokens trained are ``trained_tokens``, with their
-``stale_token_share``), leaving out the first step (warm-up; under ``pipelined`` the pipeline fill) and,
-under ``pipelined``, the last (it drains the pipeline: continuations only); reported: each policy's mean over pairs,
+``stale_token_share``), its generation waves (``generation_polls``) and, streamed and eager, when its
+continuations were placed (``trace_train.run.step_metrics.PLACEMENTS``), leaving out the first step
+(warm-up; under ``pipelined`` the pipeline fill) and, under ``pipelined``, the last (it drains the
+pipeline: continuations only); reported: each policy's mean over pairs,
 the ratio to GRPO (mean of the per-pair ratios ± its standard error), the same per generated token (a
 run's step seconds over its tokens per step, against its pair's GRPO run: the budget is met to within a
 few tokens, not exactly) and the load average.
@@ -59,6 +61,7 @@ from . import BACKEND_NAMES, origin
 from ..config_loader import load_config
 from ..run.malloc import leave_glibc_defaults
 from ..run.metrics_log import read_metrics
+from ..run.step_metrics import PLACEMENTS
 from ..train import TrainConfig, main as train
 
 MIXED_ROWS = "{low: 1, highs: [2, 6, 64], max_guesses: 3}"  # bench_policies.TASKS["mixed"]
@@ -133,6 +136,8 @@ def measure_arm(arm: str, pair: int, steps: int, token_budget: int, backend: str
            "generation_polls": float(np.mean([r.get("generation_polls", 0.0) for r in rows])),
            "turns": float(np.mean([r.get("turns", 0.0) for r in rows]))}
     out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASES})
+    # streamed and eager: when continuations were placed (what starts at a rollout's end adds waves)
+    out.update({k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PLACEMENTS if any(k in r for r in rows)})
     out.update({f"median_{k}": float(np.median([r.get(k, 0.0) for r in rows])) for k in RUN_KEYS})
     return out
 
@@ -180,7 +185,8 @@ def compare(pairs: int, steps: int, token_budget: int, backend: str, arms=DEFAUL
         per_token = np.array([r["step_seconds"] / r["generated_tokens"] for r in rows]) / grpo_per_token
         mean = {k: float(np.mean([r.get(k, 0.0) for r in rows]))
                 for k in ("step_seconds", "generated_tokens", "trained_tokens", "stale_token_share",
-                          "prefix_cache_hit_rate", "generation_polls", "turns", *PHASES)}
+                          "prefix_cache_hit_rate", "generation_polls", "turns", *PHASES,
+                          *(k for k in PLACEMENTS if any(k in r for r in rows)))}
         se, token_se = _se(ratio), _se(per_token)
         update = np.array([r.get("median_update_ms_per_1k_forward_tokens", np.nan) for r in rows]) / grpo_update
         whole = {k: float(np.median([r.get(f"median_{k}", np.nan) for r in rows])) for k in RUN_KEYS}

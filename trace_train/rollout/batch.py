@@ -145,6 +145,15 @@ class RolloutReport:
     """The longest time one rollout spent in its environment: the least any schedule can take."""
     continuations_by_round: tuple[int, ...] = ()
     """Continuations placed in each expansion round (``rollout.expansion_rounds``)."""
+    continuations_by_phase: tuple[int, ...] = ()
+    """Streamed and eager: continuations by when they were placed (``trace_theory.step.StepRecord.node_phase``'s
+    columns summed): at a turn boundary (eager), at a rollout's end (eager: what it left of its budget, from
+    its last prefix), once its tree had ended, once every tree had. Empty for the other expansions."""
+    top_ups_at_rollout_ends: int = 0
+    """Eager: top-ups started when a one-turn bare rollout ended (``StepRecord.early_top_ups``; counted in
+    ``top_up_rollouts`` too). With what starts at a rollout's end in ``continuations_by_phase``, the rollouts
+    that can run one generation wave past the longest bare rollout: with ``rollout.eager_lag`` 0 nothing
+    else starts later than its prefix formed."""
     env_error_sample: str | None = None
     """The call's first environment failure (end reason, rollout, exception type and message, then the
     traceback of an ``env_error``); None when every environment call succeeded."""

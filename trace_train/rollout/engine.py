@@ -529,6 +529,9 @@ class _Run:
             continuation_prefix_cached=grown.continuation_prefix_cached,
             rounds=record.rounds, end_reasons=dict(sorted(end_reasons.items())),
             seconds=seconds, **grown.timeline.report(seconds), continuations_by_round=record.continuations_by_round,
+            continuations_by_phase=() if record.node_phase is None else tuple(
+                int(n) for n in np.asarray(record.node_phase).reshape(-1, 4).sum(axis=0)),
+            top_ups_at_rollout_ends=0 if record.early_top_ups is None else int(np.sum(record.early_top_ups)),
             max_rollout_env_seconds=max(grown.rollout_env_seconds, default=0.0),
             env_error_sample=grown.env_error_sample, phase_seconds=dict(self.phase_seconds),
             streamed=record.streamed, expansion=record.expansion,

@@ -52,16 +52,33 @@ def step_metrics(batch: RolloutBatch, update: dict, predictor_metrics: dict, rol
         "length_cut_turns": float(cut),
         **{k: float(v) for k, v in update.items()},
     }
+    scalars.update(placement_metrics(report))
     by_depth = batch.metrics()["rollouts_by_anchor_depth"]
     scalars.update({f"rollouts_at_depth_{d}": float(n) for d, n in enumerate(by_depth)})
     scalars.update(_calibration_metrics(batch))
     counts = ("prompts", "rollouts", "continuations", "generated_tokens", "wave_tokens", "prompt_tokens",
               "train_forward_tokens", "train_unique_tokens", "env_failures", "turns", "length_cut_turns",
-              *(k for k in scalars if k.startswith("rollouts_at_depth_")))
+              *PLACEMENTS, *(k for k in scalars if k.startswith("rollouts_at_depth_")))
     merged = merge_metrics(scalars, report.rollouts, info, sums=counts)
     merged["length_cut_share"] = merged["length_cut_turns"] / max(merged["turns"], 1.0)  # of every rank's turns
     # one predictor for the job, fitted on every rank's targets: its metrics are already global
     return {**merged, **{k: float(v) for k, v in predictor_metrics.items()}}
+
+
+PLACEMENTS = ("continuations_at_boundaries", "continuations_at_rollout_ends", "continuations_at_tree_ends",
+              "continuations_at_step_end", "top_ups_at_rollout_ends")
+"""When streamed and eager expansion placed the step's continuations (``RolloutReport.continuations_by_phase``),
+and the top-ups started at one-turn rollouts' ends. What starts at a rollout's end (the second and the last)
+is what can take a step one generation wave past GRPO's (``generation_polls``)."""
+
+
+def placement_metrics(report) -> dict:
+    """:data:`PLACEMENTS` of a streamed or eager call; nothing for the other expansions (they place every
+    continuation once the bare rollouts have ended)."""
+    if not report.continuations_by_phase:
+        return {}
+    return {**dict(zip(PLACEMENTS, map(float, report.continuations_by_phase))),
+            "top_ups_at_rollout_ends": float(report.top_ups_at_rollout_ends)}
 
 
 def _calibration_metrics(batch: RolloutBatch) -> dict:
